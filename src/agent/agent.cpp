@@ -1,0 +1,4 @@
+#include "agent/agent.h"
+namespace tp::agent {
+int main(int, char**) { return 0; }
+}

@@ -1,0 +1,106 @@
+// AgentClient: the node's side of the tp-agent protocol (src/protocol/wire.h).
+//
+// One AgentClient per sandbox, over the stream fd the backend returned. It
+// multiplexes any number of concurrent requests (execs and file operations) on
+// that one connection, matching answers to requests by id.
+//
+// Thread rules: all methods may be called from any thread; internally every
+// operation runs on a strand of the given io_context, and every callback is
+// invoked on that strand (never inline from the calling thread), exactly once
+// for the final callbacks (on_done / result callbacks). When the connection
+// closes or fails, every pending request completes with Code::kUnavailable.
+#pragma once
+
+#include <boost/asio/io_context.hpp>
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/result.h"
+
+namespace tp::node {
+
+struct ExecRequest {
+  std::vector<std::string> argv;          // argv[0] looked up in PATH when it has no '/'
+  std::vector<std::string> env;           // "K=V"; empty = the agent's default environment
+  std::string cwd = "/";
+  uint32_t uid = 0;
+  uint32_t gid = 0;
+  uint64_t timeout_ms = 0;                // 0 = none
+  uint64_t output_limit = 16ull << 20;    // per stream
+  std::string stdin_data;                 // written to stdin first
+  bool stdin_open = false;                // keep stdin open for send_stdin()
+};
+
+struct ExecResult {
+  int64_t exit_code = -1;     // -1 when killed by a signal
+  int signal = 0;             // terminating signal, 0 if exited
+  uint64_t wall_us = 0;
+  uint64_t max_rss_kb = 0;
+  bool timed_out = false;
+  bool stdout_truncated = false;
+  bool stderr_truncated = false;
+};
+
+struct FileEntry {
+  std::string name;         // base name
+  std::string path;         // absolute path inside the sandbox
+  std::string type;         // "file", "dir", "symlink", "other"
+  uint64_t size = 0;
+  uint32_t mode = 0;        // permission bits
+  uint64_t mtime_ns = 0;
+  uint32_t uid = 0;
+  uint32_t gid = 0;
+  std::string link_target;  // for symlinks
+};
+
+struct ExecHandlers {
+  std::function<void(uint32_t pid)> on_started;                   // optional
+  std::function<void(int stream, std::string_view data)> on_output;  // 1 stdout, 2 stderr; optional
+  std::function<void(Result<ExecResult>)> on_done;                // required, called once
+};
+
+class AgentClient : public std::enable_shared_from_this<AgentClient> {
+ public:
+  // Takes ownership of a dup() of `fd` (the caller keeps its own fd).
+  static std::shared_ptr<AgentClient> create(boost::asio::io_context& io, int fd,
+                                             std::string sandbox_id);
+  virtual ~AgentClient() = default;
+
+  // Starts reading; on_ready gets Ok once the agent's kReady arrived, or an error
+  // (agent died, protocol error). Call once.
+  virtual void start(std::function<void(Result<void>)> on_ready) = 0;
+  // Called once when the connection ends (after pending requests were failed).
+  virtual void set_on_closed(std::function<void(const Error&)> cb) = 0;
+
+  // Starts a command; returns its request id for send_stdin/signal.
+  virtual uint32_t exec(const ExecRequest& req, ExecHandlers handlers) = 0;
+  virtual void send_stdin(uint32_t exec_id, std::string data, bool eof) = 0;
+  virtual void signal(uint32_t exec_id, int signo) = 0;
+
+  // Files. Paths are absolute inside the sandbox. write_file moves data in
+  // chunks of kMaxChunk (first truncates, then appends) and answers the final size.
+  virtual void write_file(std::string path, std::string data, uint32_t mode, bool parents,
+                          std::function<void(Result<uint64_t>)> cb) = 0;
+  // Reads a whole file, failing with kPayloadTooLarge beyond max_bytes.
+  virtual void read_file(std::string path, uint64_t max_bytes,
+                         std::function<void(Result<std::string>)> cb) = 0;
+  virtual void stat(std::string path, std::function<void(Result<FileEntry>)> cb) = 0;
+  virtual void list(std::string path, std::function<void(Result<std::vector<FileEntry>>)> cb) = 0;
+  virtual void remove(std::string path, bool recursive, std::function<void(Result<void>)> cb) = 0;
+  virtual void mkdir(std::string path, uint32_t mode, bool parents,
+                     std::function<void(Result<void>)> cb) = 0;
+  virtual void ping(std::function<void(Result<void>)> cb) = 0;
+
+  // Closes the connection; pending requests complete with kUnavailable.
+  virtual void close() = 0;
+  // Number of requests awaiting an answer (for idle detection and metrics).
+  virtual size_t pending() const = 0;
+};
+
+}  // namespace tp::node

@@ -1,0 +1,76 @@
+// Backend interface: what every isolation tier implements (DESIGN.md, Four tiers).
+//
+// A backend turns a SandboxSpec into a running sandbox whose PID 1 (or guest
+// agent) is tp-agent, reachable through one connected stream fd that speaks
+// src/protocol/wire.h. Everything else (exec, files) goes through that agent.
+//
+// Ownership: a SandboxInstance owns every kernel resource of its sandbox
+// (processes, namespaces, cgroups, mounts, files). destroy() releases them all
+// and is idempotent; the destructor calls it. After destroy() returns
+// successfully nothing of the sandbox remains on the host.
+//
+// Thread rules: Backend::create may be called from several threads at once.
+// A SandboxInstance is used by one owner at a time (the node's sandbox
+// manager serialises calls to it), except agent_fd(), which is read-only.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/result.h"
+
+namespace tp::runtime {
+
+struct SandboxSpec {
+  std::string id;                 // also the hostname inside the sandbox
+  std::string image = "host";     // image name; "host" = read-only views of host system dirs
+  std::vector<std::string> layers;  // resolved lower directories, top first (empty for "host")
+  uint64_t memory_bytes = 512ull << 20;  // hard limit, no swap
+  double cpus = 1.0;                     // cpu quota in cores
+  uint32_t pids_max = 512;               // tasks in the sandbox, agent included
+  uint64_t disk_bytes = 1ull << 30;      // writable layer (upper directory) size limit
+  uint64_t tmp_bytes = 256ull << 20;     // /tmp tmpfs size limit
+  uint64_t nofile = 4096;                // RLIMIT_NOFILE for everything inside
+  std::map<std::string, std::string> env;  // default environment of commands
+};
+
+struct Usage {
+  uint64_t memory_bytes = 0;       // current memory use of the sandbox's cgroup
+  uint64_t memory_peak_bytes = 0;  // peak since creation (0 if the kernel does not say)
+  uint64_t cpu_usage_us = 0;       // cumulative CPU time
+  uint64_t pids = 0;               // tasks now
+  uint64_t oom_kills = 0;          // OOM kills inside the sandbox so far
+};
+
+class SandboxInstance {
+ public:
+  virtual ~SandboxInstance() = default;
+  virtual const std::string& id() const = 0;
+  // Stream fd connected to tp-agent; owned by the instance (closed by destroy()).
+  virtual int agent_fd() const = 0;
+  // Host pid of the sandbox's init (tp-agent).
+  virtual pid_t pid() const = 0;
+  // True while the sandbox's init runs (non-blocking check).
+  virtual bool alive() = 0;
+  virtual Result<Usage> usage() = 0;
+  // Stops every process and releases every resource. Idempotent.
+  virtual Result<void> destroy() = 0;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string tier() const = 0;
+  // Creates and starts a sandbox. On failure nothing of it remains.
+  virtual Result<std::unique_ptr<SandboxInstance>> create(const SandboxSpec& spec) = 0;
+  // Removes everything a previous daemon run left behind (processes, cgroups,
+  // mounts, files) for sandboxes not in `keep`. Returns the ids it cleaned up.
+  virtual std::vector<std::string> cleanup_orphans(const std::vector<std::string>& keep) = 0;
+};
+
+}  // namespace tp::runtime
