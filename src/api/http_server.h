@@ -1,0 +1,78 @@
+// HttpServer: HTTP/1.1 server on Boost.Beast (request parsing) with keep-alive,
+// full responses and chunked streaming responses.
+//
+// The handler is called once per request on the connection's strand; it must
+// not block. It answers through the Responder, from any thread, now or later:
+// exactly one of send() or start_stream() ... end_stream(). The connection
+// reads the next request only after the answer is complete.
+//
+// Thread rules: HttpServer::start/stop from one thread. Responder methods are
+// safe from any thread (they post to the connection's strand).
+#pragma once
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/json/value.hpp>
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/result.h"
+
+namespace tp::api {
+
+struct Request {
+  std::string method;  // "GET", ...
+  std::string target;  // raw target, e.g. /v1/sandboxes?label=a%3Db
+  std::string path;    // decoded path without the query
+  std::multimap<std::string, std::string> query;  // decoded
+  std::map<std::string, std::string> headers;     // lower-case names
+  std::string body;
+
+  // First value of a query parameter, or nullptr.
+  const std::string* q(const std::string& name) const;
+  std::vector<std::string> q_all(const std::string& name) const;
+};
+
+class Responder {
+ public:
+  virtual ~Responder() = default;
+  virtual void send(int status, std::string content_type, std::string body) = 0;
+  virtual void start_stream(int status, std::string content_type) = 0;
+  virtual void write_chunk(std::string data) = 0;
+  virtual void end_stream() = 0;
+  // Called (once, on the strand) when the client goes away before the answer completed.
+  virtual void set_on_abort(std::function<void()> cb) = 0;
+
+  void send_json(int status, const boost::json::value& v);
+  void send_error(const Error& e);
+};
+
+using Handler = std::function<void(Request& req, std::shared_ptr<Responder> res)>;
+
+class HttpServer {
+ public:
+  HttpServer(boost::asio::io_context& io, Handler handler, size_t max_body_bytes);
+  ~HttpServer();
+  // Binds and starts accepting. host:port; port 0 picks a free one.
+  Result<void> start(const std::string& host, uint16_t port);
+  void stop();
+  uint16_t port() const;
+
+ private:
+  void accept();
+  boost::asio::io_context& io_;
+  Handler handler_;
+  size_t max_body_;
+  boost::asio::ip::tcp::acceptor acceptor_;
+};
+
+// Splits "host:port"; false on malformed input.
+bool parse_listen(const std::string& s, std::string* host, uint16_t* port);
+// Percent-decoding of URL components ('+' is a space in queries).
+std::string url_decode(std::string_view s, bool plus_is_space);
+
+}  // namespace tp::api

@@ -1,0 +1,483 @@
+#include "api/routes.h"
+
+#include <boost/json.hpp>
+
+#include <chrono>
+#include <ctime>
+#include <set>
+
+#include "common/json_util.h"
+#include "common/log.h"
+
+namespace tp::api {
+
+namespace json = boost::json;
+using control::SandboxRecord;
+using json_util::base64_encode;
+
+namespace {
+
+// Wraps a Responder to count the answer's status in the metrics.
+class CountingResponder : public Responder {
+ public:
+  CountingResponder(std::shared_ptr<Responder> inner, Metrics& m) : inner_(std::move(inner)), m_(m) {}
+  void send(int status, std::string ct, std::string body) override {
+    m_.count_http(status);
+    inner_->send(status, std::move(ct), std::move(body));
+  }
+  void start_stream(int status, std::string ct) override {
+    m_.count_http(status);
+    inner_->start_stream(status, std::move(ct));
+  }
+  void write_chunk(std::string d) override { inner_->write_chunk(std::move(d)); }
+  void end_stream() override { inner_->end_stream(); }
+  void set_on_abort(std::function<void()> cb) override { inner_->set_on_abort(std::move(cb)); }
+
+ private:
+  std::shared_ptr<Responder> inner_;
+  Metrics& m_;
+};
+
+std::string rfc3339(int64_t ms) {
+  if (ms <= 0) return "";
+  std::time_t t = static_cast<std::time_t>(ms / 1000);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[40];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%S", &tm);
+  char out[48];
+  std::snprintf(out, sizeof out, "%s.%03dZ", buf, static_cast<int>(ms % 1000));
+  return out;
+}
+
+json::object to_json(const SandboxRecord& r) {
+  json::object o;
+  o["id"] = r.id;
+  o["state"] = r.state;
+  o["tier"] = r.tier;
+  o["image"] = r.image;
+  o["node"] = r.node;
+  o["memory_mb"] = r.memory_mb;
+  o["cpus"] = r.cpus;
+  o["pids"] = r.pids;
+  o["disk_mb"] = r.disk_mb;
+  o["ttl_seconds"] = r.ttl_seconds;
+  o["idle_timeout_seconds"] = r.idle_timeout_seconds;
+  json::object labels, env;
+  for (const auto& [k, v] : r.labels) labels[k] = v;
+  for (const auto& [k, v] : r.env) env[k] = v;
+  o["labels"] = std::move(labels);
+  o["env"] = std::move(env);
+  o["created_at"] = rfc3339(r.created_at_ms);
+  o["expires_at"] = rfc3339(r.expires_at_ms);
+  if (r.ended_at_ms) {
+    o["ended_at"] = rfc3339(r.ended_at_ms);
+    o["end_reason"] = r.end_reason;
+  }
+  return o;
+}
+
+json::object exec_json(const node::ExecOutcome& o) {
+  json::object j;
+  const auto& r = o.result;
+  j["exit_code"] = r.exit_code;
+  j["signal"] = r.signal;
+  j["duration"] = static_cast<double>(r.wall_us) / 1e6;
+  j["max_rss_kb"] = r.max_rss_kb;
+  j["timed_out"] = r.timed_out;
+  j["oom_killed"] = o.oom_killed;
+  j["stdout_truncated"] = r.stdout_truncated;
+  j["stderr_truncated"] = r.stderr_truncated;
+  return j;
+}
+
+json::object entry_json(const node::FileEntry& e) {
+  json::object j;
+  j["name"] = e.name;
+  j["path"] = e.path;
+  j["type"] = e.type;
+  j["size"] = e.size;
+  j["mode"] = e.mode;
+  j["mtime"] = static_cast<double>(e.mtime_ns) / 1e9;
+  j["uid"] = e.uid;
+  j["gid"] = e.gid;
+  if (!e.link_target.empty()) j["link_target"] = e.link_target;
+  return j;
+}
+
+// Path parameter of file routes: required, absolute, no NUL.
+Result<std::string> file_path(const Request& req) {
+  const std::string* p = req.q("path");
+  if (!p || p->empty()) return fail(Code::kInvalidArgument, "query parameter 'path' is required");
+  if ((*p)[0] != '/') return fail(Code::kInvalidArgument, "path must be absolute: " + *p);
+  if (p->find('\0') != std::string::npos) return fail(Code::kInvalidArgument, "path contains NUL");
+  if (p->size() > 4096) return fail(Code::kInvalidArgument, "path too long");
+  return *p;
+}
+
+bool truthy(const std::string* v) { return v && (*v == "1" || *v == "true" || *v == "yes"); }
+
+// Splits a path into segments ("/a/b" -> {"a","b"}).
+std::vector<std::string_view> segments(std::string_view p) {
+  std::vector<std::string_view> out;
+  while (!p.empty()) {
+    if (p[0] == '/') {
+      p.remove_prefix(1);
+      continue;
+    }
+    auto s = p.find('/');
+    out.push_back(p.substr(0, s));
+    if (s == std::string_view::npos) break;
+    p.remove_prefix(s);
+  }
+  return out;
+}
+
+}  // namespace
+
+Api::Api(node::SandboxManager& mgr, Metrics& metrics) : mgr_(mgr), metrics_(metrics) {
+  metrics_.set_state_source([this] { return mgr_.count_by_state(); });
+}
+
+const std::vector<Api::Route>& Api::table() {
+  static const std::vector<Route> t = {
+      {"GET", "/health", &Api::health},
+      {"GET", "/version", &Api::version},
+      {"GET", "/metrics", &Api::metrics},
+      {"POST", "/v1/sandboxes", &Api::create},
+      {"GET", "/v1/sandboxes", &Api::list},
+      {"GET", "/v1/sandboxes/{id}", &Api::get},
+      {"DELETE", "/v1/sandboxes/{id}", &Api::destroy},
+      {"POST", "/v1/sandboxes/{id}/exec", &Api::exec},
+      {"GET", "/v1/sandboxes/{id}/files", &Api::file_read},
+      {"PUT", "/v1/sandboxes/{id}/files", &Api::file_write},
+      {"DELETE", "/v1/sandboxes/{id}/files", &Api::file_remove},
+      {"GET", "/v1/sandboxes/{id}/files/list", &Api::file_list},
+      {"GET", "/v1/sandboxes/{id}/files/stat", &Api::file_stat},
+      {"POST", "/v1/sandboxes/{id}/files/mkdir", &Api::file_mkdir},
+  };
+  return t;
+}
+
+std::vector<RouteInfo> Api::routes() {
+  std::vector<RouteInfo> out;
+  for (const auto& r : table()) out.push_back({r.method, r.pattern});
+  return out;
+}
+
+void Api::handle(Request& req, std::shared_ptr<Responder> raw) {
+  auto res = std::make_shared<CountingResponder>(std::move(raw), metrics_);
+  auto have = segments(req.path);
+  bool path_matched = false;
+  for (const auto& r : table()) {
+    auto want = segments(r.pattern);
+    if (want.size() != have.size()) continue;
+    Params params;
+    bool ok = true;
+    for (size_t i = 0; i < want.size() && ok; ++i) {
+      if (!want[i].empty() && want[i][0] == '{') params.emplace_back(have[i]);
+      else ok = want[i] == have[i];
+    }
+    if (!ok) continue;
+    path_matched = true;
+    if (req.method != r.method && !(req.method == "HEAD" && std::string_view(r.method) == "GET"))
+      continue;
+    (this->*r.fn)(req, params, res);
+    return;
+  }
+  if (path_matched)
+    res->send_error(Error{Code::kInvalidArgument, 0, "method " + req.method + " not allowed on " + req.path});
+  else
+    res->send_error(Error{Code::kNotFound, 0, "no route " + req.method + " " + req.path});
+}
+
+void Api::health(Request&, const Params&, std::shared_ptr<Responder> res) {
+  res->send_json(200, json::object{{"status", "ok"}});
+}
+
+void Api::version(Request&, const Params&, std::shared_ptr<Responder> res) {
+  res->send_json(200, json::object{{"version", TP_VERSION}, {"api", "v1"},
+                                   {"tiers", json::array{"container"}}});
+}
+
+void Api::metrics(Request&, const Params&, std::shared_ptr<Responder> res) {
+  res->send(200, "text/plain; version=0.0.4", metrics_.render());
+}
+
+void Api::create(Request& req, const Params&, std::shared_ptr<Responder> res) {
+  auto body = json_util::parse_object(req.body);
+  if (!body) return res->send_error(body.error());
+  const auto& o = *body;
+  node::CreateParams p;
+  auto err = [&](const Error& e) { res->send_error(e); };
+  if (auto r = json_util::only_keys(o, {"image", "tier", "memory_mb", "cpus", "pids", "disk_mb",
+                                        "ttl_seconds", "idle_timeout_seconds", "labels", "env"});
+      !r)
+    return err(r.error());
+  auto image = json_util::get_string(o, "image", "host");
+  if (!image) return err(image.error());
+  auto tier = json_util::get_string(o, "tier", "container");
+  if (!tier) return err(tier.error());
+  auto mem = json_util::get_int(o, "memory_mb", 512, 16, 1 << 20);
+  if (!mem) return err(mem.error());
+  auto cpus = json_util::get_number(o, "cpus", 1.0, 0.05, 256);
+  if (!cpus) return err(cpus.error());
+  auto pids = json_util::get_int(o, "pids", 512, 8, 1 << 20);
+  if (!pids) return err(pids.error());
+  auto disk = json_util::get_int(o, "disk_mb", 1024, 1, 1 << 20);
+  if (!disk) return err(disk.error());
+  auto ttl = json_util::get_int(o, "ttl_seconds", 3600, 1, 30ll * 24 * 3600);
+  if (!ttl) return err(ttl.error());
+  auto idle = json_util::get_int(o, "idle_timeout_seconds", 0, 0, 30ll * 24 * 3600);
+  if (!idle) return err(idle.error());
+  auto labels = json_util::get_string_map(o, "labels");
+  if (!labels) return err(labels.error());
+  auto env = json_util::get_string_map(o, "env");
+  if (!env) return err(env.error());
+  for (const auto& [k, v] : *env)
+    if (k.empty() || k.find('=') != std::string::npos || k.find('\0') != std::string::npos ||
+        v.find('\0') != std::string::npos)
+      return err(Error{Code::kInvalidArgument, 0, "invalid env variable name '" + k + "'"});
+  p.image = *image;
+  p.tier = *tier;
+  p.memory_mb = static_cast<uint64_t>(*mem);
+  p.cpus = *cpus;
+  p.pids = static_cast<uint64_t>(*pids);
+  p.disk_mb = static_cast<uint64_t>(*disk);
+  p.ttl_seconds = static_cast<uint64_t>(*ttl);
+  p.idle_timeout_seconds = static_cast<uint64_t>(*idle);
+  p.labels = std::move(*labels);
+  p.env = std::move(*env);
+  mgr_.create(std::move(p), [res](Result<SandboxRecord> r) {
+    if (!r) return res->send_error(r.error());
+    res->send_json(201, to_json(*r));
+  });
+}
+
+void Api::list(Request& req, const Params&, std::shared_ptr<Responder> res) {
+  std::map<std::string, std::string> labels;
+  for (const auto& l : req.q_all("label")) {
+    auto eq = l.find('=');
+    if (eq == std::string::npos || eq == 0)
+      return res->send_error(Error{Code::kInvalidArgument, 0, "label filter must be k=v: " + l});
+    labels[l.substr(0, eq)] = l.substr(eq + 1);
+  }
+  std::string state = req.q("state") ? *req.q("state") : "";
+  static const std::set<std::string> kStates = {"", "creating", "running", "paused", "stopped", "lost"};
+  if (!kStates.count(state))
+    return res->send_error(Error{Code::kInvalidArgument, 0, "unknown state '" + state + "'"});
+  auto recs = mgr_.list(labels, state, truthy(req.q("all")));
+  if (!recs) return res->send_error(recs.error());
+  json::array arr;
+  for (const auto& r : *recs) arr.push_back(to_json(r));
+  res->send_json(200, json::object{{"sandboxes", std::move(arr)}});
+}
+
+void Api::get(Request&, const Params& p, std::shared_ptr<Responder> res) {
+  auto r = mgr_.get(p[0]);
+  if (!r) return res->send_error(r.error());
+  res->send_json(200, to_json(*r));
+}
+
+void Api::destroy(Request&, const Params& p, std::shared_ptr<Responder> res) {
+  mgr_.destroy(p[0], "deleted", [res](Result<SandboxRecord> r) {
+    if (!r) return res->send_error(r.error());
+    res->send_json(200, to_json(*r));
+  });
+}
+
+void Api::exec(Request& req, const Params& p, std::shared_ptr<Responder> res) {
+  auto body = json_util::parse_object(req.body);
+  if (!body) return res->send_error(body.error());
+  const auto& o = *body;
+  auto err = [&](const Error& e) { res->send_error(e); };
+  if (auto r = json_util::only_keys(o, {"cmd", "env", "cwd", "user", "timeout", "stdin",
+                                        "max_output_bytes", "stream"});
+      !r)
+    return err(r.error());
+  node::ExecParams ep;
+  auto argv = json_util::get_command(o, "cmd");
+  if (!argv) return err(argv.error());
+  auto env = json_util::get_string_map(o, "env");
+  if (!env) return err(env.error());
+  auto cwd = json_util::get_string(o, "cwd", "/");
+  if (!cwd) return err(cwd.error());
+  if (cwd->empty() || (*cwd)[0] != '/')
+    return err(Error{Code::kInvalidArgument, 0, "field 'cwd' must be an absolute path"});
+  auto user = json_util::get_int(o, "user", 0, 0, 65535);
+  if (!user) return err(user.error());
+  auto maxout = json_util::get_int(o, "max_output_bytes", 16ll << 20, 0, 1ll << 30);
+  if (!maxout) return err(maxout.error());
+  auto stream = json_util::get_bool(o, "stream", false);
+  if (!stream) return err(stream.error());
+  auto stdin_b64 = json_util::get_string(o, "stdin", "");
+  if (!stdin_b64) return err(stdin_b64.error());
+  auto stdin_data = json_util::base64_decode(*stdin_b64);
+  if (!stdin_data) return err(Error{Code::kInvalidArgument, 0, "field 'stdin' must be base64"});
+  if (auto it = o.find("timeout"); it != o.end() && !it->value().is_null()) {
+    if (!it->value().is_number())
+      return err(Error{Code::kInvalidArgument, 0, "field 'timeout' must be a number of seconds"});
+    double t = it->value().to_number<double>();
+    if (!(t > 0) || t > 30 * 24 * 3600)
+      return err(Error{Code::kInvalidArgument, 0, "field 'timeout' must be greater than 0 seconds"});
+    ep.timeout_ms = std::max<uint64_t>(1, static_cast<uint64_t>(t * 1000));
+  }
+  ep.argv = std::move(*argv);
+  ep.env = std::move(*env);
+  ep.cwd = *cwd;
+  ep.uid = static_cast<uint32_t>(*user);
+  ep.output_limit = static_cast<uint64_t>(*maxout);
+  ep.stdin_data = std::move(*stdin_data);
+
+  std::string id = p[0];
+  node::ExecCallbacks cb;
+  if (*stream) {
+    auto started = std::make_shared<bool>(false);
+    // The stream opens on the first event so that an immediate failure can still be a
+    // plain JSON error with its status.
+    auto open = [res, started] {
+      if (!*started) {
+        *started = true;
+        res->start_stream(200, "application/x-ndjson");
+      }
+    };
+    cb.on_started = [res, open](uint32_t pid) {
+      open();
+      res->write_chunk(json::serialize(json::object{{"type", "started"}, {"pid", pid}}) + "\n");
+    };
+    cb.on_output = [res, open](int stream, std::string_view data) {
+      open();
+      json::object j{{"type", stream == 2 ? "stderr" : "stdout"}, {"data", base64_encode(data)}};
+      res->write_chunk(json::serialize(j) + "\n");
+    };
+    cb.on_done = [res, open, started](Result<node::ExecOutcome> r) {
+      if (!r && !*started) return res->send_error(r.error());
+      open();
+      json::object j;
+      if (r) {
+        j = exec_json(*r);
+        j["type"] = "exit";
+      } else {
+        j = json::object{{"type", "error"},
+                         {"code", std::string(code_name(r.error().code))},
+                         {"message", r.error().message()}};
+      }
+      res->write_chunk(json::serialize(j) + "\n");
+      res->end_stream();
+    };
+  } else {
+    struct Acc {
+      std::string out, err;
+    };
+    auto acc = std::make_shared<Acc>();
+    cb.on_output = [acc](int stream, std::string_view data) {
+      (stream == 2 ? acc->err : acc->out).append(data);
+    };
+    cb.on_done = [res, acc](Result<node::ExecOutcome> r) {
+      if (!r) return res->send_error(r.error());
+      json::object j = exec_json(*r);
+      j["stdout"] = base64_encode(acc->out);
+      j["stderr"] = base64_encode(acc->err);
+      res->send_json(200, j);
+    };
+  }
+  auto exec_id = mgr_.exec(id, std::move(ep), std::move(cb));
+  if (!exec_id) return res->send_error(exec_id.error());
+  // A client that goes away mid-command must not leave the command running.
+  res->set_on_abort([this, id, eid = *exec_id] { mgr_.signal_exec(id, eid, 9); });
+}
+
+void Api::file_read(Request& req, const Params& p, std::shared_ptr<Responder> res) {
+  auto path = file_path(req);
+  if (!path) return res->send_error(path.error());
+  auto sb = mgr_.ref(p[0]);
+  if (!sb) return res->send_error(sb.error());
+  sb->agent->read_file(*path, 512ull << 20, [res](Result<std::string> r) {
+    if (!r) return res->send_error(r.error());
+    res->send(200, "application/octet-stream", std::move(*r));
+  });
+}
+
+void Api::file_write(Request& req, const Params& p, std::shared_ptr<Responder> res) {
+  auto path = file_path(req);
+  if (!path) return res->send_error(path.error());
+  uint32_t mode = 0644;
+  if (const std::string* m = req.q("mode")) {
+    char* end = nullptr;
+    unsigned long v = std::strtoul(m->c_str(), &end, 8);
+    if (m->empty() || *end || v > 07777)
+      return res->send_error(Error{Code::kInvalidArgument, 0, "mode must be octal, e.g. 755"});
+    mode = static_cast<uint32_t>(v);
+  }
+  auto sb = mgr_.ref(p[0]);
+  if (!sb) return res->send_error(sb.error());
+  if (req.body.size() > sb->disk_bytes)
+    return res->send_error(Error{Code::kPayloadTooLarge, 0,
+                                 "upload of " + std::to_string(req.body.size()) +
+                                     " bytes exceeds the sandbox's disk limit of " +
+                                     std::to_string(sb->disk_bytes) + " bytes"});
+  std::string path_copy = *path;
+  auto agent = sb->agent;
+  agent->write_file(*path, std::move(req.body), mode, true,
+                    [res, agent, path_copy](Result<uint64_t> r) {
+                      if (!r) return res->send_error(r.error());
+                      agent->stat(path_copy, [res](Result<node::FileEntry> e) {
+                        if (!e) return res->send_error(e.error());
+                        res->send_json(200, entry_json(*e));
+                      });
+                    });
+}
+
+void Api::file_remove(Request& req, const Params& p, std::shared_ptr<Responder> res) {
+  auto path = file_path(req);
+  if (!path) return res->send_error(path.error());
+  if (*path == "/") return res->send_error(Error{Code::kInvalidArgument, 0, "refusing to remove /"});
+  auto sb = mgr_.ref(p[0]);
+  if (!sb) return res->send_error(sb.error());
+  sb->agent->remove(*path, truthy(req.q("recursive")), [res](Result<void> r) {
+    if (!r) return res->send_error(r.error());
+    res->send(204, "application/json", "");
+  });
+}
+
+void Api::file_list(Request& req, const Params& p, std::shared_ptr<Responder> res) {
+  auto path = file_path(req);
+  if (!path) return res->send_error(path.error());
+  auto sb = mgr_.ref(p[0]);
+  if (!sb) return res->send_error(sb.error());
+  sb->agent->list(*path, [res](Result<std::vector<node::FileEntry>> r) {
+    if (!r) return res->send_error(r.error());
+    json::array arr;
+    for (const auto& e : *r) arr.push_back(entry_json(e));
+    res->send_json(200, json::object{{"entries", std::move(arr)}});
+  });
+}
+
+void Api::file_stat(Request& req, const Params& p, std::shared_ptr<Responder> res) {
+  auto path = file_path(req);
+  if (!path) return res->send_error(path.error());
+  auto sb = mgr_.ref(p[0]);
+  if (!sb) return res->send_error(sb.error());
+  sb->agent->stat(*path, [res](Result<node::FileEntry> r) {
+    if (!r) return res->send_error(r.error());
+    res->send_json(200, entry_json(*r));
+  });
+}
+
+void Api::file_mkdir(Request& req, const Params& p, std::shared_ptr<Responder> res) {
+  auto path = file_path(req);
+  if (!path) return res->send_error(path.error());
+  auto sb = mgr_.ref(p[0]);
+  if (!sb) return res->send_error(sb.error());
+  auto agent = sb->agent;
+  std::string path_copy = *path;
+  agent->mkdir(*path, 0755, truthy(req.q("parents")), [res, agent, path_copy](Result<void> r) {
+    if (!r) return res->send_error(r.error());
+    agent->stat(path_copy, [res](Result<node::FileEntry> e) {
+      if (!e) return res->send_error(e.error());
+      res->send_json(201, entry_json(*e));
+    });
+  });
+}
+
+}  // namespace tp::api

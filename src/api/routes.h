@@ -1,0 +1,59 @@
+// Api: the HTTP routes of tidepoold (api/openapi.yaml is the contract; the
+// route table below is checked against it by tests/unit/api/openapi_test.cpp).
+//
+// Every error answer is JSON {code, message} with the status of its code.
+// Thread rules: handle() may be called from any io thread concurrently.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "api/http_server.h"
+#include "common/metrics.h"
+#include "node/sandbox_manager.h"
+
+namespace tp::api {
+
+struct RouteInfo {
+  std::string method;   // GET, POST, PUT, DELETE
+  std::string pattern;  // /v1/sandboxes/{id}/exec
+};
+
+class Api {
+ public:
+  Api(node::SandboxManager& mgr, Metrics& metrics);
+  void handle(Request& req, std::shared_ptr<Responder> res);
+  // The routes this server serves (for the contract test).
+  static std::vector<RouteInfo> routes();
+
+ private:
+  using Params = std::vector<std::string>;  // captured {x} segments, in order
+  using Fn = void (Api::*)(Request&, const Params&, std::shared_ptr<Responder>);
+  struct Route {
+    const char* method;
+    const char* pattern;
+    Fn fn;
+  };
+  static const std::vector<Route>& table();
+
+  void health(Request&, const Params&, std::shared_ptr<Responder>);
+  void version(Request&, const Params&, std::shared_ptr<Responder>);
+  void metrics(Request&, const Params&, std::shared_ptr<Responder>);
+  void create(Request&, const Params&, std::shared_ptr<Responder>);
+  void list(Request&, const Params&, std::shared_ptr<Responder>);
+  void get(Request&, const Params&, std::shared_ptr<Responder>);
+  void destroy(Request&, const Params&, std::shared_ptr<Responder>);
+  void exec(Request&, const Params&, std::shared_ptr<Responder>);
+  void file_read(Request&, const Params&, std::shared_ptr<Responder>);
+  void file_write(Request&, const Params&, std::shared_ptr<Responder>);
+  void file_remove(Request&, const Params&, std::shared_ptr<Responder>);
+  void file_list(Request&, const Params&, std::shared_ptr<Responder>);
+  void file_stat(Request&, const Params&, std::shared_ptr<Responder>);
+  void file_mkdir(Request&, const Params&, std::shared_ptr<Responder>);
+
+  node::SandboxManager& mgr_;
+  Metrics& metrics_;
+};
+
+}  // namespace tp::api

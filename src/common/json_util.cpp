@@ -1,0 +1,131 @@
+#include "common/json_util.h"
+
+#include <boost/beast/core/detail/base64.hpp>
+
+#include <cmath>
+
+namespace tp::json_util {
+namespace json = boost::json;
+namespace b64 = boost::beast::detail::base64;
+
+namespace {
+std::unexpected<Error> bad(std::string_view key, std::string_view what) {
+  return fail(Code::kInvalidArgument, "field '" + std::string(key) + "' " + std::string(what));
+}
+const json::value* find(const json::object& o, std::string_view key) {
+  auto it = o.find(key);
+  if (it == o.end() || it->value().is_null()) return nullptr;
+  return &it->value();
+}
+}  // namespace
+
+Result<json::object> parse_object(std::string_view body) {
+  if (body.empty()) return fail(Code::kInvalidArgument, "request body must be a JSON object");
+  boost::system::error_code ec;
+  json::value v = json::parse(body, ec);
+  if (ec) return fail(Code::kInvalidArgument, "malformed JSON: " + ec.message());
+  if (!v.is_object()) return fail(Code::kInvalidArgument, "request body must be a JSON object");
+  return std::move(v.as_object());
+}
+
+Result<void> only_keys(const json::object& o, std::initializer_list<std::string_view> allowed) {
+  for (const auto& kv : o) {
+    bool ok = false;
+    for (auto a : allowed) ok = ok || kv.key() == a;
+    if (!ok) return fail(Code::kInvalidArgument, "unknown field '" + std::string(kv.key()) + "'");
+  }
+  return {};
+}
+
+Result<int64_t> get_int(const json::object& o, std::string_view key, int64_t dflt, int64_t min,
+                        int64_t max) {
+  const json::value* v = find(o, key);
+  if (!v) return dflt;
+  int64_t r;
+  if (v->is_int64()) {
+    r = v->as_int64();
+  } else if (v->is_uint64()) {
+    if (v->as_uint64() > static_cast<uint64_t>(max)) return bad(key, "is too large");
+    r = static_cast<int64_t>(v->as_uint64());
+  } else if (v->is_double() && std::floor(v->as_double()) == v->as_double() &&
+             std::abs(v->as_double()) < 9e15) {
+    r = static_cast<int64_t>(v->as_double());
+  } else {
+    return bad(key, "must be an integer");
+  }
+  if (r < min) return bad(key, "must be at least " + std::to_string(min));
+  if (r > max) return bad(key, "must be at most " + std::to_string(max));
+  return r;
+}
+
+Result<double> get_number(const json::object& o, std::string_view key, double dflt, double min,
+                          double max) {
+  const json::value* v = find(o, key);
+  if (!v) return dflt;
+  if (!v->is_number()) return bad(key, "must be a number");
+  double d = v->to_number<double>();
+  if (!std::isfinite(d) || d < min) return bad(key, "must be at least " + std::to_string(min));
+  if (d > max) return bad(key, "must be at most " + std::to_string(max));
+  return d;
+}
+
+Result<std::string> get_string(const json::object& o, std::string_view key, std::string dflt) {
+  const json::value* v = find(o, key);
+  if (!v) return dflt;
+  if (!v->is_string()) return bad(key, "must be a string");
+  return std::string(v->as_string());
+}
+
+Result<bool> get_bool(const json::object& o, std::string_view key, bool dflt) {
+  const json::value* v = find(o, key);
+  if (!v) return dflt;
+  if (!v->is_bool()) return bad(key, "must be true or false");
+  return v->as_bool();
+}
+
+Result<std::map<std::string, std::string>> get_string_map(const json::object& o,
+                                                          std::string_view key) {
+  std::map<std::string, std::string> out;
+  const json::value* v = find(o, key);
+  if (!v) return out;
+  if (!v->is_object()) return bad(key, "must be an object of strings");
+  for (const auto& kv : v->as_object()) {
+    if (!kv.value().is_string()) return bad(key, "must be an object of strings");
+    out[std::string(kv.key())] = std::string(kv.value().as_string());
+  }
+  return out;
+}
+
+Result<std::vector<std::string>> get_command(const json::object& o, std::string_view key) {
+  const json::value* v = find(o, key);
+  if (!v) return bad(key, "is required");
+  if (v->is_string()) {
+    if (v->as_string().empty()) return bad(key, "must not be empty");
+    return std::vector<std::string>{"/bin/sh", "-c", std::string(v->as_string())};
+  }
+  if (!v->is_array() || v->as_array().empty())
+    return bad(key, "must be a non-empty list of strings or a string");
+  std::vector<std::string> argv;
+  for (const auto& a : v->as_array()) {
+    if (!a.is_string()) return bad(key, "must be a non-empty list of strings or a string");
+    argv.emplace_back(a.as_string());
+  }
+  if (argv[0].empty()) return bad(key, "must not start with an empty string");
+  return argv;
+}
+
+std::string base64_encode(std::string_view in) {
+  std::string out(b64::encoded_size(in.size()), '\0');
+  out.resize(b64::encode(out.data(), in.data(), in.size()));
+  return out;
+}
+
+Result<std::string> base64_decode(std::string_view in) {
+  std::string out(b64::decoded_size(in.size()), '\0');
+  auto [written, read] = b64::decode(out.data(), in.data(), in.size());
+  if (read != in.size()) return fail(Code::kInvalidArgument, "invalid base64");
+  out.resize(written);
+  return out;
+}
+
+}  // namespace tp::json_util
