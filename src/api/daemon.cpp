@@ -15,6 +15,7 @@
 #include "api/http_server.h"
 #include "api/routes.h"
 #include "common/log.h"
+#include <fmt/format.h>
 #include "control/store.h"
 #include "node/sandbox_manager.h"
 #include "runtime/container/container_backend.h"
@@ -85,6 +86,13 @@ int daemon_main(int argc, char** argv) {
 
   runtime::ContainerOptions copts;
   copts.data_dir = data_dir;
+  // Two daemons on one host (a test daemon next to the real one) must never
+  // clean up each other's sandboxes: the parent cgroup is named after the data dir.
+  if (data_dir != "/var/lib/tidepool") {
+    uint32_t h = 2166136261u;  // FNV-1a
+    for (unsigned char c : data_dir) h = (h ^ c) * 16777619u;
+    copts.cgroup_name = fmt::format("tidepool-{:08x}", h);
+  }
   copts.agent_path = agent;
   auto backend = runtime::make_container_backend(copts);
   if (!backend) return die("container runtime: " + backend.error().message());

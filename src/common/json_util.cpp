@@ -121,9 +121,14 @@ std::string base64_encode(std::string_view in) {
 }
 
 Result<std::string> base64_decode(std::string_view in) {
+  // The decoder stops at the first '=' or invalid byte: everything before the
+  // (at most two) padding characters must be consumed.
+  std::string_view body = in;
+  for (int i = 0; i < 2 && !body.empty() && body.back() == '='; ++i) body.remove_suffix(1);
   std::string out(b64::decoded_size(in.size()), '\0');
-  auto [written, read] = b64::decode(out.data(), in.data(), in.size());
-  if (read != in.size()) return fail(Code::kInvalidArgument, "invalid base64");
+  auto [written, read] = b64::decode(out.data(), body.data(), body.size());
+  if (read != body.size() || body.size() % 4 == 1)
+    return fail(Code::kInvalidArgument, "invalid base64");
   out.resize(written);
   return out;
 }

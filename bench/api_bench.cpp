@@ -1,0 +1,206 @@
+// api_bench: Tidepool through its HTTP API from an in-process client.
+//
+// Measures, against a running tidepoold (--url, default TIDEPOOL_URL or
+// http://127.0.0.1:7070):
+//   1. latency of create, first exec of `true`, destroy, and their sum (p50, p99)
+//   2. sustained sandboxes per second (create + exec true + destroy) with 1 and 2
+//      concurrent clients
+//   3. idle host memory per sandbox with --idle N sandboxes alive (kernel counters
+//      from /proc/meminfo and the tidepool memory cgroup)
+// Prints a table, or JSON with --json. No thresholds: bench/run.sh compares.
+#include <CLI/CLI.hpp>
+#include <boost/json.hpp>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <thread>
+#include <vector>
+
+#include "cli/http_client.h"
+
+namespace json = boost::json;
+using tp::cli::HttpClient;
+using tp::cli::Method;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+double ms_since(Clock::time_point t) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
+}
+
+double pct(std::vector<double> v, double p) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  size_t i = static_cast<size_t>(p / 100.0 * static_cast<double>(v.size() - 1) + 0.5);
+  return v[std::min(i, v.size() - 1)];
+}
+
+struct Cycle {
+  double create = 0, exec = 0, destroy = 0;
+  bool ok = false;
+};
+
+const char* kCreateBody = R"({"image":"host","memory_mb":256,"cpus":1,"ttl_seconds":600})";
+const char* kExecBody = R"({"cmd":["true"]})";
+
+Cycle cycle(HttpClient& c) {
+  Cycle r;
+  auto t0 = Clock::now();
+  auto created = c.request(Method::kPost, "/v1/sandboxes", kCreateBody, "application/json");
+  r.create = ms_since(t0);
+  if (!created) {
+    std::fprintf(stderr, "create: %s\n", created.error().message().c_str());
+    return r;
+  }
+  std::string id(json::parse(created->body).as_object().at("id").as_string());
+  auto t1 = Clock::now();
+  auto ex = c.request(Method::kPost, "/v1/sandboxes/" + id + "/exec", kExecBody, "application/json");
+  r.exec = ms_since(t1);
+  auto t2 = Clock::now();
+  auto del = c.request(Method::kDelete, "/v1/sandboxes/" + id);
+  r.destroy = ms_since(t2);
+  r.ok = ex.has_value() && del.has_value();
+  if (!ex) std::fprintf(stderr, "exec: %s\n", ex.error().message().c_str());
+  if (!del) std::fprintf(stderr, "delete: %s\n", del.error().message().c_str());
+  return r;
+}
+
+std::map<std::string, long> meminfo_kb() {
+  std::map<std::string, long> m;
+  std::ifstream in("/proc/meminfo");
+  std::string k;
+  long v;
+  std::string unit;
+  while (in >> k >> v) {
+    k.pop_back();
+    m[k] = v;
+    std::getline(in, unit);
+  }
+  return m;
+}
+
+long kernel_and_anon_kb() {
+  auto m = meminfo_kb();
+  return m["Slab"] + m["KernelStack"] + m["PageTables"] + m["Percpu"] + m["AnonPages"] + m["Shmem"];
+}
+
+long cgroup_usage_kb() {
+  for (const char* p : {"/sys/fs/cgroup/memory/tidepool/memory.usage_in_bytes",
+                        "/sys/fs/cgroup/tidepool/memory.current"}) {
+    std::ifstream in(p);
+    long v;
+    if (in >> v) return v / 1024;
+  }
+  return -1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"api_bench: Tidepool create/exec/destroy through the HTTP API"};
+  const char* env_url = std::getenv("TIDEPOOL_URL");
+  std::string url = env_url ? env_url : "http://127.0.0.1:7070";
+  int iterations = 200, warmup = 10, rate_seconds = 10, idle = 500;
+  bool as_json = false;
+  app.add_option("--url", url);
+  app.add_option("--iterations", iterations, "sequential cycles for latency");
+  app.add_option("--warmup", warmup);
+  app.add_option("--rate-seconds", rate_seconds, "duration of each sustained-rate run");
+  app.add_option("--idle", idle, "sandboxes alive for the memory measurement (0 skips)");
+  app.add_flag("--json", as_json);
+  CLI11_PARSE(app, argc, argv);
+
+  auto parsed = tp::cli::Url::parse(url);
+  if (!parsed) {
+    std::fprintf(stderr, "api_bench: %s\n", parsed.error().message().c_str());
+    return 2;
+  }
+  HttpClient client(*parsed);
+  for (int i = 0; i < warmup; ++i) cycle(client);
+
+  std::vector<double> c_ms, e_ms, d_ms, t_ms;
+  int failures = 0;
+  for (int i = 0; i < iterations; ++i) {
+    Cycle r = cycle(client);
+    if (!r.ok) {
+      failures++;
+      continue;
+    }
+    c_ms.push_back(r.create);
+    e_ms.push_back(r.exec);
+    d_ms.push_back(r.destroy);
+    t_ms.push_back(r.create + r.exec + r.destroy);
+  }
+
+  std::map<int, double> rate;
+  for (int workers : {1, 2}) {
+    std::atomic<long> done{0};
+    std::atomic<bool> stop{false};
+    std::vector<std::thread> ts;
+    auto t0 = Clock::now();
+    for (int w = 0; w < workers; ++w)
+      ts.emplace_back([&] {
+        HttpClient c(*parsed);
+        while (!stop.load()) {
+          if (cycle(c).ok) done++;
+        }
+      });
+    std::this_thread::sleep_for(std::chrono::seconds(rate_seconds));
+    stop = true;
+    for (auto& t : ts) t.join();
+    rate[workers] = static_cast<double>(done.load()) / (ms_since(t0) / 1000.0);
+  }
+
+  double idle_kernel_kb = -1, idle_cg_kb = -1;
+  if (idle > 0) {
+    long k0 = kernel_and_anon_kb(), cg0 = cgroup_usage_kb();
+    std::vector<std::string> ids;
+    for (int i = 0; i < idle; ++i) {
+      auto created = client.request(Method::kPost, "/v1/sandboxes", kCreateBody, "application/json");
+      if (!created) {
+        std::fprintf(stderr, "idle create %d: %s\n", i, created.error().message().c_str());
+        break;
+      }
+      ids.emplace_back(json::parse(created->body).as_object().at("id").as_string());
+    }
+    std::this_thread::sleep_for(std::chrono::seconds(2));
+    long k1 = kernel_and_anon_kb(), cg1 = cgroup_usage_kb();
+    if (!ids.empty()) {
+      idle_kernel_kb = static_cast<double>(k1 - k0) / static_cast<double>(ids.size());
+      if (cg0 >= 0 && cg1 >= 0) idle_cg_kb = static_cast<double>(cg1 - cg0) / static_cast<double>(ids.size());
+    }
+    for (const auto& id : ids) (void)client.request(Method::kDelete, "/v1/sandboxes/" + id);
+    idle = static_cast<int>(ids.size());
+  }
+
+  if (as_json) {
+    json::object o{{"iterations", iterations},
+                   {"failures", failures},
+                   {"create_p50_ms", pct(c_ms, 50)}, {"create_p99_ms", pct(c_ms, 99)},
+                   {"exec_p50_ms", pct(e_ms, 50)}, {"exec_p99_ms", pct(e_ms, 99)},
+                   {"destroy_p50_ms", pct(d_ms, 50)}, {"destroy_p99_ms", pct(d_ms, 99)},
+                   {"total_p50_ms", pct(t_ms, 50)}, {"total_p99_ms", pct(t_ms, 99)},
+                   {"rate_1", rate[1]}, {"rate_2", rate[2]},
+                   {"idle_sandboxes", idle},
+                   {"idle_kernel_anon_kb_per_sandbox", idle_kernel_kb},
+                   {"idle_memcg_kb_per_sandbox", idle_cg_kb}};
+    std::printf("%s\n", json::serialize(o).c_str());
+  } else {
+    std::printf("tidepool API (%d cycles, %d failed)\n", iterations, failures);
+    std::printf("  %-22s %9s %9s\n", "phase", "p50 ms", "p99 ms");
+    std::printf("  %-22s %9.2f %9.2f\n", "create", pct(c_ms, 50), pct(c_ms, 99));
+    std::printf("  %-22s %9.2f %9.2f\n", "first exec of true", pct(e_ms, 50), pct(e_ms, 99));
+    std::printf("  %-22s %9.2f %9.2f\n", "destroy", pct(d_ms, 50), pct(d_ms, 99));
+    std::printf("  %-22s %9.2f %9.2f\n", "create+exec+destroy", pct(t_ms, 50), pct(t_ms, 99));
+    std::printf("  sustained: %.1f sandboxes/s (1 client), %.1f (2 clients)\n", rate[1], rate[2]);
+    if (idle > 0)
+      std::printf("  idle memory with %d alive: %.0f kB/sandbox (kernel+anon), %.0f kB (memcg)\n", idle,
+                  idle_kernel_kb, idle_cg_kb);
+  }
+  return failures ? 1 : 0;
+}

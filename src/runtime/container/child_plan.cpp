@@ -1,0 +1,296 @@
+#include "runtime/container/child_plan.h"
+
+#include <fcntl.h>
+#include <linux/close_range.h>
+#include <net/if.h>
+#include <sched.h>
+#include <signal.h>
+#include <sys/ioctl.h>
+#include <sys/mount.h>
+#include <sys/socket.h>
+
+#include "sys/raw_syscall.h"
+
+namespace tp::runtime::container {
+
+namespace raw = tp::sys::raw;
+
+// Same lists as docker/crun's defaults.
+const char* const kMaskedProcFiles[] = {
+    "kcore", "keys", "latency_stats", "timer_list", "timer_stats", "sched_debug",
+    "kpagecgroup", "kpageflags", "kpagecount", "sysrq-trigger", "config.gz", nullptr};
+const char* const kMaskedProcDirs[] = {"acpi", "scsi", "asound", "firmware", nullptr};
+const char* const kReadOnlyProcDirs[] = {"bus", "fs", "irq", "sys", nullptr};
+
+namespace {
+
+std::string flag_names(unsigned long f) {
+  std::string s;
+  auto add = [&](unsigned long bit, const char* n) {
+    if (f & bit) s += std::string(s.empty() ? "" : "|") + n;
+  };
+  add(MS_BIND, "MS_BIND");
+  add(MS_REC, "MS_REC");
+  add(MS_REMOUNT, "MS_REMOUNT");
+  add(MS_PRIVATE, "MS_PRIVATE");
+  add(MS_RDONLY, "MS_RDONLY");
+  add(MS_NOSUID, "MS_NOSUID");
+  add(MS_NODEV, "MS_NODEV");
+  add(MS_NOEXEC, "MS_NOEXEC");
+  return s.empty() ? "0" : s;
+}
+
+// Exec-sequence step offsets from exec_steps_base.
+enum ExecStep : uint32_t { kDupFds, kStdio, kAgentFd, kCloseRange, kSeccomp, kExec, kExecStepCount };
+
+}  // namespace
+
+void ChildPlan::mount(const std::string& src, const std::string& target, const std::string& fstype,
+                      unsigned long flags, const std::string& data, bool ignore_missing) {
+  Op op{OpKind::kMount};
+  op.ignore_missing = ignore_missing;
+  op.flags = flags;
+  op.a = src.empty() ? nullptr : keep(src);
+  op.b = keep(target);
+  op.c = fstype.empty() ? nullptr : keep(fstype);
+  op.d = data.empty() ? nullptr : keep(data);
+  op.step = step("mount(" + (src.empty() ? std::string("none") : src) + ", " + target + ", " +
+                 (fstype.empty() ? std::string("none") : fstype) + ", " + flag_names(flags) +
+                 (data.empty() ? std::string() : ", " + data) + ")");
+  ops.push_back(op);
+}
+
+void ChildPlan::bind_ro(const std::string& src, const std::string& target, unsigned long extra,
+                        bool ignore_missing) {
+  mount(src, target, "", MS_BIND | MS_REC, "", ignore_missing);
+  // The remount must repeat flags the kernel locked on the source (e.g. nosuid, atime).
+  mount("", target, "", MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV | extra, "",
+        ignore_missing);
+}
+
+void ChildPlan::mkdir(const std::string& path, uint32_t mode) {
+  Op op{OpKind::kMkdir};
+  op.a = keep(path);
+  op.mode = mode;
+  op.step = step("mkdir(" + path + ")");
+  ops.push_back(op);
+}
+
+void ChildPlan::touch(const std::string& path) {
+  Op op{OpKind::kTouch};
+  op.a = keep(path);
+  op.step = step("open(" + path + ", O_CREAT)");
+  ops.push_back(op);
+}
+
+void ChildPlan::symlink(const std::string& target, const std::string& path) {
+  Op op{OpKind::kSymlink};
+  op.a = keep(target);
+  op.b = keep(path);
+  op.step = step("symlink(" + target + ", " + path + ")");
+  ops.push_back(op);
+}
+
+void ChildPlan::simple(OpKind k, const std::string& desc, const std::string& a, unsigned long flags) {
+  Op op{k};
+  op.a = a.empty() ? nullptr : keep(a);
+  op.flags = flags;
+  op.step = step(desc);
+  ops.push_back(op);
+}
+
+void ChildPlan::finish() {
+  exec_steps_base = static_cast<uint32_t>(steps.size());
+  steps.push_back("fcntl(F_DUPFD_CLOEXEC)");
+  steps.push_back("open(/dev/null) for stdio");
+  steps.push_back("dup3(agent socket, 3)");
+  steps.push_back("close_range(4, ~0, CLOSE_RANGE_CLOEXEC)");
+  steps.push_back("prctl(PR_SET_NO_NEW_PRIVS) + seccomp(SECCOMP_SET_MODE_FILTER)");
+  steps.push_back("execveat(tp-agent, \"\", AT_EMPTY_PATH)");
+}
+
+void build_root_ops(const RootRecipe& r, ChildPlan* p) {
+  const std::string& m = r.mnt_dir;
+  const std::string root = m + "/root";
+  p->simple(OpKind::kWaitSync, "read(sync pipe)");
+  p->simple(OpKind::kBecomeRoot, "setresgid/setgroups/setresuid(0) in the user namespace");
+  // After the parent moved us into the sandbox cgroup, so that it is the cgroup ns root.
+  p->simple(OpKind::kUnshare, "unshare(CLONE_NEWCGROUP)", "", CLONE_NEWCGROUP);
+  p->simple(OpKind::kSethostname, "sethostname(" + r.id + ")", r.id);
+  p->simple(OpKind::kLoopbackUp, "ioctl(lo, SIOCSIFFLAGS, IFF_UP)");
+  p->mount("", "/", "", MS_REC | MS_PRIVATE, "");
+  p->mount("tmpfs", m, "tmpfs", MS_NOSUID | MS_NODEV,
+           "size=" + std::to_string(r.disk_bytes) + ",mode=0755");
+  p->mkdir(m + "/upper", 0755);
+  p->mkdir(m + "/work", 0700);
+  p->mkdir(root, 0755);
+  std::string lower;
+  for (const auto& l : r.lowers) lower += (lower.empty() ? "" : ":") + l;
+  p->mount("overlay", root, "overlay", 0,
+           "lowerdir=" + lower + ",upperdir=" + m + "/upper,workdir=" + m + "/work");
+  for (const auto& [src, locked] : r.ro_binds) p->bind_ro(src, root + src, locked);
+  // Layer images may lack the mount points; on the host image they exist (no copy-up then).
+  for (const char* d : {"/proc", "/dev", "/tmp"}) p->mkdir(root + d, 0755);
+
+  // /proc, with what would reveal or change host state masked or read-only.
+  const std::string proc = root + "/proc";
+  p->mount("proc", proc, "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, "");
+  for (int i = 0; kReadOnlyProcDirs[i]; ++i)
+    p->bind_ro(proc + "/" + kReadOnlyProcDirs[i], proc + "/" + kReadOnlyProcDirs[i], MS_NOEXEC, true);
+  for (int i = 0; kMaskedProcFiles[i]; ++i)
+    p->mount("/dev/null", proc + "/" + kMaskedProcFiles[i], "", MS_BIND, "", true);
+  for (int i = 0; kMaskedProcDirs[i]; ++i)
+    p->mount("tmpfs", proc + "/" + kMaskedProcDirs[i], "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC,
+             "size=0,mode=0555", true);
+
+  // /dev: device nodes cannot be made in a user namespace, so bind the host's.
+  const std::string dev = root + "/dev";
+  p->mount("tmpfs", dev, "tmpfs", MS_NOSUID | MS_NOEXEC, "size=65536,mode=0755");
+  for (const char* d : {"null", "zero", "full", "random", "urandom", "tty"}) {
+    p->touch(dev + "/" + d);
+    p->mount(std::string("/dev/") + d, dev + "/" + d, "", MS_BIND, "");
+  }
+  p->mkdir(dev + "/pts", 0755);
+  p->mount("devpts", dev + "/pts", "devpts", MS_NOSUID | MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620,gid=5");
+  p->symlink("pts/ptmx", dev + "/ptmx");
+  p->mkdir(dev + "/shm", 01777);
+  p->mount("shm", dev + "/shm", "tmpfs", MS_NOSUID | MS_NODEV,
+           "size=" + std::to_string(r.tmp_bytes) + ",mode=1777");
+  p->symlink("/proc/self/fd", dev + "/fd");
+  p->symlink("/proc/self/fd/0", dev + "/stdin");
+  p->symlink("/proc/self/fd/1", dev + "/stdout");
+  p->symlink("/proc/self/fd/2", dev + "/stderr");
+  p->mount("tmpfs", root + "/tmp", "tmpfs", MS_NOSUID | MS_NODEV,
+           "size=" + std::to_string(r.tmp_bytes) + ",mode=1777");
+
+  p->simple(OpKind::kChdir, "chdir(" + root + ")", root);
+  p->simple(OpKind::kPivotRoot, "pivot_root(., .)");
+  p->simple(OpKind::kUmountDetach, "umount2(old root, MNT_DETACH)", ".");
+  p->simple(OpKind::kChdir, "chdir(/)", "/");
+}
+
+namespace {
+
+// Kernel layout of struct sigaction for rt_sigaction (not glibc's).
+struct KernelSigaction {
+  void* handler;
+  unsigned long flags;
+  void* restorer;
+  unsigned long mask;
+};
+
+[[noreturn]] void die(int err_fd, uint32_t step, long neg_errno) {
+  ChildFailure f{static_cast<int32_t>(step), static_cast<int32_t>(-neg_errno)};
+  raw::call(SYS_write, err_fd, &f, sizeof f);
+  raw::exit_now(127);
+}
+
+long loopback_up() {
+  long s = raw::call(SYS_socket, AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (s < 0) return s;
+  ifreq ifr{};
+  ifr.ifr_name[0] = 'l';
+  ifr.ifr_name[1] = 'o';
+  long r = raw::call(SYS_ioctl, s, SIOCGIFFLAGS, &ifr);
+  if (r == 0) {
+    ifr.ifr_flags = static_cast<short>(ifr.ifr_flags | IFF_UP);
+    r = raw::call(SYS_ioctl, s, SIOCSIFFLAGS, &ifr);
+  }
+  raw::call(SYS_close, s);
+  return r;
+}
+
+long run_op(const Op& op, const ChildPlan& p) {
+  switch (op.kind) {
+    case OpKind::kWaitSync: {
+      char b;
+      long n;
+      do n = raw::call(SYS_read, p.sync_rd, &b, 1); while (n == -EINTR);
+      if (n < 0) return n;
+      if (n == 0) raw::exit_now(126);  // parent gave up; it reaps us
+      return 0;
+    }
+    case OpKind::kBecomeRoot: {
+      long r = raw::call(SYS_setresgid, 0, 0, 0);
+      if (r == 0) r = raw::call(SYS_setgroups, 0, nullptr);
+      if (r == 0) r = raw::call(SYS_setresuid, 0, 0, 0);
+      return r;
+    }
+    case OpKind::kUnshare: return raw::call(SYS_unshare, op.flags);
+    case OpKind::kSethostname: {
+      size_t n = 0;
+      while (op.a[n]) ++n;
+      return raw::call(SYS_sethostname, op.a, n);
+    }
+    case OpKind::kLoopbackUp: return loopback_up();
+    case OpKind::kMount: return raw::call(SYS_mount, op.a, op.b, op.c, op.flags, op.d);
+    case OpKind::kMkdir: {
+      long r = raw::call(SYS_mkdirat, AT_FDCWD, op.a, op.mode);
+      return r == -EEXIST ? 0 : r;
+    }
+    case OpKind::kTouch: {
+      long fd = raw::call(SYS_openat, AT_FDCWD, op.a, O_WRONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
+      if (fd < 0) return fd == -EEXIST ? 0 : fd;
+      raw::call(SYS_close, fd);
+      return 0;
+    }
+    case OpKind::kSymlink: return raw::call(SYS_symlinkat, op.a, AT_FDCWD, op.b);
+    case OpKind::kChdir: return raw::call(SYS_chdir, op.a);
+    case OpKind::kPivotRoot: return raw::call(SYS_pivot_root, ".", ".");
+    case OpKind::kUmountDetach: return raw::call(SYS_umount2, op.a, MNT_DETACH);
+  }
+  return -EINVAL;
+}
+
+}  // namespace
+
+int run_child(void* arg) {
+  const ChildPlan& p = *static_cast<const ChildPlan*>(arg);
+  int err_fd = p.err_wr;
+  // Our copies of the parent's ends: holding them would hide the parent's EOFs.
+  raw::call(SYS_close, p.sync_wr);
+  raw::call(SYS_close, p.err_rd);
+  for (const Op& op : p.ops) {
+    long r = run_op(op, p);
+    if (r < 0 && !(op.ignore_missing && r == -ENOENT)) die(err_fd, op.step, r);
+  }
+  const uint32_t e = p.exec_steps_base;
+  // Move what exec needs above the stdio and fd-3 slots (any of them may sit there).
+  long exe = raw::call(SYS_fcntl, p.exe_fd, F_DUPFD_CLOEXEC, 10);
+  long err = raw::call(SYS_fcntl, err_fd, F_DUPFD_CLOEXEC, 10);
+  long agent = raw::call(SYS_fcntl, p.agent_child, F_DUPFD_CLOEXEC, 10);
+  if (err >= 0) err_fd = static_cast<int>(err);
+  if (exe < 0 || err < 0 || agent < 0) die(err_fd, e + kDupFds, exe < 0 ? exe : err < 0 ? err : agent);
+  long null_fd = raw::call(SYS_openat, AT_FDCWD, "/dev/null", O_RDWR);
+  if (null_fd < 0) die(err_fd, e + kStdio, null_fd);
+  for (int i = 0; i < 3; ++i) {
+    if (null_fd == i) continue;
+    long r = raw::call(SYS_dup3, null_fd, i, 0);
+    if (r < 0) die(err_fd, e + kStdio, r);
+  }
+  if (null_fd > 2) raw::call(SYS_close, null_fd);
+  long r = raw::call(SYS_dup3, agent, 3, 0);
+  if (r < 0) die(err_fd, e + kAgentFd, r);
+  // Anything the daemon left without CLOEXEC must not reach the sandbox.
+  r = raw::call(SYS_close_range, 4, ~0U, CLOSE_RANGE_CLOEXEC);
+  if (r < 0) die(err_fd, e + kCloseRange, r);
+  // Default dispositions, then unblock (the parent blocked everything around clone).
+  KernelSigaction dfl{};
+  for (int sig = 1; sig < 65; ++sig) {
+    if (sig == SIGKILL || sig == SIGSTOP) continue;
+    raw::call(SYS_rt_sigaction, sig, &dfl, nullptr, 8);
+  }
+  unsigned long empty_mask = 0;
+  raw::call(SYS_rt_sigprocmask, SIG_SETMASK, &empty_mask, nullptr, 8);
+  if (p.seccomp) {
+    r = sys::load_filter_raw(*p.seccomp);
+    if (r < 0) die(err_fd, e + kSeccomp, r);
+  } else {
+    r = raw::call(SYS_prctl, 38 /* PR_SET_NO_NEW_PRIVS */, 1, 0, 0, 0);
+    if (r < 0) die(err_fd, e + kSeccomp, r);
+  }
+  r = raw::call(SYS_execveat, exe, "", p.argv.data(), p.envp.data(), AT_EMPTY_PATH);
+  die(err_fd, e + kExec, r);
+}
+
+}  // namespace tp::runtime::container

@@ -1,0 +1,105 @@
+// The plan a sandbox's first process executes between clone() and exec.
+//
+// The parent builds a ChildPlan (all strings, flags, argv/envp) with normal
+// C++; run_child() then walks it in the clone(CLONE_VM) child using only raw
+// syscalls: no allocation, no locks, no errno (the child shares the parent's
+// memory and TLS). Each op carries the index of a human description
+// ("mount(overlay, /x/root, lowerdir=...)") that the parent turns into an
+// Error when the child reports {step, errno} on the error pipe.
+// Thread rules: a plan is built by one thread and read by its child only.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <deque>
+#include <string>
+#include <vector>
+
+#include "sys/seccomp.h"
+
+namespace tp::runtime::container {
+
+enum class OpKind : uint8_t {
+  kWaitSync,     // block until the parent wrote maps/cgroups (one byte) on the sync pipe
+  kBecomeRoot,   // setresgid(0), setgroups(0), setresuid(0) inside the new user ns
+  kUnshare,      // unshare(flags)
+  kSethostname,  // a
+  kLoopbackUp,   // ioctl(SIOCSIFFLAGS, lo, IFF_UP)
+  kMount,        // mount(a=source, b=target, c=fstype, flags, d=data)
+  kMkdir,        // mkdir(a, mode), EEXIST is fine
+  kTouch,        // create empty file a (mount point for a file bind), EEXIST is fine
+  kSymlink,      // symlink(a=target, b=linkpath)
+  kChdir,        // chdir(a)
+  kPivotRoot,    // pivot_root(".", ".")
+  kUmountDetach, // umount2(a, MNT_DETACH)
+};
+
+struct Op {
+  OpKind kind;
+  bool ignore_missing = false;  // ENOENT is not an error (optional masks)
+  uint32_t mode = 0;
+  unsigned long flags = 0;
+  const char* a = nullptr;
+  const char* b = nullptr;
+  const char* c = nullptr;
+  const char* d = nullptr;
+  uint32_t step = 0;  // index into ChildPlan::steps
+};
+
+// What the child writes on the error pipe when a step fails.
+struct ChildFailure {
+  int32_t step;
+  int32_t err;
+};
+
+struct ChildPlan {
+  std::vector<Op> ops;
+  std::vector<std::string> steps;  // descriptions, indexed by Op::step and the exec steps below
+  std::deque<std::string> strings;  // storage for the op strings (stable addresses)
+  std::vector<char*> argv, envp;    // NULL-terminated
+  const sys::SeccompProgram* seccomp = nullptr;
+  // fds (numbers in the parent's table, inherited by the child)
+  int sync_rd = -1, sync_wr = -1, err_rd = -1, err_wr = -1, agent_child = -1, exe_fd = -1;
+  uint32_t exec_steps_base = 0;  // first of the fixed exec-sequence step descriptions
+
+  const char* keep(std::string s) { return strings.emplace_back(std::move(s)).c_str(); }
+  uint32_t step(std::string desc) {
+    steps.push_back(std::move(desc));
+    return static_cast<uint32_t>(steps.size() - 1);
+  }
+  // Convenience builders; each records a description.
+  void mount(const std::string& src, const std::string& target, const std::string& fstype,
+             unsigned long flags, const std::string& data, bool ignore_missing = false);
+  void bind_ro(const std::string& src, const std::string& target, unsigned long extra_flags,
+               bool ignore_missing = false);
+  void mkdir(const std::string& path, uint32_t mode);
+  void touch(const std::string& path);
+  void symlink(const std::string& target, const std::string& path);
+  void simple(OpKind k, const std::string& desc, const std::string& a = {}, unsigned long flags = 0);
+  // Appends the fixed step descriptions of the exec sequence; call last.
+  void finish();
+};
+
+// Inputs for the standard sandbox recipe.
+struct RootRecipe {
+  std::string id;               // hostname
+  std::string mnt_dir;          // empty host dir the sandbox tmpfs is mounted on (inside the child's ns)
+  std::vector<std::string> lowers;  // overlay lower dirs, top first
+  std::vector<std::pair<std::string, unsigned long>> ro_binds;  // host path (bound at same path), locked flags to keep
+  uint64_t disk_bytes = 0;
+  uint64_t tmp_bytes = 0;
+};
+
+// Fills `plan->ops` with the container recipe (see container_backend.h).
+void build_root_ops(const RootRecipe& r, ChildPlan* plan);
+
+// Host paths masked with /dev/null and directories masked with an empty read-only tmpfs in /proc.
+extern const char* const kMaskedProcFiles[];
+extern const char* const kMaskedProcDirs[];
+extern const char* const kReadOnlyProcDirs[];
+
+// Entry point for clone(); `arg` is a ChildPlan*. Never returns on success (exec).
+int run_child(void* arg);
+
+}  // namespace tp::runtime::container

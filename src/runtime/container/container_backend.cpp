@@ -1,0 +1,391 @@
+#include "runtime/container/container_backend.h"
+
+#include <fcntl.h>
+#include <sched.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/mount.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <set>
+
+#include "common/log.h"
+#include "image/host_image.h"
+#include "runtime/container/child_plan.h"
+#include "sys/cgroup.h"
+#include "sys/fd.h"
+#include "sys/pidfd.h"
+#include "sys/seccomp.h"
+#include "sys/userns.h"
+
+namespace tp::runtime {
+namespace {
+
+using container::ChildFailure;
+using container::ChildPlan;
+using sys::UniqueFd;
+
+constexpr size_t kChildStack = 256 << 10;
+constexpr int kCloneFlags = CLONE_VM | CLONE_PIDFD | CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID |
+                            CLONE_NEWUTS | CLONE_NEWIPC | CLONE_NEWNET | SIGCHLD;
+
+// Flags the kernel locks on a bind of `path` in a user namespace; a read-only
+// remount must repeat them or it fails with EPERM.
+unsigned long locked_flags(const std::string& path) {
+  struct statvfs sv {};
+  if (::statvfs(path.c_str(), &sv) != 0) return 0;
+  unsigned long f = 0;
+  if (sv.f_flag & ST_NOSUID) f |= MS_NOSUID;
+  if (sv.f_flag & ST_NODEV) f |= MS_NODEV;
+  if (sv.f_flag & ST_NOEXEC) f |= MS_NOEXEC;
+  if (sv.f_flag & ST_NOATIME) f |= MS_NOATIME;
+  if (sv.f_flag & ST_NODIRATIME) f |= MS_NODIRATIME;
+  if (sv.f_flag & ST_RELATIME) f |= MS_RELATIME;
+  return f;
+}
+
+bool valid_name(const std::string& id) {
+  if (id.empty() || id.size() > 63) return false;
+  return std::all_of(id.begin(), id.end(), [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-' || (c >= 'A' && c <= 'Z') || c == '_';
+  });
+}
+
+// Everything the backend and its instances share; read-only after construction.
+struct Shared {
+  ContainerOptions opts;
+  std::unique_ptr<sys::CgroupManager> cgroups;
+  std::unique_ptr<sys::SeccompProgram> seccomp;
+  UniqueFd agent_exe;
+  image::HostImage host;
+  std::vector<std::pair<std::string, unsigned long>> host_binds;
+  std::string mnt_dir;
+};
+
+class ContainerInstance final : public SandboxInstance {
+ public:
+  ContainerInstance(std::shared_ptr<const Shared> sh, std::string id, sys::Pidfd proc, UniqueFd agent)
+      : sh_(std::move(sh)), id_(std::move(id)), proc_(std::move(proc)), agent_(std::move(agent)) {}
+  ~ContainerInstance() override {
+    auto r = destroy();
+    if (!r) TP_SB_ERROR(id_, "destroy in destructor: {}", r.error().message());
+  }
+
+  const std::string& id() const override { return id_; }
+  int agent_fd() const override { return agent_.get(); }
+  pid_t pid() const override { return proc_.pid(); }
+  bool alive() override { return !destroyed_ && !proc_.exited(); }
+
+  Result<Usage> usage() override {
+    if (destroyed_) return fail(Code::kConflict, "sandbox " + id_ + " is destroyed");
+    auto s = sh_->cgroups->stats(id_);
+    if (!s) return std::unexpected(s.error());
+    return Usage{s->memory_bytes, s->memory_peak_bytes, s->cpu_usage_us, s->pids, s->oom_kills};
+  }
+
+  Result<void> destroy() override {
+    if (destroyed_) return {};
+    agent_.reset();
+    // PID 1 dying makes the kernel kill the whole pid namespace.
+    TP_TRY(proc_.signal(SIGKILL));
+    auto reaped = proc_.reap();
+    if (!reaped) {
+      TP_SB_ERROR(id_, "reap: {}", reaped.error().message());
+      return std::unexpected(reaped.error());
+    }
+    // Once PID 1 is reaped the kernel has killed and reaped the whole pid
+    // namespace, so the cgroup is normally empty and a plain rmdir works. If
+    // not (something was moved in from outside), kill what is there and retry.
+    auto rm = sh_->cgroups->remove(id_, 0);
+    if (!rm && rm.error().sys_errno == EBUSY) {
+      auto k = sh_->cgroups->kill_all(id_);
+      if (!k) {
+        TP_SB_ERROR(id_, "kill cgroup: {}", k.error().message());
+        return k;
+      }
+      rm = sh_->cgroups->remove(id_);
+    }
+    if (!rm) {
+      TP_SB_ERROR(id_, "remove cgroup: {}", rm.error().message());
+      return rm;
+    }
+    proc_.close();
+    destroyed_ = true;
+    TP_SB_DEBUG(id_, "destroyed");
+    return {};
+  }
+
+ private:
+  std::shared_ptr<const Shared> sh_;
+  std::string id_;
+  sys::Pidfd proc_;
+  UniqueFd agent_;
+  bool destroyed_ = false;
+};
+
+// Blocks every signal in this thread for the duration (the clone child starts with this mask).
+class SignalBlock {
+ public:
+  SignalBlock() {
+    sigset_t all;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old_);
+  }
+  ~SignalBlock() { pthread_sigmask(SIG_SETMASK, &old_, nullptr); }
+
+ private:
+  sigset_t old_;
+};
+
+class ContainerBackend final : public Backend {
+ public:
+  explicit ContainerBackend(std::shared_ptr<Shared> sh) : sh_(std::move(sh)) {}
+  ~ContainerBackend() override { sh_->cgroups->remove_parent_if_empty(); }
+  std::string tier() const override { return "container"; }
+
+  Result<std::unique_ptr<SandboxInstance>> create(const SandboxSpec& spec) override {
+    auto r = create_impl(spec);
+    if (!r) TP_SB_ERROR(spec.id, "create failed: {}", r.error().message());
+    return r;
+  }
+
+  std::vector<std::string> cleanup_orphans(const std::vector<std::string>& keep) override {
+    std::set<std::string> keep_set(keep.begin(), keep.end());
+    std::vector<std::string> cleaned;
+    for (const auto& id : sh_->cgroups->list()) {
+      if (keep_set.contains(id)) continue;
+      auto k = sh_->cgroups->kill_all(id);
+      if (!k) {
+        TP_SB_WARN(id, "orphan kill: {}", k.error().message());
+        continue;
+      }
+      auto rm = sh_->cgroups->remove(id);
+      if (!rm) {
+        TP_SB_WARN(id, "orphan cgroup remove: {}", rm.error().message());
+        continue;
+      }
+      TP_SB_INFO(id, "cleaned up orphan sandbox");
+      cleaned.push_back(id);
+    }
+    return cleaned;
+  }
+
+ private:
+  Result<std::unique_ptr<SandboxInstance>> create_impl(const SandboxSpec& spec);
+
+  std::shared_ptr<Shared> sh_;
+};
+
+Result<std::unique_ptr<SandboxInstance>> ContainerBackend::create_impl(const SandboxSpec& spec) {
+  if (!valid_name(spec.id)) return fail(Code::kInvalidArgument, "invalid sandbox id '" + spec.id + "'");
+  if (spec.disk_bytes == 0 || spec.tmp_bytes == 0 || spec.memory_bytes == 0)
+    return fail(Code::kInvalidArgument, "memory, disk and tmp sizes must be > 0");
+  if (spec.nofile < 16) return fail(Code::kInvalidArgument, "nofile must be >= 16");
+  for (const auto& [k, v] : spec.env) {
+    if (k.empty() || k.find_first_of("=", 0) != std::string::npos || k.find('\0') != std::string::npos ||
+        v.find('\0') != std::string::npos)
+      return fail(Code::kInvalidArgument, "invalid environment variable name '" + k + "'");
+  }
+
+  container::RootRecipe recipe;
+  recipe.id = spec.id;
+  recipe.mnt_dir = sh_->mnt_dir;
+  recipe.disk_bytes = spec.disk_bytes;
+  recipe.tmp_bytes = spec.tmp_bytes;
+  if (spec.layers.empty()) {
+    if (spec.image != "host" && !spec.image.empty())
+      return fail(Code::kInvalidArgument, "image '" + spec.image + "' has no resolved layers");
+    recipe.lowers = {sh_->host.rootfs};
+    recipe.ro_binds = sh_->host_binds;
+  } else {
+    for (const auto& l : spec.layers) {
+      if (l.empty() || l[0] != '/' || l.find_first_of(",:\\") != std::string::npos)
+        return fail(Code::kInvalidArgument, "layer path '" + l + "' must be absolute without ',', ':' or '\\'");
+      struct stat st {};
+      if (::stat(l.c_str(), &st) != 0) return sys_fail("stat(layer " + l + ")");
+      if (!S_ISDIR(st.st_mode)) return fail(Code::kInvalidArgument, "layer " + l + " is not a directory");
+    }
+    recipe.lowers = spec.layers;
+  }
+
+  ChildPlan plan;
+  container::build_root_ops(recipe, &plan);
+  plan.finish();
+  plan.seccomp = sh_->seccomp.get();
+  plan.exe_fd = sh_->agent_exe.get();
+  for (const char* a : {"tp-agent", "--fd", "3"}) plan.argv.push_back(const_cast<char*>(plan.keep(a)));
+  plan.argv.push_back(nullptr);
+  std::map<std::string, std::string> env = spec.env;
+  env.try_emplace("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin");
+  env.try_emplace("HOME", "/root");
+  for (const auto& [k, v] : env) plan.envp.push_back(const_cast<char*>(plan.keep(k + "=" + v)));
+  plan.envp.push_back(nullptr);
+
+  // Owners, released in reverse on any failure.
+  int sv[2];
+  if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0)
+    return sys_fail("socketpair(AF_UNIX, SOCK_STREAM)");
+  UniqueFd agent_host(sv[0]), agent_child(sv[1]);
+  int p[2];
+  if (::pipe2(p, O_CLOEXEC) != 0) return sys_fail("pipe2(sync)");
+  UniqueFd sync_rd(p[0]), sync_wr(p[1]);
+  if (::pipe2(p, O_CLOEXEC) != 0) return sys_fail("pipe2(error)");
+  UniqueFd err_rd(p[0]), err_wr(p[1]);
+  plan.sync_rd = sync_rd.get();
+  plan.sync_wr = sync_wr.get();
+  plan.err_rd = err_rd.get();
+  plan.err_wr = err_wr.get();
+  plan.agent_child = agent_child.get();
+
+  sys::CgroupLimits lim{spec.memory_bytes, spec.cpus, spec.pids_max};
+  TP_TRY(sh_->cgroups->create(spec.id, lim));
+  bool cgroup_owned = true;
+  auto drop_cgroup = [&] {
+    if (!cgroup_owned) return;
+    (void)sh_->cgroups->kill_all(spec.id);
+    if (auto r = sh_->cgroups->remove(spec.id); !r) TP_SB_ERROR(spec.id, "unwind: {}", r.error().message());
+  };
+
+  void* stack = ::mmap(nullptr, kChildStack, PROT_READ | PROT_WRITE,
+                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK | MAP_NORESERVE, -1, 0);
+  if (stack == MAP_FAILED) {
+    drop_cgroup();
+    return sys_fail("mmap(child stack)");
+  }
+  struct StackOwner {
+    void* p;
+    ~StackOwner() { ::munmap(p, kChildStack); }
+  } stack_owner{stack};
+
+  int pidfd = -1;
+  pid_t pid;
+  {
+    SignalBlock block;
+    pid = ::clone(container::run_child, static_cast<char*>(stack) + kChildStack, kCloneFlags, &plan, &pidfd);
+  }
+  if (pid < 0) {
+    int e = errno;
+    drop_cgroup();
+    return sys_fail("clone(CLONE_VM|CLONE_NEWUSER|NEWNS|NEWPID|NEWUTS|NEWIPC|NEWNET)", e);
+  }
+  sys::Pidfd proc(pidfd, pid);
+  // The child has its own copies; ours must go so that EOFs reach the right side.
+  sync_rd.reset();
+  err_wr.reset();
+  agent_child.reset();
+
+  auto abort_child = [&](Error err) -> Result<std::unique_ptr<SandboxInstance>> {
+    sync_wr.reset();  // child blocked on the sync pipe exits on EOF
+    (void)proc.signal(SIGKILL);
+    (void)proc.reap();
+    drop_cgroup();
+    return std::unexpected(std::move(err));
+  };
+
+  if (auto r = sys::write_id_maps(pid, sh_->opts.uid_base); !r) return abort_child(r.error());
+  if (auto r = sh_->cgroups->attach(spec.id, pid); !r) return abort_child(r.error());
+  rlimit nofile{spec.nofile, spec.nofile};
+  if (::prlimit(pid, RLIMIT_NOFILE, &nofile, nullptr) != 0)
+    return abort_child(sys_fail("prlimit(" + std::to_string(pid) + ", RLIMIT_NOFILE, " + std::to_string(spec.nofile) + ")").error());
+  rlimit core{0, 0};
+  if (::prlimit(pid, RLIMIT_CORE, &core, nullptr) != 0)
+    return abort_child(sys_fail("prlimit(" + std::to_string(pid) + ", RLIMIT_CORE, 0)").error());
+  char go = 1;
+  if (::write(sync_wr.get(), &go, 1) != 1) return abort_child(sys_fail("write(sync pipe)").error());
+  sync_wr.reset();
+
+  // EOF = the exec succeeded (the pipe is CLOEXEC); a record = the step that failed.
+  ChildFailure f{};
+  ssize_t n;
+  do n = ::read(err_rd.get(), &f, sizeof f); while (n < 0 && errno == EINTR);
+  if (n < 0) return abort_child(sys_fail("read(error pipe)").error());
+  if (n > 0) {
+    std::string step = (n == sizeof f && f.step >= 0 && static_cast<size_t>(f.step) < plan.steps.size())
+                           ? plan.steps[static_cast<size_t>(f.step)]
+                           : "sandbox setup";
+    return abort_child(Error{code_from_errno(f.err), f.err, step});
+  }
+  // EOF also comes when the child died without a word (killed, e.g. by the OOM killer).
+  if (proc.exited()) {
+    siginfo_t si{};
+    ::waitid(static_cast<idtype_t>(P_PIDFD), static_cast<id_t>(proc.fd()), &si, WEXITED | WNOWAIT | WNOHANG);
+    return abort_child(Error{Code::kInternal, 0,
+                             "sandbox init exited during setup (" +
+                                 std::string(si.si_code == CLD_EXITED ? "status " : "signal ") +
+                                 std::to_string(si.si_status) + ")"});
+  }
+  cgroup_owned = false;
+  TP_SB_DEBUG(spec.id, "started, pid {}", pid);
+  return std::make_unique<ContainerInstance>(sh_, spec.id, std::move(proc), std::move(agent_host));
+}
+
+// data_dir and its parents must be searchable by the sandbox's root (an
+// unprivileged host uid) because the child resolves paths under it.
+Result<void> check_traversable(const std::string& path) {
+  std::string cur = path;
+  while (!cur.empty() && cur != "/") {
+    struct stat st {};
+    if (::stat(cur.c_str(), &st) != 0) return sys_fail("stat(" + cur + ")");
+    if ((st.st_mode & S_IXOTH) == 0)
+      return fail(Code::kInvalidArgument,
+                  fmt::format("{} is not searchable by others (mode {:o}); sandboxes run as an "
+                              "unprivileged host uid and need o+x on data_dir and its parents",
+                              cur, st.st_mode & 07777));
+    auto slash = cur.find_last_of('/');
+    cur = slash == 0 ? "/" : cur.substr(0, slash);
+  }
+  return {};
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Backend>> make_container_backend(const ContainerOptions& opts) {
+  if (opts.data_dir.empty() || opts.data_dir[0] != '/')
+    return fail(Code::kInvalidArgument, "data_dir must be an absolute path");
+  TP_TRY(sys::validate_id_base(opts.uid_base));
+  auto sh = std::make_shared<Shared>();
+  sh->opts = opts;
+  while (sh->opts.data_dir.size() > 1 && sh->opts.data_dir.back() == '/') sh->opts.data_dir.pop_back();
+  const std::string& dd = sh->opts.data_dir;
+  if (::mkdir(dd.c_str(), 0755) != 0 && errno != EEXIST) return sys_fail("mkdir(" + dd + ")");
+  TP_TRY(check_traversable(dd));
+  sh->mnt_dir = dd + "/containers/mnt";
+  for (const std::string& d : {dd + "/containers", sh->mnt_dir}) {
+    if (::mkdir(d.c_str(), 0755) != 0 && errno != EEXIST) return sys_fail("mkdir(" + d + ")");
+  }
+
+  sh->agent_exe.reset(::open(opts.agent_path.c_str(), O_PATH | O_CLOEXEC));
+  if (!sh->agent_exe) return sys_fail("open(" + opts.agent_path + ", O_PATH)");
+  struct stat st {};
+  if (::fstat(sh->agent_exe.get(), &st) != 0) return sys_fail("fstat(" + opts.agent_path + ")");
+  if (!S_ISREG(st.st_mode) || (st.st_mode & S_IXOTH) == 0)
+    return fail(Code::kInvalidArgument, "agent " + opts.agent_path + " must be a regular file executable by others");
+
+  auto layout = sys::detect_layout(sys::real_sys());
+  if (!layout) return std::unexpected(layout.error());
+  sh->cgroups = std::make_unique<sys::CgroupManager>(sys::real_sys(), *layout, opts.cgroup_name);
+  TP_TRY(sh->cgroups->init());
+
+  auto seccomp = sys::build_sandbox_filter();
+  if (!seccomp) return std::unexpected(seccomp.error());
+  sh->seccomp = std::move(*seccomp);
+
+  auto host = image::ensure_host_image(dd, opts.uid_base);
+  if (!host) return std::unexpected(host.error());
+  sh->host = *host;
+  for (const auto& b : sh->host.ro_binds) sh->host_binds.emplace_back(b, locked_flags(b));
+  spdlog::info("container backend: data_dir {}, cgroup {} ({}), uid_base {}", dd, opts.cgroup_name,
+               layout->version == sys::CgroupVersion::kV2 ? "v2 " + layout->v2_root : std::string("v1"),
+               opts.uid_base);
+  return std::unique_ptr<Backend>(std::make_unique<ContainerBackend>(std::move(sh)));
+}
+
+}  // namespace tp::runtime

@@ -1,0 +1,62 @@
+// The container tier (DESIGN.md, Four tiers): native Linux namespaces (user,
+// mount, pid, uts, ipc, net with loopback only, cgroup), cgroups v2 or v1,
+// an overlayfs root over read-only layers, seccomp, no_new_privs.
+//
+// How a sandbox starts: the daemon never forks. create() precomputes every
+// string, the id maps and the seccomp program, then clone(CLONE_VM | new
+// namespaces) runs a child on its own mmap'd stack that makes only raw
+// syscalls (src/sys/raw_syscall.h). The child waits on a pipe while the parent
+// writes uid_map/gid_map (sandbox root = uid_base on the host, 65536 ids),
+// attaches it to its cgroups and sets rlimits; then it builds the root inside
+// its own mount namespace, so nothing is ever mounted on the host and every
+// mount vanishes with the namespace:
+//   / made rprivate; a tmpfs of spec.disk_bytes on <data_dir>/containers/mnt
+//   (one empty host dir serves every sandbox, each mounts it in its own ns)
+//   holding upper/, work/ and root/; overlay(lower layers, upper) on root/;
+//   read-only binds of host /usr for the `host` image; /proc with /proc/sys
+//   read-only and sensitive files masked; a minimal /dev (binds of the host's
+//   null, zero, full, random, urandom, tty; devpts newinstance; /dev/shm);
+//   /tmp as a tmpfs of spec.tmp_bytes; pivot_root; old root detached.
+// NOTE: the writable layer (and /tmp, /dev/shm) lives in memory and is charged
+// to the sandbox's memory cgroup. Writes beyond disk_bytes fail with ENOSPC.
+// The agent binary is opened O_PATH once by the backend and exec'd with
+// execveat(AT_EMPTY_PATH) after pivot_root, so it is not inside the sandbox's
+// tree and cannot be overwritten from inside. It runs as PID 1 with argv
+// `tp-agent --fd 3`, fd 3 being its end of a socketpair (agent_fd() is ours),
+// stdin/stdout/stderr on /dev/null, environment = spec.env plus PATH and HOME
+// defaults. Setup failures in the child come back through a CLOEXEC pipe as
+// (step, errno), so create() returns e.g. "mount(overlay, .../root, lowerdir=...): ..."
+// after unwinding everything.
+//
+// Kernel: >= 5.11 (overlayfs in a user namespace; also uses CLONE_PIDFD,
+// waitid(P_PIDFD), close_range). Needs root (CAP_SYS_ADMIN, CAP_SETUID/GID to
+// write the id maps, cgroup writes).
+//
+// Thread rules: create() and cleanup_orphans() may run concurrently from any
+// threads (the backend's state is read-only after construction). A
+// ContainerInstance is used by one owner at a time. The daemon must not set
+// SIGCHLD to SIG_IGN nor reap with waitpid(-1): sandboxes are reaped through
+// their pidfds.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "common/result.h"
+#include "runtime/backend.h"
+
+namespace tp::runtime {
+
+struct ContainerOptions {
+  std::string data_dir;        // e.g. /var/lib/tidepool; we create containers/ and images/host/ in it
+  std::string agent_path;      // host path of the static tp-agent binary (build/bin/tp-agent)
+  std::string cgroup_name = "tidepool";  // parent cgroup: <ctrl mount>/tidepool/<id> (v1) or <v2root>/tidepool/<id>
+  uint32_t uid_base = 100000;  // root inside every sandbox = this host uid; 65536 ids mapped
+};
+
+// Checks the host (cgroup layout, agent binary, data_dir permissions), builds
+// the `host` image skeleton if needed and compiles the seccomp filter.
+Result<std::unique_ptr<Backend>> make_container_backend(const ContainerOptions& opts);
+
+}  // namespace tp::runtime

@@ -1,0 +1,341 @@
+#include "sys/cgroup.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <charconv>
+#include <set>
+#include <sstream>
+
+namespace tp::sys {
+namespace {
+
+constexpr const char* kV1Required[] = {"memory", "cpu", "pids"};
+constexpr const char* kV1Optional[] = {"cpuacct", "freezer"};
+
+std::vector<std::string_view> split(std::string_view s, char sep) {
+  std::vector<std::string_view> out;
+  size_t start = 0;
+  while (start <= s.size()) {
+    size_t p = s.find(sep, start);
+    if (p == std::string_view::npos) p = s.size();
+    if (p > start) out.push_back(s.substr(start, p - start));
+    start = p + 1;
+  }
+  return out;
+}
+
+uint64_t to_u64(std::string_view s) {
+  while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.remove_suffix(1);
+  uint64_t v = 0;
+  std::from_chars(s.data(), s.data() + s.size(), v);
+  return v;
+}
+
+bool has_word(std::string_view text, std::string_view w) {
+  for (auto t : split(text, ' ')) {
+    while (!t.empty() && t.back() == '\n') t.remove_suffix(1);
+    if (t == w) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+uint64_t keyed_value(std::string_view text, std::string_view key) {
+  for (auto line : split(text, '\n')) {
+    auto sp = line.find(' ');
+    if (sp == std::string_view::npos) continue;
+    if (line.substr(0, sp) == key) return to_u64(line.substr(sp + 1));
+  }
+  return 0;
+}
+
+Result<CgroupLayout> parse_layout(std::string_view mountinfo, SysApi& sys) {
+  std::map<std::string, std::string> v1;
+  std::vector<std::string> v2_mounts;
+  for (auto line : split(mountinfo, '\n')) {
+    auto dash = line.find(" - ");
+    if (dash == std::string_view::npos) continue;
+    auto left = split(line.substr(0, dash), ' ');
+    auto right = split(line.substr(dash + 3), ' ');
+    if (left.size() < 5 || right.size() < 3) continue;
+    std::string mnt(left[4]);
+    if (right[0] == "cgroup2") {
+      v2_mounts.push_back(mnt);
+    } else if (right[0] == "cgroup") {
+      for (auto opt : split(right[2], ',')) {
+        std::string o(opt);
+        if (!v1.contains(o)) v1[o] = mnt;
+      }
+    }
+  }
+  for (const auto& m : v2_mounts) {
+    if (m == "/sys/fs/cgroup") return CgroupLayout{CgroupVersion::kV2, m, {}};
+  }
+  bool v1_ok = std::all_of(std::begin(kV1Required), std::end(kV1Required),
+                           [&](const char* c) { return v1.contains(c); });
+  if (v1_ok) {
+    CgroupLayout l{CgroupVersion::kV1, "", {}};
+    for (const char* c : kV1Required) l.v1_mounts[c] = v1[c];
+    for (const char* c : kV1Optional)
+      if (v1.contains(c)) l.v1_mounts[c] = v1[c];
+    return l;
+  }
+  for (const auto& m : v2_mounts) {
+    auto ctrls = sys.read_file(m + "/cgroup.controllers");
+    if (ctrls && has_word(*ctrls, "memory") && has_word(*ctrls, "pids"))
+      return CgroupLayout{CgroupVersion::kV2, m, {}};
+  }
+  return fail(Code::kUnavailable,
+              "no usable cgroup hierarchy: need cgroup2 with memory+pids, or v1 memory, cpu and pids");
+}
+
+Result<CgroupLayout> detect_layout(SysApi& sys) {
+  auto mi = sys.read_file("/proc/self/mountinfo");
+  if (!mi) return std::unexpected(mi.error());
+  return parse_layout(*mi, sys);
+}
+
+CgroupManager::CgroupManager(SysApi& sys, CgroupLayout layout, std::string parent)
+    : sys_(sys), layout_(std::move(layout)), parent_(std::move(parent)) {}
+
+std::vector<std::string> CgroupManager::hierarchy_roots() const {
+  if (layout_.version == CgroupVersion::kV2) return {layout_.v2_root};
+  std::vector<std::string> out;
+  for (const auto& [c, m] : layout_.v1_mounts)
+    if (std::find(out.begin(), out.end(), m) == out.end()) out.push_back(m);
+  return out;
+}
+
+std::vector<std::string> CgroupManager::dirs(const std::string& id) const {
+  std::vector<std::string> out;
+  for (const auto& r : hierarchy_roots()) out.push_back(r + "/" + parent_ + "/" + id);
+  return out;
+}
+
+std::string CgroupManager::controller_dir(const std::string& ctrl, const std::string& id) const {
+  if (layout_.version == CgroupVersion::kV2) return layout_.v2_root + "/" + parent_ + "/" + id;
+  auto it = layout_.v1_mounts.find(ctrl);
+  if (it == layout_.v1_mounts.end()) return {};
+  return it->second + "/" + parent_ + "/" + id;
+}
+
+Result<void> CgroupManager::init() {
+  for (const auto& r : hierarchy_roots()) {
+    std::string p = r + "/" + parent_;
+    if (!sys_.exists(p)) {
+      auto m = sys_.mkdir(p, 0755);
+      if (!m && m.error().sys_errno != EEXIST) return m;
+    }
+  }
+  if (layout_.version == CgroupVersion::kV2) {
+    // Controllers must be enabled top-down for the sandboxes' cgroups to get them.
+    for (const std::string& dir : {layout_.v2_root, layout_.v2_root + "/" + parent_}) {
+      for (const char* c : {"memory", "pids", "cpu"}) {
+        auto w = sys_.write_file(dir + "/cgroup.subtree_control", std::string("+") + c);
+        if (!w && std::string(c) != "cpu") return w;  // cpu is optional
+      }
+    }
+  }
+  return {};
+}
+
+Result<void> CgroupManager::write_limits(const std::string& id, const CgroupLimits& lim) {
+  if (layout_.version == CgroupVersion::kV2) {
+    std::string d = controller_dir("", id);
+    if (lim.memory_bytes) {
+      TP_TRY(sys_.write_file(d + "/memory.max", std::to_string(lim.memory_bytes)));
+      if (sys_.exists(d + "/memory.swap.max")) TP_TRY(sys_.write_file(d + "/memory.swap.max", "0"));
+    }
+    if (lim.cpus > 0 && sys_.exists(d + "/cpu.max")) {
+      auto quota = static_cast<uint64_t>(lim.cpus * kCpuPeriodUs);
+      TP_TRY(sys_.write_file(d + "/cpu.max", std::to_string(std::max<uint64_t>(quota, 1000)) + " " +
+                                                 std::to_string(kCpuPeriodUs)));
+    }
+    if (lim.pids_max) TP_TRY(sys_.write_file(d + "/pids.max", std::to_string(lim.pids_max)));
+    return {};
+  }
+  std::string mem = controller_dir("memory", id);
+  if (lim.memory_bytes) {
+    TP_TRY(sys_.write_file(mem + "/memory.limit_in_bytes", std::to_string(lim.memory_bytes)));
+    // memsw is memory+swap: equal to the memory limit means no swap at all.
+    if (sys_.exists(mem + "/memory.memsw.limit_in_bytes")) {
+      TP_TRY(sys_.write_file(mem + "/memory.memsw.limit_in_bytes", std::to_string(lim.memory_bytes)));
+    } else if (sys_.exists(mem + "/memory.swappiness")) {
+      TP_TRY(sys_.write_file(mem + "/memory.swappiness", "0"));
+    }
+  }
+  if (lim.cpus > 0) {
+    std::string cpu = controller_dir("cpu", id);
+    auto quota = static_cast<uint64_t>(lim.cpus * kCpuPeriodUs);
+    TP_TRY(sys_.write_file(cpu + "/cpu.cfs_period_us", std::to_string(kCpuPeriodUs)));
+    TP_TRY(sys_.write_file(cpu + "/cpu.cfs_quota_us", std::to_string(std::max<uint64_t>(quota, 1000))));
+  }
+  if (lim.pids_max)
+    TP_TRY(sys_.write_file(controller_dir("pids", id) + "/pids.max", std::to_string(lim.pids_max)));
+  return {};
+}
+
+Result<void> CgroupManager::create(const std::string& id, const CgroupLimits& limits) {
+  std::vector<std::string> made;
+  auto undo = [&] {
+    for (auto it = made.rbegin(); it != made.rend(); ++it) (void)sys_.rmdir(*it);
+  };
+  for (const auto& d : dirs(id)) {
+    auto r = sys_.mkdir(d, 0755);
+    if (!r) {
+      undo();
+      return r;
+    }
+    made.push_back(d);
+  }
+  auto w = write_limits(id, limits);
+  if (!w) {
+    undo();
+    return w;
+  }
+  return {};
+}
+
+Result<void> CgroupManager::attach(const std::string& id, pid_t pid) {
+  for (const auto& d : dirs(id)) TP_TRY(sys_.write_file(d + "/cgroup.procs", std::to_string(pid)));
+  return {};
+}
+
+Result<CgroupStats> CgroupManager::stats(const std::string& id) {
+  CgroupStats s;
+  auto num = [&](const std::string& path) -> uint64_t {
+    auto r = sys_.read_file(path);
+    return r ? to_u64(*r) : 0;
+  };
+  auto text = [&](const std::string& path) -> std::string {
+    auto r = sys_.read_file(path);
+    return r ? *r : std::string();
+  };
+  if (layout_.version == CgroupVersion::kV2) {
+    std::string d = controller_dir("", id);
+    if (!sys_.exists(d)) return fail(Code::kNotFound, "cgroup " + d + " does not exist");
+    s.memory_bytes = num(d + "/memory.current");
+    s.memory_peak_bytes = num(d + "/memory.peak");
+    s.cpu_usage_us = keyed_value(text(d + "/cpu.stat"), "usage_usec");
+    s.pids = num(d + "/pids.current");
+    s.oom_kills = keyed_value(text(d + "/memory.events"), "oom_kill");
+    return s;
+  }
+  std::string mem = controller_dir("memory", id);
+  if (!sys_.exists(mem)) return fail(Code::kNotFound, "cgroup " + mem + " does not exist");
+  s.memory_bytes = num(mem + "/memory.usage_in_bytes");
+  s.memory_peak_bytes = num(mem + "/memory.max_usage_in_bytes");
+  s.oom_kills = keyed_value(text(mem + "/memory.oom_control"), "oom_kill");
+  s.pids = num(controller_dir("pids", id) + "/pids.current");
+  std::string acct = controller_dir("cpuacct", id);
+  if (!acct.empty()) s.cpu_usage_us = num(acct + "/cpuacct.usage") / 1000;
+  return s;
+}
+
+Result<std::vector<pid_t>> CgroupManager::procs(const std::string& id) {
+  std::string d = layout_.version == CgroupVersion::kV2 ? controller_dir("", id) : controller_dir("pids", id);
+  auto txt = sys_.read_file(d + "/cgroup.procs");
+  if (!txt) return std::unexpected(txt.error());
+  std::vector<pid_t> out;
+  for (auto l : split(*txt, '\n')) {
+    auto v = to_u64(l);
+    if (v) out.push_back(static_cast<pid_t>(v));
+  }
+  return out;
+}
+
+Result<bool> CgroupManager::empty(const std::string& id) {
+  for (const auto& d : dirs(id)) {
+    if (!sys_.exists(d)) continue;
+    auto t = sys_.read_file(d + "/cgroup.procs");
+    if (!t) {
+      if (t.error().sys_errno == ENOENT) continue;
+      return std::unexpected(t.error());
+    }
+    if (t->find_first_not_of(" \n") != std::string::npos) return false;
+  }
+  return true;
+}
+
+Result<void> CgroupManager::kill_all(const std::string& id) {
+  constexpr int kPolls = 5000;  // x 1 ms
+  if (layout_.version == CgroupVersion::kV2) {
+    std::string d = controller_dir("", id);
+    if (!sys_.exists(d)) return {};
+    if (sys_.exists(d + "/cgroup.kill")) {
+      TP_TRY(sys_.write_file(d + "/cgroup.kill", "1"));
+    } else {
+      // Pre-5.14 kernels: freeze to defeat fork races, kill each, thaw.
+      (void)sys_.write_file(d + "/cgroup.freeze", "1");
+      if (auto p = procs(id)) for (pid_t pid : *p) (void)sys_.kill(pid, 9);
+      (void)sys_.write_file(d + "/cgroup.freeze", "0");
+    }
+  } else {
+    std::string fz = controller_dir("freezer", id);
+    bool frozen = false;
+    if (!fz.empty() && sys_.exists(fz)) {
+      // Frozen tasks cannot fork, so one pass of kill catches all; they die once thawed.
+      if (sys_.write_file(fz + "/freezer.state", "FROZEN")) {
+        for (int i = 0; i < kPolls; ++i) {
+          auto st = sys_.read_file(fz + "/freezer.state");
+          if (!st || st->starts_with("FROZEN")) break;
+          sys_.pause_us(1000);
+        }
+        frozen = true;
+      }
+    }
+    for (int pass = 0; pass < 3; ++pass) {
+      auto p = procs(id);
+      if (!p) {
+        if (p.error().sys_errno == ENOENT) break;
+        if (frozen) (void)sys_.write_file(fz + "/freezer.state", "THAWED");
+        return std::unexpected(p.error());
+      }
+      if (p->empty()) break;
+      for (pid_t pid : *p) (void)sys_.kill(pid, 9);
+      if (frozen) break;
+    }
+    if (frozen) (void)sys_.write_file(fz + "/freezer.state", "THAWED");
+  }
+  for (int i = 0; i < kPolls; ++i) {
+    auto e = empty(id);
+    if (!e) return std::unexpected(e.error());
+    if (*e) return {};
+    // Without a freezer a fork may race the kill pass: kill again.
+    if (i % 50 == 49) {
+      if (auto p = procs(id)) for (pid_t pid : *p) (void)sys_.kill(pid, 9);
+    }
+    sys_.pause_us(1000);
+  }
+  return fail(Code::kUnavailable, "cgroup of " + id + " still has processes after SIGKILL");
+}
+
+Result<void> CgroupManager::remove(const std::string& id, int busy_polls) {
+  for (const auto& d : dirs(id)) {
+    for (int i = 0;; ++i) {
+      auto r = sys_.rmdir(d);
+      if (r || r.error().sys_errno == ENOENT) break;
+      // EBUSY: tasks still exiting; the kernel drops them from cgroup.procs shortly.
+      if (r.error().sys_errno != EBUSY || i >= busy_polls) return r;
+      sys_.pause_us(500);
+    }
+  }
+  return {};
+}
+
+std::vector<std::string> CgroupManager::list() {
+  std::set<std::string> ids;
+  for (const auto& r : hierarchy_roots()) {
+    auto l = sys_.list_dirs(r + "/" + parent_);
+    if (l) ids.insert(l->begin(), l->end());
+  }
+  return {ids.begin(), ids.end()};
+}
+
+void CgroupManager::remove_parent_if_empty() {
+  if (!list().empty()) return;
+  for (const auto& r : hierarchy_roots()) (void)sys_.rmdir(r + "/" + parent_);
+}
+
+}  // namespace tp::sys

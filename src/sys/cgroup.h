@@ -1,0 +1,103 @@
+// Cgroups for sandboxes, v2 and v1 (DESIGN.md: cgroups v2, v1 fallback).
+//
+// Layout: every sandbox gets <root>/<parent>/<id> (v2: one directory under the
+// unified mount; v1: one directory per controller mount: memory, cpu, pids,
+// plus cpuacct and freezer when they are mounted). Limits:
+//   memory hard limit without swap (v1: memory.memsw.limit_in_bytes when it
+//   exists, else memory.swappiness = 0; v2: memory.swap.max = 0), cpu quota
+//   (v1 cpu.cfs_quota_us/cfs_period_us, v2 cpu.max), pids.max.
+// Every file operation goes through the SysApi seam, so the logic is tested
+// with a fake. Paths are computed from a CgroupLayout, which detect_layout()
+// reads from /proc/self/mountinfo (parse_layout() is the pure part).
+//
+// Thread rules: a CgroupManager holds no mutable state after construction;
+// calls for different ids may run concurrently from any thread.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/result.h"
+#include "sys/sys_api.h"
+
+namespace tp::sys {
+
+enum class CgroupVersion { kV1, kV2 };
+
+struct CgroupLayout {
+  CgroupVersion version = CgroupVersion::kV2;
+  std::string v2_root;                          // v2: mount point of the unified hierarchy
+  std::map<std::string, std::string> v1_mounts;  // v1: controller -> mount point
+};
+
+// Chooses the layout from mountinfo text: a cgroup2 mount at /sys/fs/cgroup
+// (pure v2) wins; else v1 when memory, cpu and pids are mounted as v1; else a
+// cgroup2 mount elsewhere (e.g. /sys/fs/cgroup/unified) whose
+// cgroup.controllers (read through `sys`) offers memory and pids.
+Result<CgroupLayout> parse_layout(std::string_view mountinfo, SysApi& sys);
+Result<CgroupLayout> detect_layout(SysApi& sys);
+
+struct CgroupLimits {
+  uint64_t memory_bytes = 0;  // 0 = no limit
+  double cpus = 0;            // cores; <= 0 = no limit
+  uint32_t pids_max = 0;      // 0 = no limit
+};
+
+struct CgroupStats {
+  uint64_t memory_bytes = 0;
+  uint64_t memory_peak_bytes = 0;
+  uint64_t cpu_usage_us = 0;
+  uint64_t pids = 0;
+  uint64_t oom_kills = 0;
+};
+
+inline constexpr uint64_t kCpuPeriodUs = 100000;
+
+class CgroupManager {
+ public:
+  CgroupManager(SysApi& sys, CgroupLayout layout, std::string parent);
+
+  const CgroupLayout& layout() const { return layout_; }
+  // Creates the parent cgroup(s) (and, on v2, enables the controllers for them). Idempotent.
+  Result<void> init();
+  // Directories of sandbox `id`, one per v1 hierarchy or the single v2 one.
+  std::vector<std::string> dirs(const std::string& id) const;
+  // Makes the cgroup(s) of `id` and writes the limits. On failure removes what it made.
+  Result<void> create(const std::string& id, const CgroupLimits& limits);
+  // Moves `pid` into every cgroup of `id`.
+  Result<void> attach(const std::string& id, pid_t pid);
+  Result<CgroupStats> stats(const std::string& id);
+  // Pids in the sandbox's cgroup (host pids).
+  Result<std::vector<pid_t>> procs(const std::string& id);
+  // Kills every process of `id` (v2 cgroup.kill; else freeze, SIGKILL each, thaw) and
+  // waits until the cgroup is empty (bounded: kUnavailable if processes remain).
+  Result<void> kill_all(const std::string& id);
+  // Removes the cgroup(s) of `id`. Idempotent (missing dirs are fine). Retries
+  // EBUSY (tasks still exiting) up to `busy_polls` times, 0.5 ms apart.
+  Result<void> remove(const std::string& id, int busy_polls = 2000);
+  // Ids that have a cgroup under the parent in any hierarchy.
+  std::vector<std::string> list();
+  // Removes the parent cgroup(s) when no sandbox cgroup is left under them
+  // (called when the backend shuts down, so that nothing of it remains).
+  void remove_parent_if_empty();
+
+ private:
+  std::vector<std::string> hierarchy_roots() const;  // unique mount points in use
+  std::string controller_dir(const std::string& ctrl, const std::string& id) const;
+  Result<void> write_limits(const std::string& id, const CgroupLimits& limits);
+  Result<bool> empty(const std::string& id);
+
+  SysApi& sys_;
+  CgroupLayout layout_;
+  std::string parent_;
+};
+
+// Parses "key value" lines (memory.events, cpu.stat, memory.oom_control); 0 if absent.
+uint64_t keyed_value(std::string_view text, std::string_view key);
+
+}  // namespace tp::sys

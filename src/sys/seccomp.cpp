@@ -1,0 +1,72 @@
+#include "sys/seccomp.h"
+
+#include <linux/seccomp.h>
+#include <sched.h>
+#include <seccomp.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <memory>
+#include <string>
+
+#include "sys/fd.h"
+#include "sys/raw_syscall.h"
+
+namespace tp::sys {
+
+Result<std::unique_ptr<SeccompProgram>> build_sandbox_filter() {
+  scmp_filter_ctx ctx = seccomp_init(SCMP_ACT_ALLOW);
+  if (!ctx) return fail(Code::kInternal, "seccomp_init(SCMP_ACT_ALLOW) failed");
+  std::unique_ptr<void, void (*)(void*)> guard(ctx, [](void* c) { seccomp_release(c); });
+
+  static const char* kDenied[] = {
+      "kexec_load", "kexec_file_load", "init_module", "finit_module", "delete_module", "bpf",
+      "perf_event_open", "keyctl", "add_key", "request_key", "userfaultfd", "open_by_handle_at",
+      "name_to_handle_at", "swapon", "swapoff", "reboot", "acct", "quotactl", "quotactl_fd",
+      "lookup_dcookie", "iopl", "ioperm", "vm86", "vm86old", "mount", "umount", "umount2",
+      "pivot_root", "move_mount", "open_tree", "fsopen", "fsmount", "fsconfig", "fspick",
+      "mount_setattr", "setns",
+  };
+  for (const char* name : kDenied) {
+    int nr = seccomp_syscall_resolve_name(name);
+    if (nr == __NR_SCMP_ERROR) continue;  // not on this architecture
+    int rc = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), nr, 0);
+    if (rc < 0 && rc != -EDOM) return std::unexpected(Error{Code::kInternal, -rc, std::string("seccomp_rule_add(") + name + ")"});
+  }
+  // New user namespaces would give the sandbox a fresh set of capabilities.
+  int rc = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), SCMP_SYS(unshare), 1,
+                            SCMP_A0(SCMP_CMP_MASKED_EQ, CLONE_NEWUSER, CLONE_NEWUSER));
+  if (rc < 0) return std::unexpected(Error{Code::kInternal, -rc, "seccomp_rule_add(unshare, CLONE_NEWUSER)"});
+  // clone's flags are argument 0 on x86_64 and arm64 (the CLONE_BACKWARDS variants differ only in later args).
+  rc = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), SCMP_SYS(clone), 1,
+                        SCMP_A0(SCMP_CMP_MASKED_EQ, CLONE_NEWUSER, CLONE_NEWUSER));
+  if (rc < 0) return std::unexpected(Error{Code::kInternal, -rc, "seccomp_rule_add(clone, CLONE_NEWUSER)"});
+  // clone3 passes flags in memory, which BPF cannot read: ENOSYS makes glibc fall back to clone.
+  rc = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(ENOSYS), SCMP_SYS(clone3), 0);
+  if (rc < 0 && rc != -EDOM) return std::unexpected(Error{Code::kInternal, -rc, "seccomp_rule_add(clone3)"});
+
+  UniqueFd mfd(::memfd_create("tp-seccomp", MFD_CLOEXEC));
+  if (!mfd) return sys_fail("memfd_create(tp-seccomp)");
+  rc = seccomp_export_bpf(ctx, mfd.get());
+  if (rc < 0) return std::unexpected(Error{Code::kInternal, -rc, "seccomp_export_bpf"});
+  off_t size = ::lseek(mfd.get(), 0, SEEK_END);
+  if (size <= 0 || size % sizeof(sock_filter) != 0)
+    return fail(Code::kInternal, "seccomp_export_bpf: bad program size " + std::to_string(size));
+  auto prog = std::make_unique<SeccompProgram>();
+  prog->insns.resize(static_cast<size_t>(size) / sizeof(sock_filter));
+  if (::pread(mfd.get(), prog->insns.data(), static_cast<size_t>(size), 0) != size)
+    return sys_fail("pread(seccomp memfd)");
+  prog->fprog.len = static_cast<unsigned short>(prog->insns.size());
+  prog->fprog.filter = prog->insns.data();
+  return prog;
+}
+
+long load_filter_raw(const SeccompProgram& p) {
+  long r = raw::call(SYS_prctl, PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0);
+  if (r < 0) return r;
+  return raw::call(SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0, &p.fprog);
+}
+
+}  // namespace tp::sys

@@ -1,0 +1,34 @@
+// Seccomp policy of container sandboxes.
+//
+// build_sandbox_filter() compiles the policy with libseccomp once, in the
+// parent, into a classic-BPF program; a child started with clone(CLONE_VM)
+// loads it with load_filter_raw(), which makes only raw syscalls (no malloc,
+// no errno: async-signal-safe). Policy: allow by default; EPERM for kernel,
+// module, bpf, perf, keyring, userfaultfd, handle, swap, reboot, accounting,
+// quota, port I/O and mount-API calls, and for clone/unshare with
+// CLONE_NEWUSER; ENOSYS for clone3 so that glibc falls back to clone, whose
+// flags the filter can inspect.
+// Thread rules: a SeccompProgram is immutable after build; share it freely.
+#pragma once
+
+#include <linux/filter.h>
+
+#include <memory>
+#include <vector>
+
+#include "common/result.h"
+
+namespace tp::sys {
+
+struct SeccompProgram {
+  std::vector<sock_filter> insns;
+  sock_fprog fprog{};  // points into insns; valid while the program lives and is not moved
+};
+
+// The filter for sandbox processes. The returned pointer is stable.
+Result<std::unique_ptr<SeccompProgram>> build_sandbox_filter();
+
+// In the child: PR_SET_NO_NEW_PRIVS then seccomp(SET_MODE_FILTER). Returns 0 or -errno.
+long load_filter_raw(const SeccompProgram& p);
+
+}  // namespace tp::sys

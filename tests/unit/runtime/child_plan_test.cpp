@@ -1,0 +1,87 @@
+// The sandbox recipe without root: which mounts, in which order, with which options.
+#include "runtime/container/child_plan.h"
+
+#include <sys/mount.h>
+
+#include <gtest/gtest.h>
+
+namespace tp::runtime::container {
+namespace {
+
+ChildPlan make_plan(std::vector<std::string> lowers, std::vector<std::pair<std::string, unsigned long>> binds) {
+  RootRecipe r;
+  r.id = "n0-abc";
+  r.mnt_dir = "/d/containers/mnt";
+  r.lowers = std::move(lowers);
+  r.ro_binds = std::move(binds);
+  r.disk_bytes = 1 << 20;
+  r.tmp_bytes = 2 << 20;
+  ChildPlan p;
+  build_root_ops(r, &p);
+  p.finish();
+  return p;
+}
+
+int index_of(const ChildPlan& p, const std::string& desc_prefix) {
+  for (size_t i = 0; i < p.ops.size(); ++i)
+    if (p.steps[p.ops[i].step].starts_with(desc_prefix)) return static_cast<int>(i);
+  return -1;
+}
+
+TEST(ChildPlanTest, OrderOfTheRecipe) {
+  auto p = make_plan({"/img/rootfs"}, {{"/usr", MS_RELATIME}});
+  ASSERT_FALSE(p.ops.empty());
+  EXPECT_EQ(p.ops[0].kind, OpKind::kWaitSync);  // nothing before the parent wrote maps and cgroups
+  EXPECT_EQ(p.ops[1].kind, OpKind::kBecomeRoot);
+  int priv = index_of(p, "mount(none, /, none, MS_REC|MS_PRIVATE");
+  int tmpfs = index_of(p, "mount(tmpfs, /d/containers/mnt, tmpfs");
+  int ovl = index_of(p, "mount(overlay, /d/containers/mnt/root, overlay, 0, "
+                        "lowerdir=/img/rootfs,upperdir=/d/containers/mnt/upper,workdir=/d/containers/mnt/work)");
+  int usr = index_of(p, "mount(/usr, /d/containers/mnt/root/usr, none, MS_BIND|MS_REC)");
+  int proc = index_of(p, "mount(proc, /d/containers/mnt/root/proc, proc");
+  int pivot = index_of(p, "pivot_root");
+  ASSERT_GE(priv, 0);
+  EXPECT_LT(priv, tmpfs);
+  EXPECT_LT(tmpfs, ovl);
+  EXPECT_LT(ovl, usr);
+  EXPECT_LT(usr, proc);
+  EXPECT_LT(proc, pivot);
+  EXPECT_EQ(p.ops[static_cast<size_t>(usr + 1)].flags,
+            MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_RELATIME);
+  EXPECT_EQ(p.ops.back().kind, OpKind::kChdir);
+  EXPECT_STREQ(p.ops[static_cast<size_t>(tmpfs)].d, "size=1048576,mode=0755");
+}
+
+TEST(ChildPlanTest, SensitiveProcEntriesAreMaskedAndOptional) {
+  auto p = make_plan({"/a", "/b"}, {});
+  for (const char* f : {"kcore", "keys", "sysrq-trigger", "timer_list", "sched_debug", "kpageflags"}) {
+    int i = index_of(p, std::string("mount(/dev/null, /d/containers/mnt/root/proc/") + f + ",");
+    ASSERT_GE(i, 0) << f;
+    EXPECT_TRUE(p.ops[static_cast<size_t>(i)].ignore_missing);
+  }
+  EXPECT_GE(index_of(p, "mount(tmpfs, /d/containers/mnt/root/proc/acpi, tmpfs, MS_RDONLY"), 0);
+  int sys = index_of(p, "mount(/d/containers/mnt/root/proc/sys, /d/containers/mnt/root/proc/sys");
+  ASSERT_GE(sys, 0);
+  EXPECT_TRUE(p.ops[static_cast<size_t>(sys + 1)].flags & MS_RDONLY);
+  EXPECT_GE(index_of(p, "mount(overlay, /d/containers/mnt/root, overlay, 0, lowerdir=/a:/b,"), 0);
+  EXPECT_EQ(index_of(p, "mount(/usr"), -1);  // layer images get no host binds
+}
+
+TEST(ChildPlanTest, DevAndTmpAreBuiltFromBindsAndSizedTmpfs) {
+  auto p = make_plan({"/a"}, {});
+  for (const char* d : {"null", "zero", "full", "random", "urandom", "tty"})
+    EXPECT_GE(index_of(p, std::string("mount(/dev/") + d + ", /d/containers/mnt/root/dev/" + d + ", none, MS_BIND)"), 0) << d;
+  EXPECT_GE(index_of(p, "mount(devpts, /d/containers/mnt/root/dev/pts, devpts, MS_NOSUID|MS_NOEXEC, newinstance,ptmxmode=0666"), 0);
+  EXPECT_GE(index_of(p, "mount(tmpfs, /d/containers/mnt/root/tmp, tmpfs, MS_NOSUID|MS_NODEV, size=2097152,mode=1777)"), 0);
+  EXPECT_GE(index_of(p, "symlink(pts/ptmx, /d/containers/mnt/root/dev/ptmx)"), 0);
+  EXPECT_GE(index_of(p, "sethostname(n0-abc)"), 0);
+}
+
+TEST(ChildPlanTest, ExecStepsHaveDescriptions) {
+  auto p = make_plan({"/a"}, {});
+  ASSERT_EQ(p.steps.size(), p.exec_steps_base + 6);
+  EXPECT_NE(p.steps.back().find("execveat"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace tp::runtime::container

@@ -1,0 +1,462 @@
+// Real tests of the container backend: need root, cgroups and user namespaces;
+// they skip otherwise. They use the static fake agent (tests/payloads/fake_agent.c).
+#include "runtime/container/container_backend.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include <gtest/gtest.h>
+
+#include "common/ids.h"
+#include "protocol/wire.h"
+#include "sys/cgroup.h"
+
+namespace tp::runtime {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string slurp(const std::string& p) {
+  std::ifstream f(p);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+std::string fake_agent_path() {
+  if (const char* b = getenv("TP_BIN_DIR")) {
+    std::string p = std::string(b) + "/../payloads/fake_agent";
+    if (access(p.c_str(), X_OK) == 0) return p;
+  }
+  return (fs::read_symlink("/proc/self/exe").parent_path().parent_path() / "payloads/fake_agent").string();
+}
+
+int count_fds() {
+  int n = 0;
+  for (auto& e : fs::directory_iterator("/proc/self/fd")) (void)e, ++n;
+  return n;
+}
+
+// Reads bytes from the agent fd with a timeout.
+std::string read_some(int fd, size_t want, int timeout_ms = 5000) {
+  std::string out;
+  while (out.size() < want) {
+    pollfd p{fd, POLLIN, 0};
+    if (poll(&p, 1, timeout_ms) <= 0) break;
+    char buf[256];
+    ssize_t n = read(fd, buf, std::min(sizeof buf, want - out.size()));
+    if (n <= 0) break;
+    out.append(buf, static_cast<size_t>(n));
+  }
+  return out;
+}
+
+bool wait_ready(int fd) {
+  std::string hdr = read_some(fd, 4);
+  if (hdr.size() != 4) return false;
+  uint32_t len = static_cast<uint8_t>(hdr[0]) | static_cast<uint8_t>(hdr[1]) << 8 |
+                 static_cast<uint8_t>(hdr[2]) << 16 | static_cast<uint32_t>(static_cast<uint8_t>(hdr[3])) << 24;
+  std::string rest = read_some(fd, len);
+  proto::FrameReader r;
+  r.feed(hdr.data(), hdr.size());
+  r.feed(rest.data(), rest.size());
+  auto m = r.next();
+  return m && m->type == proto::MsgType::kReady && m->u64(proto::Tag::kVersion) == 1;
+}
+
+// Runs a shell line through the fake agent; returns its exit status.
+int run(SandboxInstance& sb, const std::string& cmd) {
+  std::string line = cmd + "\n";
+  if (write(sb.agent_fd(), line.data(), line.size()) != static_cast<ssize_t>(line.size())) return -1;
+  std::string ans;
+  while (ans.find('\n') == std::string::npos) {
+    std::string s = read_some(sb.agent_fd(), 1, 20000);
+    if (s.empty()) return -2;
+    ans += s;
+  }
+  if (!ans.starts_with("exit ")) return -3;
+  return std::atoi(ans.c_str() + 5);
+}
+
+// Exit status of a command that must have run (an agent failure is not a "non-zero exit").
+int status_of(SandboxInstance& sb, const std::string& cmd) {
+  int st = run(sb, cmd);
+  EXPECT_GE(st, 0) << "agent did not answer for: " << cmd;
+  return st;
+}
+
+class ContainerBackendTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (geteuid() != 0) GTEST_SKIP() << "needs root";
+    if (access("/proc/self/ns/user", F_OK) != 0) GTEST_SKIP() << "no user namespaces";
+    char tmpl[] = "/tmp/tp-ct-XXXXXX";
+    ASSERT_NE(mkdtemp(tmpl), nullptr);
+    dir_ = tmpl;
+    chmod(dir_.c_str(), 0755);
+    opts_.data_dir = dir_;
+    opts_.agent_path = fake_agent_path();
+    opts_.cgroup_name = "tp-test-" + ids::random_hex(4);
+    auto layout = sys::detect_layout(sys::real_sys());
+    ASSERT_TRUE(layout) << layout.error().message();
+    cg_ = std::make_unique<sys::CgroupManager>(sys::real_sys(), *layout, opts_.cgroup_name);
+    auto b = make_container_backend(opts_);
+    ASSERT_TRUE(b) << b.error().message();
+    backend_ = std::move(*b);
+    fds_before_ = count_fds();
+  }
+  void TearDown() override {
+    backend_.reset();
+    if (cg_) {
+      EXPECT_TRUE(cg_->list().empty());
+      for (const auto& d : cg_->dirs("x")) rmdir(fs::path(d).parent_path().c_str());
+    }
+    std::error_code ec;
+    if (!dir_.empty()) fs::remove_all(dir_, ec);
+  }
+
+  SandboxSpec spec(const std::string& id = {}) {
+    SandboxSpec s;
+    s.id = id.empty() ? "t-" + ids::random_hex(6) : id;
+    s.memory_bytes = 256ull << 20;
+    s.disk_bytes = 32ull << 20;
+    s.tmp_bytes = 16ull << 20;
+    s.cpus = 0.5;
+    s.pids_max = 100;
+    s.nofile = 1024;
+    return s;
+  }
+
+  void expect_gone(const std::string& id, pid_t pid) {
+    EXPECT_EQ(kill(pid, 0), -1);
+    EXPECT_EQ(errno, ESRCH);
+    for (const auto& d : cg_->dirs(id)) EXPECT_FALSE(fs::exists(d)) << d;
+    EXPECT_EQ(slurp("/proc/self/mountinfo").find(dir_), std::string::npos);
+  }
+
+  std::string dir_;
+  ContainerOptions opts_;
+  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<sys::CgroupManager> cg_;
+  int fds_before_ = 0;
+};
+
+TEST_F(ContainerBackendTest, CreateIsolatesAndDestroyLeavesNothing) {
+  auto s = spec();
+  s.env["FOO"] = "bar";
+  auto r = backend_->create(s);
+  ASSERT_TRUE(r) << r.error().message();
+  auto& sb = **r;
+  pid_t pid = sb.pid();
+  ASSERT_TRUE(wait_ready(sb.agent_fd()));
+  EXPECT_TRUE(sb.alive());
+  EXPECT_EQ(sb.id(), s.id);
+
+  for (const char* ns : {"user", "mnt", "pid", "uts", "ipc", "net", "cgroup"}) {
+    auto mine = fs::read_symlink(std::string("/proc/self/ns/") + ns);
+    auto theirs = fs::read_symlink("/proc/" + std::to_string(pid) + "/ns/" + ns);
+    EXPECT_NE(mine, theirs) << ns;
+  }
+  std::string map = slurp("/proc/" + std::to_string(pid) + "/uid_map");
+  std::istringstream ms(map);
+  uint64_t in = 9, out = 0, count = 0;
+  ms >> in >> out >> count;
+  EXPECT_EQ(in, 0u);
+  EXPECT_EQ(out, opts_.uid_base);
+  EXPECT_EQ(count, 65536u);
+  std::string status = slurp("/proc/" + std::to_string(pid) + "/status");
+  EXPECT_NE(status.find("Seccomp:\t2"), std::string::npos);
+  EXPECT_NE(status.find("NoNewPrivs:\t1"), std::string::npos);
+  EXPECT_NE(status.find("Uid:\t100000\t100000"), std::string::npos);
+
+  // Root: the overlay, without host secrets.
+  std::string root = "/proc/" + std::to_string(pid) + "/root";
+  EXPECT_FALSE(fs::exists(root + "/etc/shadow"));
+  EXPECT_FALSE(fs::exists(root + "/etc/gshadow"));
+  EXPECT_FALSE(fs::exists(root + "/etc/ssl/private"));
+  EXPECT_TRUE(fs::is_empty(root + "/root"));
+  EXPECT_TRUE(fs::is_empty(root + "/home"));
+  EXPECT_TRUE(fs::exists(root + "/usr/bin/sh"));
+  EXPECT_EQ(slurp(root + "/etc/passwd").find("daemon:"), std::string::npos);
+
+  // Cgroup limits.
+  const auto& l = cg_->layout();
+  if (l.version == sys::CgroupVersion::kV1) {
+    std::string mem = l.v1_mounts.at("memory") + "/" + opts_.cgroup_name + "/" + s.id;
+    EXPECT_EQ(std::stoull(slurp(mem + "/memory.limit_in_bytes")), s.memory_bytes);
+    EXPECT_NE(slurp(mem + "/cgroup.procs").find(std::to_string(pid)), std::string::npos);
+    std::string pids = l.v1_mounts.at("pids") + "/" + opts_.cgroup_name + "/" + s.id;
+    EXPECT_EQ(std::stoull(slurp(pids + "/pids.max")), 100u);
+    std::string cpu = l.v1_mounts.at("cpu") + "/" + opts_.cgroup_name + "/" + s.id;
+    EXPECT_EQ(std::stoull(slurp(cpu + "/cpu.cfs_quota_us")), 50000u);
+  } else {
+    std::string d = l.v2_root + "/" + opts_.cgroup_name + "/" + s.id;
+    EXPECT_EQ(std::stoull(slurp(d + "/memory.max")), s.memory_bytes);
+    EXPECT_EQ(std::stoull(slurp(d + "/pids.max")), 100u);
+  }
+  std::string limits = slurp("/proc/" + std::to_string(pid) + "/limits");
+  EXPECT_NE(limits.find("Max open files            1024                 1024"), std::string::npos) << limits;
+
+  // From inside.
+  EXPECT_EQ(status_of(sb, "exit 3"), 3);
+  EXPECT_EQ(status_of(sb, "test \"$(id -u)\" = 0"), 0);
+  EXPECT_EQ(status_of(sb, "test \"$(cat /proc/sys/kernel/hostname)\" = " + s.id), 0);
+  EXPECT_EQ(status_of(sb, "test \"$FOO\" = bar && test \"$HOME\" = /root"), 0);
+  EXPECT_EQ(status_of(sb, "test $$ -gt 1 && test -r /proc/1/status"), 0);
+  // Loopback is up and is the only interface.
+  EXPECT_EQ(status_of(sb, "/usr/bin/python3 -S -c 'import socket; s = socket.socket(); s.bind((\"127.0.0.1\", 0)); s.listen(); socket.create_connection(s.getsockname())'"), 0);
+  EXPECT_EQ(status_of(sb, "test \"$(grep -c : /proc/net/dev)\" = 1"), 0);
+  EXPECT_EQ(status_of(sb, "/usr/bin/python3 -S -c 'import os; assert os.getuid() == 0'"), 0);
+  EXPECT_EQ(status_of(sb, "echo 127.0.0.2 x >> /etc/hosts && grep -q 127.0.0.2 /etc/hosts"), 0);
+  EXPECT_NE(status_of(sb, "touch /usr/tp-should-fail"), 0);
+  EXPECT_NE(status_of(sb, "echo x >> /proc/1/exe"), 0);  // the agent binary is not writable from inside
+  EXPECT_NE(status_of(sb, "echo 1 > /proc/sys/kernel/hostname"), 0);
+  EXPECT_EQ(status_of(sb, "test ! -s /proc/kcore && test -c /dev/null && test -e /dev/pts/ptmx"), 0);
+  EXPECT_EQ(status_of(sb, "echo x > /tmp/f && echo x > /dev/shm/f"), 0);
+  EXPECT_NE(status_of(sb, "unshare -U true"), 0);
+  EXPECT_NE(status_of(sb, "unshare -m true"), 0);  // would need a fresh mount ns: mount API is refused
+  EXPECT_NE(status_of(sb, "mount -t tmpfs none /mnt"), 0);
+  EXPECT_NE(status_of(sb, "dd if=/dev/zero of=/big bs=1M count=64 2>/dev/null"), 0);  // disk limit 32 MiB
+  EXPECT_FALSE(fs::exists(root + "/../../" + dir_ + "/containers/mnt/upper"));
+
+  auto u = sb.usage();
+  ASSERT_TRUE(u) << u.error().message();
+  EXPECT_GT(u->memory_bytes, 0u);
+  EXPECT_GE(u->pids, 1u);
+  EXPECT_GE(u->memory_peak_bytes, u->memory_bytes);
+
+  ASSERT_TRUE(sb.destroy());
+  ASSERT_TRUE(sb.destroy());  // idempotent
+  EXPECT_FALSE(sb.alive());
+  expect_gone(s.id, pid);
+  r->reset();
+  EXPECT_EQ(count_fds(), fds_before_);
+}
+
+TEST_F(ContainerBackendTest, MemoryAndPidLimitsHold) {
+  auto s = spec();
+  s.memory_bytes = 64ull << 20;
+  s.pids_max = 16;
+  auto r = backend_->create(s);
+  ASSERT_TRUE(r) << r.error().message();
+  auto& sb = **r;
+  ASSERT_TRUE(wait_ready(sb.agent_fd()));
+  // 200 MiB in a 64 MiB sandbox without swap: the OOM killer takes the hog, not the sandbox.
+  EXPECT_EQ(status_of(sb, "/usr/bin/python3 -S -c 'b = bytearray(200 << 20); b[::4096] = b\"x\" * len(b[::4096])'"), 137);
+  auto u = sb.usage();
+  ASSERT_TRUE(u);
+  EXPECT_GE(u->oom_kills, 1u);
+  EXPECT_LE(u->memory_peak_bytes, s.memory_bytes);
+  // 20 sleepers in a 16-task sandbox: some forks fail, the agent survives.
+  EXPECT_NE(status_of(sb, "for i in $(seq 20); do sleep 1 & done; wait"), -1);
+  EXPECT_EQ(status_of(sb, "true"), 0);
+  EXPECT_TRUE(sb.alive());
+  ASSERT_TRUE(sb.destroy());
+}
+
+TEST_F(ContainerBackendTest, InvalidSpecsAreRefusedBeforeAnything) {
+  auto bad_id = spec("../etc");
+  auto r = backend_->create(bad_id);
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error().code, Code::kInvalidArgument);
+  auto bad_env = spec();
+  bad_env.env["A=B"] = "x";
+  EXPECT_FALSE(backend_->create(bad_env));
+  auto bad_layer = spec();
+  bad_layer.layers = {"/tmp/a,upperdir=/x"};
+  r = backend_->create(bad_layer);
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error().code, Code::kInvalidArgument);
+  EXPECT_TRUE(cg_->list().empty());
+}
+
+TEST_F(ContainerBackendTest, MissingLayerFailsCleanly) {
+  auto s = spec();
+  s.image = "custom";
+  s.layers = {dir_ + "/no-such-layer"};
+  auto r = backend_->create(s);
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error().code, Code::kNotFound);
+  EXPECT_NE(r.error().message().find("no-such-layer"), std::string::npos);
+  for (const auto& d : cg_->dirs(s.id)) EXPECT_FALSE(fs::exists(d));
+  EXPECT_EQ(count_fds(), fds_before_);
+}
+
+TEST_F(ContainerBackendTest, ChildSetupFailureNamesTheStepAndUnwinds) {
+  // A layer the sandbox's (unprivileged) root cannot reach: the overlay mount in the child fails.
+  std::string hidden = dir_ + "/hidden";
+  ASSERT_EQ(mkdir(hidden.c_str(), 0700), 0);
+  ASSERT_EQ(mkdir((hidden + "/layer").c_str(), 0755), 0);
+  auto s = spec();
+  s.image = "custom";
+  s.layers = {hidden + "/layer"};
+  auto r = backend_->create(s);
+  ASSERT_FALSE(r);
+  EXPECT_NE(r.error().context.find("mount(overlay"), std::string::npos) << r.error().message();
+  EXPECT_NE(r.error().sys_errno, 0);
+  for (const auto& d : cg_->dirs(s.id)) EXPECT_FALSE(fs::exists(d));
+  EXPECT_EQ(count_fds(), fds_before_);
+  // A second create with the same id works: nothing was left behind.
+  auto ok = backend_->create(spec(s.id));
+  ASSERT_TRUE(ok) << ok.error().message();
+  EXPECT_TRUE(wait_ready((*ok)->agent_fd()));
+}
+
+TEST_F(ContainerBackendTest, LayerImage) {
+  // A tiny image made of two layers: busybox in the lower, a file in the upper.
+  std::string lower = dir_ + "/l0", upper = dir_ + "/l1";
+  if (access("/bin/busybox", X_OK) != 0) GTEST_SKIP() << "no /bin/busybox";
+  fs::create_directories(lower + "/bin");
+  fs::create_directories(upper + "/etc");
+  fs::copy_file("/bin/busybox", lower + "/bin/busybox");
+  fs::create_symlink("busybox", lower + "/bin/sh");
+  std::ofstream(upper + "/etc/marker") << "top\n";
+  auto s = spec();
+  s.image = "custom";
+  s.layers = {upper, lower};
+  auto r = backend_->create(s);
+  ASSERT_TRUE(r) << r.error().message();
+  ASSERT_TRUE(wait_ready((*r)->agent_fd()));
+  EXPECT_EQ(run(**r, "/bin/busybox grep -q top /etc/marker && ! /bin/busybox test -e /usr/bin/python3"), 0);
+}
+
+TEST_F(ContainerBackendTest, TwentyInARowLeakNothing) {
+  std::vector<std::unique_ptr<SandboxInstance>> v;
+  std::vector<std::pair<std::string, pid_t>> ids;
+  for (int i = 0; i < 20; ++i) {
+    auto r = backend_->create(spec());
+    ASSERT_TRUE(r) << r.error().message();
+    ids.emplace_back((*r)->id(), (*r)->pid());
+    v.push_back(std::move(*r));
+  }
+  for (auto& sb : v) EXPECT_TRUE(wait_ready(sb->agent_fd()));
+  for (auto& sb : v) ASSERT_TRUE(sb->destroy());
+  v.clear();
+  for (auto& [id, pid] : ids) expect_gone(id, pid);
+  EXPECT_TRUE(cg_->list().empty());
+  EXPECT_EQ(count_fds(), fds_before_);
+}
+
+TEST_F(ContainerBackendTest, ConcurrentCreatesFromSeveralThreads) {
+  std::vector<std::unique_ptr<SandboxInstance>> made[4];
+  std::vector<std::string> errors[4];
+  std::vector<std::thread> ts;
+  for (int t = 0; t < 4; ++t)
+    ts.emplace_back([&, t] {
+      for (int i = 0; i < 4; ++i) {
+        auto r = backend_->create(spec());
+        if (r) made[t].push_back(std::move(*r));
+        else errors[t].push_back(r.error().message());
+      }
+    });
+  for (auto& th : ts) th.join();
+  std::vector<std::pair<std::string, pid_t>> ids;
+  for (int t = 0; t < 4; ++t) {
+    EXPECT_TRUE(errors[t].empty()) << errors[t].front();
+    for (auto& sb : made[t]) {
+      EXPECT_TRUE(wait_ready(sb->agent_fd()));
+      ids.emplace_back(sb->id(), sb->pid());
+    }
+  }
+  EXPECT_EQ(ids.size(), 16u);
+  for (auto& v : made) v.clear();  // destructors destroy
+  for (auto& [id, pid] : ids) expect_gone(id, pid);
+  EXPECT_EQ(count_fds(), fds_before_);
+}
+
+TEST_F(ContainerBackendTest, CleanupOrphansKillsAllButKept) {
+  auto a = backend_->create(spec());
+  auto b = backend_->create(spec());
+  ASSERT_TRUE(a && b);
+  ASSERT_TRUE(wait_ready((*a)->agent_fd()));
+  ASSERT_TRUE(wait_ready((*b)->agent_fd()));
+  // Simulate a daemon restart for `a`: forget the instance without destroying it.
+  SandboxInstance* lost = a->release();
+  pid_t lost_pid = lost->pid();
+  std::string lost_id = lost->id();
+  auto cleaned = backend_->cleanup_orphans({(*b)->id()});
+  ASSERT_EQ(cleaned.size(), 1u);
+  EXPECT_EQ(cleaned[0], lost_id);
+  for (const auto& d : cg_->dirs(lost_id)) EXPECT_FALSE(fs::exists(d));
+  EXPECT_TRUE((*b)->alive());
+  EXPECT_EQ(run(**b, "true"), 0);
+  // The forgotten owner still holds the zombie and fds; destroying it is harmless now.
+  delete lost;
+  EXPECT_EQ(kill(lost_pid, 0), -1);
+  EXPECT_TRUE(backend_->cleanup_orphans({(*b)->id()}).empty());
+}
+
+}  // namespace
+}  // namespace tp::runtime
+
+namespace tp::runtime {
+namespace {
+
+// With the real tp-agent (when it has been built next to the test binary).
+TEST(ContainerRealAgentTest, RunsACommandThroughTheWireProtocol) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root";
+  std::string agent;
+  if (const char* b = getenv("TP_BIN_DIR")) agent = std::string(b) + "/tp-agent";
+  if (agent.empty() || access(agent.c_str(), X_OK) != 0) GTEST_SKIP() << "no tp-agent in TP_BIN_DIR";
+  char tmpl[] = "/tmp/tp-ra-XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  std::string dir = tmpl;
+  chmod(dir.c_str(), 0755);
+  ContainerOptions o;
+  o.data_dir = dir;
+  o.agent_path = agent;
+  o.cgroup_name = "tp-test-" + ids::random_hex(4);
+  {
+    auto b = make_container_backend(o);
+    ASSERT_TRUE(b) << b.error().message();
+    SandboxSpec s;
+    s.id = "ra-" + ids::random_hex(4);
+    auto r = (*b)->create(s);
+    ASSERT_TRUE(r) << r.error().message();
+    int fd = (*r)->agent_fd();
+    proto::FrameReader reader;
+    auto next = [&]() -> std::optional<proto::Message> {
+      for (int i = 0; i < 200; ++i) {
+        if (auto m = reader.next()) return m;
+        std::string chunk = read_some(fd, 1, 10000);
+        if (chunk.empty()) return std::nullopt;
+        reader.feed(chunk.data(), chunk.size());
+      }
+      return std::nullopt;
+    };
+    auto ready = next();
+    ASSERT_TRUE(ready);
+    EXPECT_EQ(ready->type, proto::MsgType::kReady);
+    proto::Message exec(proto::MsgType::kExec, 7);
+    exec.add(proto::Tag::kArg, "/bin/sh").add(proto::Tag::kArg, "-c").add(proto::Tag::kArg,
+                                                                          "test \"$(hostname)\" = " + s.id + " && exit 7");
+    std::string frame = proto::encode(exec);
+    ASSERT_EQ(write(fd, frame.data(), frame.size()), static_cast<ssize_t>(frame.size()));
+    std::optional<proto::Message> m;
+    do m = next(); while (m && m->type != proto::MsgType::kExit && m->type != proto::MsgType::kError);
+    ASSERT_TRUE(m);
+    ASSERT_EQ(m->type, proto::MsgType::kExit) << m->str(proto::Tag::kMessage);
+    EXPECT_EQ(m->i64(proto::Tag::kExitCode), 7);
+    ASSERT_TRUE((*r)->destroy());
+    auto layout = sys::detect_layout(sys::real_sys());
+    sys::CgroupManager cg(sys::real_sys(), *layout, o.cgroup_name);
+    EXPECT_TRUE(cg.list().empty());
+    r->reset();
+    b->reset();
+    for (const auto& d : cg.dirs("x")) rmdir(std::filesystem::path(d).parent_path().c_str());
+  }
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace tp::runtime

@@ -1,0 +1,274 @@
+// CgroupManager logic against the fake seam: layouts, limit files, attach, stats, kill and cleanup.
+#include "sys/cgroup.h"
+
+#include <gtest/gtest.h>
+
+#include "fake_sys_api.h"
+
+namespace tp::sys {
+namespace {
+
+constexpr const char* kHybridMountinfo =
+    "22 27 0:21 / /proc rw,relatime - proc proc rw\n"
+    "31 23 0:28 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755\n"
+    "32 31 0:29 / /sys/fs/cgroup/cpu rw,relatime - cgroup cgroup rw,cpu\n"
+    "33 31 0:30 / /sys/fs/cgroup/cpuacct rw,relatime - cgroup cgroup rw,cpuacct\n"
+    "35 31 0:32 / /sys/fs/cgroup/memory rw,relatime - cgroup cgroup rw,memory\n"
+    "37 31 0:34 / /sys/fs/cgroup/freezer rw,relatime - cgroup cgroup rw,freezer\n"
+    "39 31 0:36 / /sys/fs/cgroup/pids rw,relatime - cgroup cgroup rw,pids\n"
+    "41 31 0:38 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw\n";
+
+constexpr const char* kV2Mountinfo =
+    "22 27 0:21 / /proc rw,relatime - proc proc rw\n"
+    "31 23 0:28 / /sys/fs/cgroup rw,nosuid,nodev,noexec,relatime - cgroup2 cgroup2 rw,nsdelegate\n";
+
+CgroupLayout v1_layout() {
+  FakeSysApi f;
+  return *parse_layout(kHybridMountinfo, f);
+}
+
+CgroupLayout v2_layout() { return CgroupLayout{CgroupVersion::kV2, "/cg", {}}; }
+
+TEST(CgroupLayoutTest, HybridHostUsesV1WithOptionalControllers) {
+  FakeSysApi f;
+  auto l = parse_layout(kHybridMountinfo, f);
+  ASSERT_TRUE(l);
+  EXPECT_EQ(l->version, CgroupVersion::kV1);
+  EXPECT_EQ(l->v1_mounts.at("memory"), "/sys/fs/cgroup/memory");
+  EXPECT_EQ(l->v1_mounts.at("cpuacct"), "/sys/fs/cgroup/cpuacct");
+  EXPECT_EQ(l->v1_mounts.at("freezer"), "/sys/fs/cgroup/freezer");
+  EXPECT_FALSE(l->v1_mounts.contains("cpuset"));
+}
+
+TEST(CgroupLayoutTest, PureV2) {
+  FakeSysApi f;
+  auto l = parse_layout(kV2Mountinfo, f);
+  ASSERT_TRUE(l);
+  EXPECT_EQ(l->version, CgroupVersion::kV2);
+  EXPECT_EQ(l->v2_root, "/sys/fs/cgroup");
+}
+
+TEST(CgroupLayoutTest, UnifiedMountNeedsControllersWhenV1Incomplete) {
+  std::string mi =
+      "35 31 0:32 / /sys/fs/cgroup/memory rw - cgroup cgroup rw,memory\n"
+      "41 31 0:38 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw\n";
+  FakeSysApi f;
+  f.files["/sys/fs/cgroup/unified/cgroup.controllers"] = "hugetlb\n";
+  EXPECT_FALSE(parse_layout(mi, f));
+  f.files["/sys/fs/cgroup/unified/cgroup.controllers"] = "cpu memory pids\n";
+  auto l = parse_layout(mi, f);
+  ASSERT_TRUE(l);
+  EXPECT_EQ(l->version, CgroupVersion::kV2);
+  EXPECT_EQ(l->v2_root, "/sys/fs/cgroup/unified");
+}
+
+TEST(CgroupLayoutTest, CoMountedCpuCpuacctShareOneDirectory) {
+  std::string mi =
+      "1 0 0:1 / /c/cpu,cpuacct rw - cgroup cgroup rw,cpu,cpuacct\n"
+      "2 0 0:2 / /c/memory rw - cgroup cgroup rw,memory\n"
+      "3 0 0:3 / /c/pids rw - cgroup cgroup rw,pids\n";
+  FakeSysApi f;
+  auto l = parse_layout(mi, f);
+  ASSERT_TRUE(l);
+  CgroupManager m(f, *l, "tp");
+  auto d = m.dirs("a");
+  EXPECT_EQ(d.size(), 3u);
+}
+
+class CgroupV1Test : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    for (const auto& [c, mnt] : layout_.v1_mounts) f_.dirs.insert(mnt);
+    f_.auto_files = {"cgroup.procs", "memory.limit_in_bytes", "memory.memsw.limit_in_bytes", "memory.swappiness",
+                     "cpu.cfs_quota_us", "cpu.cfs_period_us", "pids.max", "freezer.state"};
+    ASSERT_TRUE(m_.init());
+  }
+  CgroupLayout layout_ = v1_layout();
+  FakeSysApi f_;
+  CgroupManager m_{f_, layout_, "tidepool"};
+};
+
+TEST_F(CgroupV1Test, CreateWritesLimitsInEveryController) {
+  ASSERT_TRUE(m_.create("sb1", {512ull << 20, 1.5, 64}));
+  const std::string mem = "/sys/fs/cgroup/memory/tidepool/sb1";
+  EXPECT_EQ(f_.written(mem + "/memory.limit_in_bytes"), std::to_string(512ull << 20));
+  EXPECT_EQ(f_.written(mem + "/memory.memsw.limit_in_bytes"), std::to_string(512ull << 20));
+  EXPECT_EQ(f_.written(mem + "/memory.swappiness"), "<unwritten>");
+  EXPECT_EQ(f_.written("/sys/fs/cgroup/cpu/tidepool/sb1/cpu.cfs_quota_us"), "150000");
+  EXPECT_EQ(f_.written("/sys/fs/cgroup/cpu/tidepool/sb1/cpu.cfs_period_us"), "100000");
+  EXPECT_EQ(f_.written("/sys/fs/cgroup/pids/tidepool/sb1/pids.max"), "64");
+  for (const char* c : {"memory", "cpu", "cpuacct", "pids", "freezer"})
+    EXPECT_TRUE(f_.dirs.contains(std::string("/sys/fs/cgroup/") + c + "/tidepool/sb1")) << c;
+  // memsw must follow memory.limit_in_bytes (the kernel requires memsw >= limit).
+  size_t i_lim = 0, i_sw = 0;
+  for (size_t i = 0; i < f_.writes.size(); ++i) {
+    if (f_.writes[i].first == mem + "/memory.limit_in_bytes") i_lim = i;
+    if (f_.writes[i].first == mem + "/memory.memsw.limit_in_bytes") i_sw = i;
+  }
+  EXPECT_LT(i_lim, i_sw);
+}
+
+TEST_F(CgroupV1Test, NoSwapAccountingFallsBackToSwappinessZero) {
+  f_.auto_files = {"cgroup.procs", "memory.limit_in_bytes", "memory.swappiness", "pids.max"};
+  ASSERT_TRUE(m_.create("sb1", {1 << 20, 0, 0}));
+  EXPECT_EQ(f_.written("/sys/fs/cgroup/memory/tidepool/sb1/memory.swappiness"), "0");
+  EXPECT_EQ(f_.written("/sys/fs/cgroup/cpu/tidepool/sb1/cpu.cfs_quota_us"), "<unwritten>");
+}
+
+TEST_F(CgroupV1Test, FailedLimitUnwindsDirectories) {
+  f_.fail_write["/sys/fs/cgroup/pids/tidepool/sb1/pids.max"] = EINVAL;
+  auto r = m_.create("sb1", {1 << 20, 1, 10});
+  ASSERT_FALSE(r);
+  EXPECT_NE(r.error().message().find("pids.max"), std::string::npos);
+  EXPECT_TRUE(m_.list().empty());
+}
+
+TEST_F(CgroupV1Test, DuplicateIdIsAConflict) {
+  ASSERT_TRUE(m_.create("sb1", {}));
+  auto r = m_.create("sb1", {});
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error().code, Code::kConflict);
+  EXPECT_EQ(m_.list(), std::vector<std::string>{"sb1"});  // the first one is untouched
+}
+
+TEST_F(CgroupV1Test, AttachWritesPidEverywhere) {
+  ASSERT_TRUE(m_.create("sb1", {}));
+  ASSERT_TRUE(m_.attach("sb1", 4242));
+  for (const auto& d : m_.dirs("sb1")) EXPECT_EQ(f_.written(d + "/cgroup.procs"), "4242");
+}
+
+TEST_F(CgroupV1Test, StatsParseV1Files) {
+  ASSERT_TRUE(m_.create("sb1", {}));
+  const std::string mem = "/sys/fs/cgroup/memory/tidepool/sb1";
+  f_.files[mem + "/memory.usage_in_bytes"] = "1000\n";
+  f_.files[mem + "/memory.max_usage_in_bytes"] = "5000\n";
+  f_.files[mem + "/memory.oom_control"] = "oom_kill_disable 0\nunder_oom 0\noom_kill 3\n";
+  f_.files["/sys/fs/cgroup/pids/tidepool/sb1/pids.current"] = "7\n";
+  f_.files["/sys/fs/cgroup/cpuacct/tidepool/sb1/cpuacct.usage"] = "2500000\n";
+  auto s = m_.stats("sb1");
+  ASSERT_TRUE(s);
+  EXPECT_EQ(s->memory_bytes, 1000u);
+  EXPECT_EQ(s->memory_peak_bytes, 5000u);
+  EXPECT_EQ(s->oom_kills, 3u);
+  EXPECT_EQ(s->pids, 7u);
+  EXPECT_EQ(s->cpu_usage_us, 2500u);
+  EXPECT_FALSE(m_.stats("nope"));
+}
+
+TEST_F(CgroupV1Test, KillAllFreezesKillsThawsAndWaits) {
+  ASSERT_TRUE(m_.create("sb1", {}));
+  for (const auto& d : m_.dirs("sb1")) f_.files[d + "/cgroup.procs"] = "11\n12\n";
+  f_.on_kill = [&](pid_t) {
+    // The processes leave every cgroup once killed (and thawed, in reality).
+    for (const auto& d : m_.dirs("sb1")) f_.files[d + "/cgroup.procs"] = "";
+  };
+  const std::string fz = "/sys/fs/cgroup/freezer/tidepool/sb1/freezer.state";
+  f_.files[fz] = "FROZEN\n";
+  ASSERT_TRUE(m_.kill_all("sb1"));
+  ASSERT_EQ(f_.kills.size(), 2u);
+  EXPECT_EQ(f_.kills[0], (std::pair<pid_t, int>{11, 9}));
+  EXPECT_EQ(f_.kills[1], (std::pair<pid_t, int>{12, 9}));
+  // Frozen before the kills, thawed after.
+  std::vector<std::string> states;
+  for (const auto& [p, d] : f_.writes)
+    if (p == fz) states.push_back(d);
+  EXPECT_EQ(states, (std::vector<std::string>{"FROZEN", "THAWED"}));
+  ASSERT_TRUE(m_.remove("sb1"));
+  EXPECT_TRUE(m_.list().empty());
+}
+
+TEST_F(CgroupV1Test, KillAllReportsProcessesThatDoNotDie) {
+  ASSERT_TRUE(m_.create("sb1", {}));
+  for (const auto& d : m_.dirs("sb1")) f_.files[d + "/cgroup.procs"] = "11\n";
+  f_.files["/sys/fs/cgroup/freezer/tidepool/sb1/freezer.state"] = "FROZEN\n";
+  auto r = m_.kill_all("sb1");
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error().code, Code::kUnavailable);
+  EXPECT_FALSE(m_.remove("sb1"));  // still busy
+}
+
+TEST_F(CgroupV1Test, RemoveIsIdempotentAndRetriesBusy) {
+  ASSERT_TRUE(m_.create("sb1", {}));
+  f_.busy_dirs.insert("/sys/fs/cgroup/memory/tidepool/sb1");
+  ASSERT_TRUE(m_.remove("sb1"));
+  ASSERT_TRUE(m_.remove("sb1"));
+  ASSERT_TRUE(m_.kill_all("sb1"));  // nothing there: fine
+  EXPECT_TRUE(m_.list().empty());
+}
+
+TEST_F(CgroupV1Test, ListUnionsHierarchies) {
+  ASSERT_TRUE(m_.create("a", {}));
+  // A half-removed leftover present in one controller only still counts.
+  f_.dirs.insert("/sys/fs/cgroup/pids/tidepool/b");
+  EXPECT_EQ(m_.list(), (std::vector<std::string>{"a", "b"}));
+  ASSERT_TRUE(m_.remove("b"));
+  EXPECT_EQ(m_.list(), (std::vector<std::string>{"a"}));
+}
+
+class CgroupV2Test : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    f_.dirs.insert("/cg");
+    f_.files["/cg/cgroup.subtree_control"] = "";
+    f_.auto_files = {"cgroup.procs", "cgroup.kill", "cgroup.subtree_control", "memory.max", "memory.swap.max",
+                     "cpu.max", "pids.max"};
+    ASSERT_TRUE(m_.init());
+  }
+  FakeSysApi f_;
+  CgroupManager m_{f_, v2_layout(), "tidepool"};
+};
+
+TEST_F(CgroupV2Test, InitEnablesControllersTopDown) {
+  EXPECT_TRUE(f_.dirs.contains("/cg/tidepool"));
+  std::vector<std::string> root, parent;
+  for (const auto& [p, d] : f_.writes) {
+    if (p == "/cg/cgroup.subtree_control") root.push_back(d);
+    if (p == "/cg/tidepool/cgroup.subtree_control") parent.push_back(d);
+  }
+  EXPECT_EQ(root, (std::vector<std::string>{"+memory", "+pids", "+cpu"}));
+  EXPECT_EQ(parent, root);
+}
+
+TEST_F(CgroupV2Test, CreateWritesV2Limits) {
+  ASSERT_TRUE(m_.create("sb1", {256ull << 20, 0.25, 32}));
+  EXPECT_EQ(f_.written("/cg/tidepool/sb1/memory.max"), std::to_string(256ull << 20));
+  EXPECT_EQ(f_.written("/cg/tidepool/sb1/memory.swap.max"), "0");
+  EXPECT_EQ(f_.written("/cg/tidepool/sb1/cpu.max"), "25000 100000");
+  EXPECT_EQ(f_.written("/cg/tidepool/sb1/pids.max"), "32");
+  EXPECT_EQ(m_.dirs("sb1"), std::vector<std::string>{"/cg/tidepool/sb1"});
+}
+
+TEST_F(CgroupV2Test, StatsParseV2Files) {
+  ASSERT_TRUE(m_.create("sb1", {}));
+  const std::string d = "/cg/tidepool/sb1";
+  f_.files[d + "/memory.current"] = "4096\n";
+  f_.files[d + "/memory.peak"] = "8192\n";
+  f_.files[d + "/cpu.stat"] = "usage_usec 777\nuser_usec 700\nsystem_usec 77\n";
+  f_.files[d + "/pids.current"] = "2\n";
+  f_.files[d + "/memory.events"] = "low 0\nhigh 0\nmax 4\noom 2\noom_kill 1\n";
+  auto s = m_.stats("sb1");
+  ASSERT_TRUE(s);
+  EXPECT_EQ(s->memory_bytes, 4096u);
+  EXPECT_EQ(s->memory_peak_bytes, 8192u);
+  EXPECT_EQ(s->cpu_usage_us, 777u);
+  EXPECT_EQ(s->pids, 2u);
+  EXPECT_EQ(s->oom_kills, 1u);
+}
+
+TEST_F(CgroupV2Test, KillAllUsesCgroupKill) {
+  ASSERT_TRUE(m_.create("sb1", {}));
+  ASSERT_TRUE(m_.kill_all("sb1"));
+  EXPECT_EQ(f_.written("/cg/tidepool/sb1/cgroup.kill"), "1");
+  EXPECT_TRUE(f_.kills.empty());
+  ASSERT_TRUE(m_.remove("sb1"));
+  EXPECT_FALSE(f_.dirs.contains("/cg/tidepool/sb1"));
+}
+
+TEST(KeyedValueTest, FindsExactKeys) {
+  EXPECT_EQ(keyed_value("oom 2\noom_kill 5\n", "oom_kill"), 5u);
+  EXPECT_EQ(keyed_value("oom 2\noom_kill 5\n", "oom"), 2u);
+  EXPECT_EQ(keyed_value("", "oom"), 0u);
+}
+
+}  // namespace
+}  // namespace tp::sys
