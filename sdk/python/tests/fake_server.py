@@ -1,0 +1,328 @@
+"""An in-memory fake of the Tidepool daemon for SDK unit tests (standard library only).
+
+It serves the routes of api/openapi.yaml over real HTTP/1.1 keep-alive connections, from
+a thread, so the SDK's transport is exercised for real. Commands are not run: a test sets
+``exec_handler`` to decide what a command "prints". Every request is recorded.
+"""
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import json
+import socket
+import threading
+import time
+import urllib.parse
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+def now() -> str:
+    return dt.datetime.now(dt.timezone.utc).isoformat().replace("+00:00", "Z")
+
+
+class Recorded:
+    """One request as the fake saw it."""
+
+    def __init__(self, method: str, path: str, query: Dict[str, List[str]], headers: Dict[str, str], body: bytes):
+        self.method = method
+        self.path = path
+        self.query = query
+        self.headers = headers
+        self.body = body
+
+    def json(self) -> Any:
+        return json.loads(self.body.decode("utf-8"))
+
+
+# An exec handler gets (sandbox id, request JSON) and returns either a dict (the
+# ExecResult JSON with raw bytes for stdout/stderr, encoded by the fake) or, for streaming,
+# a list of events: ("stdout"|"stderr", bytes), ("wait", threading.Event), ("exit", dict),
+# ("error", code, message), ("raw", bytes).
+ExecHandler = Callable[[str, Dict[str, Any]], Any]
+
+
+def default_exec(sandbox_id: str, req: Dict[str, Any]) -> Any:
+    cmd = req["cmd"]
+    text = cmd if isinstance(cmd, str) else " ".join(cmd)
+    if req.get("stream"):
+        return [("stdout", text.encode()), ("exit", {"exit_code": 0, "duration": 0.01})]
+    return {"exit_code": 0, "stdout": text.encode(), "stderr": b"", "duration": 0.01}
+
+
+class FakeDaemon:
+    """The fake daemon. Use as a context manager; ``url`` is its base URL."""
+
+    def __init__(self) -> None:
+        self.sandboxes: Dict[str, Dict[str, Any]] = {}
+        self.files: Dict[Tuple[str, str], Tuple[bytes, int]] = {}
+        self.dirs: Dict[str, set] = {}
+        self.requests: List[Recorded] = []
+        self.exec_handler: ExecHandler = default_exec
+        self.inject: List[Tuple[int, bytes]] = []   # (status, body) answers for the next requests
+        self.delay: float = 0.0                      # seconds to sleep before answering
+        self.connections = 0                         # TCP connections accepted
+        self.live_sockets: List[socket.socket] = []
+        self.lock = threading.Lock()
+        self._next = 0
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def setup(self) -> None:
+                super().setup()
+                with fake.lock:
+                    fake.connections += 1
+                    fake.live_sockets.append(self.connection)
+
+            def log_message(self, *args: Any) -> None:  # quiet
+                pass
+
+            def _handle(self) -> None:
+                fake._dispatch(self)
+
+            do_GET = do_POST = do_PUT = do_DELETE = _handle
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
+
+    def __enter__(self) -> "FakeDaemon":
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.server.shutdown()
+        self.drop_connections()
+        self.server.server_close()
+
+    def drop_connections(self) -> None:
+        """Closes every accepted connection (as a server closing idle keep-alives does)."""
+        with self.lock:
+            socks, self.live_sockets = self.live_sockets, []
+        for s in socks:
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def add_sandbox(self, **fields: Any) -> Dict[str, Any]:
+        with self.lock:
+            self._next += 1
+            sid = fields.pop("id", f"n0-{self._next:012x}")
+        sb = {"id": sid, "state": "running", "tier": "container", "image": "host", "node": "n0",
+              "memory_mb": 512, "cpus": 1.0, "pids": 512, "disk_mb": 1024, "ttl_seconds": 3600,
+              "idle_timeout_seconds": 0, "labels": {}, "env": {}, "created_at": now()}
+        sb.update(fields)
+        self.sandboxes[sid] = sb
+        self.dirs[sid] = {"/"}
+        return sb
+
+    # -- HTTP ----------------------------------------------------------------------
+
+    def _dispatch(self, h: BaseHTTPRequestHandler) -> None:
+        url = urllib.parse.urlsplit(h.path)
+        query = urllib.parse.parse_qs(url.query, keep_blank_values=True)
+        length = int(h.headers.get("Content-Length") or 0)
+        body = h.rfile.read(length) if length else b""
+        rec = Recorded(h.command, url.path, query, {k.lower(): v for k, v in h.headers.items()}, body)
+        with self.lock:
+            self.requests.append(rec)
+            injected = self.inject.pop(0) if self.inject else None
+        if self.delay:
+            time.sleep(self.delay)
+        if injected is not None:
+            self._send(h, injected[0], injected[1], "application/json")
+            return
+        try:
+            status, payload = self._route(h, rec)
+        except _Streamed:
+            return
+        if payload is None:
+            self._send(h, status, b"", None)
+        elif isinstance(payload, bytes):
+            self._send(h, status, payload, "application/octet-stream")
+        elif isinstance(payload, str):
+            self._send(h, status, payload.encode(), "text/plain; version=0.0.4")
+        else:
+            self._send(h, status, json.dumps(payload).encode(), "application/json")
+
+    @staticmethod
+    def _send(h: BaseHTTPRequestHandler, status: int, body: bytes, ctype: Optional[str]) -> None:
+        h.send_response(status)
+        if ctype:
+            h.send_header("Content-Type", ctype)
+        h.send_header("Content-Length", str(len(body)))
+        h.end_headers()
+        h.wfile.write(body)
+        h.wfile.flush()
+
+    @staticmethod
+    def _err(status: int, code: str, message: str) -> Tuple[int, Dict[str, str]]:
+        return status, {"code": code, "message": message}
+
+    def _route(self, h: BaseHTTPRequestHandler, rec: Recorded) -> Tuple[int, Any]:
+        parts = [urllib.parse.unquote(p) for p in rec.path.split("/") if p]
+        m = rec.method
+        if parts == ["health"]:
+            return 200, {"status": "ok"}
+        if parts == ["version"]:
+            return 200, {"version": "0.0.0-fake", "api": "v1", "tiers": ["container"]}
+        if parts == ["metrics"]:
+            return 200, "tidepool_exec_total 0\n"
+        if parts[:2] != ["v1", "sandboxes"]:
+            return self._err(404, "not_found", f"no route {rec.path}")
+        if len(parts) == 2:
+            if m == "POST":
+                try:
+                    req = rec.json()
+                except ValueError:
+                    return self._err(400, "invalid_argument", "malformed JSON")
+                if req.get("image", "host") != "host":
+                    return self._err(400, "invalid_argument", f"unknown image {req['image']}")
+                if req.get("memory_mb", 512) < 16:
+                    return self._err(400, "invalid_argument", "memory_mb below 16")
+                fields = {k: v for k, v in req.items() if k in (
+                    "image", "tier", "memory_mb", "cpus", "pids", "disk_mb", "ttl_seconds",
+                    "idle_timeout_seconds", "labels", "env")}
+                return 201, self.add_sandbox(**fields)
+            if m == "GET":
+                out = list(self.sandboxes.values())
+                for lab in rec.query.get("label", []):
+                    k, _, v = lab.partition("=")
+                    out = [s for s in out if s["labels"].get(k) == v]
+                if "state" in rec.query:
+                    out = [s for s in out if s["state"] == rec.query["state"][0]]
+                elif rec.query.get("all") != ["true"]:
+                    out = [s for s in out if s["state"] != "stopped"]
+                return 200, {"sandboxes": out}
+        sid = parts[2]
+        sb = self.sandboxes.get(sid)
+        if sb is None:
+            return self._err(404, "not_found", f"sandbox {sid} not found")
+        rest = parts[3:]
+        if not rest:
+            if m == "GET":
+                return 200, sb
+            if m == "DELETE":
+                sb.update(state="stopped", ended_at=now(), end_reason="deleted")
+                return 200, sb
+        if sb["state"] != "running":
+            return self._err(409, "conflict", f"sandbox {sid} is {sb['state']}")
+        if rest == ["exec"] and m == "POST":
+            return self._exec(h, sid, rec.json())
+        path = rec.query.get("path", [""])[0]
+        if rest and rest[0] == "files":
+            if not path.startswith("/"):
+                return self._err(400, "invalid_argument", "path must be absolute")
+            return self._files(sid, rest[1:], m, path, rec)
+        return self._err(404, "not_found", f"no route {rec.path}")
+
+    def _entry(self, sid: str, path: str) -> Optional[Dict[str, Any]]:
+        name = path.rstrip("/").rsplit("/", 1)[-1] or "/"
+        if (sid, path) in self.files:
+            data, mode = self.files[(sid, path)]
+            return {"name": name, "path": path, "type": "file", "size": len(data), "mode": mode,
+                    "mtime": 1700000000.5, "uid": 0, "gid": 0}
+        if path in self.dirs[sid]:
+            return {"name": name, "path": path, "type": "dir", "size": 4096, "mode": 0o755,
+                    "mtime": 1700000000.0, "uid": 0, "gid": 0}
+        return None
+
+    def _files(self, sid: str, sub: List[str], m: str, path: str, rec: Recorded) -> Tuple[int, Any]:
+        parent = path.rsplit("/", 1)[0] or "/"
+        if sub == [] and m == "PUT":
+            mode = int(rec.query.get("mode", ["644"])[0], 8)
+            self.files[(sid, path)] = (rec.body, mode)
+            p = parent
+            while p not in self.dirs[sid]:
+                self.dirs[sid].add(p)
+                p = p.rsplit("/", 1)[0] or "/"
+            return 200, self._entry(sid, path)
+        if sub == [] and m == "GET":
+            if (sid, path) not in self.files:
+                return self._err(404, "not_found", f"{path}: no such file")
+            return 200, self.files[(sid, path)][0]
+        if sub == [] and m == "DELETE":
+            if (sid, path) in self.files:
+                del self.files[(sid, path)]
+                return 204, None
+            if path in self.dirs[sid]:
+                children = [p for (s, p) in self.files if s == sid and p.startswith(path + "/")]
+                if children and rec.query.get("recursive") != ["true"]:
+                    return self._err(409, "conflict", "directory not empty")
+                for c in children:
+                    del self.files[(sid, c)]
+                self.dirs[sid].discard(path)
+                return 204, None
+            return self._err(404, "not_found", f"{path}: no such file")
+        if sub == ["stat"] and m == "GET":
+            e = self._entry(sid, path)
+            return (200, e) if e else self._err(404, "not_found", f"{path}: no such file")
+        if sub == ["list"] and m == "GET":
+            if path not in self.dirs[sid]:
+                return self._err(404, "not_found", f"{path}: no such directory")
+            prefix = path.rstrip("/") + "/"
+            names = {p for (s, p) in self.files if s == sid and p.startswith(prefix) and "/" not in p[len(prefix):]}
+            names |= {d for d in self.dirs[sid] if d.startswith(prefix) and d != path and "/" not in d[len(prefix):]}
+            return 200, {"entries": [self._entry(sid, p) for p in sorted(names)]}
+        if sub == ["mkdir"] and m == "POST":
+            if parent not in self.dirs[sid] and rec.query.get("parents") != ["true"]:
+                return self._err(404, "not_found", f"{parent}: no such directory")
+            p = path
+            while p not in self.dirs[sid]:
+                self.dirs[sid].add(p)
+                p = p.rsplit("/", 1)[0] or "/"
+            return 201, self._entry(sid, path)
+        return self._err(404, "not_found", f"no route files/{'/'.join(sub)}")
+
+    def _exec(self, h: BaseHTTPRequestHandler, sid: str, req: Dict[str, Any]) -> Tuple[int, Any]:
+        if "timeout" in req and req["timeout"] <= 0:
+            return self._err(400, "invalid_argument", "timeout must be > 0")
+        out = self.exec_handler(sid, req)
+        if isinstance(out, tuple):  # (status, error JSON)
+            return out
+        if not req.get("stream"):
+            res = dict(out)
+            for k in ("stdout", "stderr"):
+                res[k] = b64(res.get(k, b""))
+            return 200, res
+        # NDJSON, chunked, flushed per event so the client sees each one as it happens.
+        h.send_response(200)
+        h.send_header("Content-Type", "application/x-ndjson")
+        h.send_header("Transfer-Encoding", "chunked")
+        h.end_headers()
+
+        def chunk(data: bytes) -> None:
+            h.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+            h.wfile.flush()
+
+        try:
+            chunk(json.dumps({"type": "started", "pid": 42}).encode() + b"\n")
+            for ev in out:
+                kind = ev[0]
+                if kind in ("stdout", "stderr"):
+                    chunk(json.dumps({"type": kind, "data": b64(ev[1])}).encode() + b"\n")
+                elif kind == "wait":
+                    ev[1].wait(10)
+                elif kind == "exit":
+                    chunk(json.dumps(dict(ev[1], type="exit")).encode() + b"\n")
+                elif kind == "error":
+                    chunk(json.dumps({"type": "error", "code": ev[1], "message": ev[2]}).encode() + b"\n")
+                elif kind == "raw":
+                    chunk(ev[1])
+            h.wfile.write(b"0\r\n\r\n")
+            h.wfile.flush()
+        except (BrokenPipeError, ConnectionResetError):
+            h.close_connection = True
+        raise _Streamed()
+
+
+class _Streamed(Exception):
+    """The answer was already written by a streaming handler."""

@@ -1,0 +1,220 @@
+"""Request builders and answer parsers for every route (internal).
+
+Pure functions, no I/O: the sync client (``client.py``) and a future asyncio client send
+the same :class:`~tidepool._http.Request` values and parse answers with the same code.
+Route shapes follow ``api/openapi.yaml``.
+"""
+from __future__ import annotations
+
+import base64
+import datetime as _dt
+import math
+import urllib.parse
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+
+from ._http import DEFAULT, Request, json_request
+
+Seconds = Union[int, float, _dt.timedelta]
+Command = Union[str, Sequence[str]]
+
+SANDBOXES = "/v1/sandboxes"
+
+
+def _quote_id(sandbox_id: str) -> str:
+    if not sandbox_id:
+        raise ValueError("sandbox id must not be empty")
+    return urllib.parse.quote(sandbox_id, safe="")
+
+
+def sandbox_path(sandbox_id: str, suffix: str = "") -> str:
+    """``/v1/sandboxes/{id}{suffix}`` with the id escaped."""
+    return f"{SANDBOXES}/{_quote_id(sandbox_id)}{suffix}"
+
+
+def seconds(value: Optional[Seconds], name: str) -> Optional[float]:
+    """Accepts seconds as int, float or timedelta; None passes through."""
+    if value is None:
+        return None
+    if isinstance(value, _dt.timedelta):
+        return value.total_seconds()
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be seconds (int, float or timedelta), not {type(value).__name__}")
+    return float(value)
+
+
+def whole_seconds(value: Optional[Seconds], name: str) -> Optional[int]:
+    """Like :func:`seconds` but rounded up to an integer (the contract's TTL fields are integers)."""
+    s = seconds(value, name)
+    if s is None:
+        return None
+    # Values <= 0 are passed through so the server can reject them with a clear error.
+    return int(math.ceil(s)) if s > 0 else int(s)
+
+
+def _boolstr(b: bool) -> str:
+    return "true" if b else "false"
+
+
+def create(
+    *,
+    image: str,
+    tier: str,
+    memory_mb: Optional[int],
+    cpus: Optional[float],
+    ttl: Optional[Seconds],
+    idle_timeout: Optional[Seconds],
+    labels: Optional[Mapping[str, str]],
+    env: Optional[Mapping[str, str]],
+    disk_mb: Optional[int],
+    pids: Optional[int],
+    timeout: Any = DEFAULT,
+) -> Request:
+    """POST /v1/sandboxes. Fields left as None take the server's defaults."""
+    body: Dict[str, Any] = {"image": image, "tier": tier}
+    if memory_mb is not None:
+        body["memory_mb"] = int(memory_mb)
+    if cpus is not None:
+        body["cpus"] = float(cpus)
+    if disk_mb is not None:
+        body["disk_mb"] = int(disk_mb)
+    if pids is not None:
+        body["pids"] = int(pids)
+    ttl_s = whole_seconds(ttl, "ttl")
+    if ttl_s is not None:
+        body["ttl_seconds"] = ttl_s
+    idle_s = whole_seconds(idle_timeout, "idle_timeout")
+    if idle_s is not None:
+        body["idle_timeout_seconds"] = idle_s
+    if labels:
+        body["labels"] = {str(k): str(v) for k, v in labels.items()}
+    if env:
+        body["env"] = {str(k): str(v) for k, v in env.items()}
+    return json_request("POST", SANDBOXES, body, timeout=timeout)
+
+
+def get(sandbox_id: str) -> Request:
+    """GET /v1/sandboxes/{id}."""
+    return Request("GET", sandbox_path(sandbox_id))
+
+
+def delete(sandbox_id: str) -> Request:
+    """DELETE /v1/sandboxes/{id}."""
+    return Request("DELETE", sandbox_path(sandbox_id))
+
+
+def list_(labels: Optional[Mapping[str, str]], state: Optional[str], all_: bool) -> Request:
+    """GET /v1/sandboxes with repeated ``label=k=v`` filters."""
+    query: List[Tuple[str, str]] = []
+    for k, v in (labels or {}).items():
+        query.append(("label", f"{k}={v}"))
+    if state:
+        query.append(("state", state))
+    if all_:
+        query.append(("all", "true"))
+    return Request("GET", SANDBOXES, query=query)
+
+
+def exec_(
+    sandbox_id: str,
+    cmd: Command,
+    *,
+    timeout: Optional[Seconds],
+    env: Optional[Mapping[str, str]],
+    cwd: Optional[str],
+    user: Optional[int],
+    stdin: Optional[Union[bytes, str]],
+    max_output_bytes: Optional[int],
+    stream: bool,
+    client_timeout: Optional[float],
+) -> Request:
+    """POST /v1/sandboxes/{id}/exec.
+
+    The socket read timeout is the command's timeout plus the client's timeout as slack,
+    or unlimited when the command has no timeout (it may legitimately run for hours).
+    """
+    if isinstance(cmd, (bytes, bytearray)):
+        raise TypeError("cmd must be a str (run by /bin/sh -c) or a sequence of str (argv)")
+    if isinstance(cmd, str):
+        cmd_json: Any = cmd
+    else:
+        cmd_json = [str(a) for a in cmd]
+        if not cmd_json:
+            raise ValueError("cmd must not be empty")
+    body: Dict[str, Any] = {"cmd": cmd_json}
+    t = seconds(timeout, "timeout")
+    if t is not None:
+        body["timeout"] = t
+    if env:
+        body["env"] = {str(k): str(v) for k, v in env.items()}
+    if cwd is not None:
+        body["cwd"] = cwd
+    if user is not None:
+        body["user"] = int(user)
+    if stdin is not None:
+        raw = stdin.encode("utf-8") if isinstance(stdin, str) else bytes(stdin)
+        body["stdin"] = base64.b64encode(raw).decode("ascii")
+    if max_output_bytes is not None:
+        body["max_output_bytes"] = int(max_output_bytes)
+    if stream:
+        body["stream"] = True
+    read_timeout: Optional[float] = None
+    if t is not None and t > 0:
+        read_timeout = t + (client_timeout if client_timeout is not None else 60.0)
+    req = json_request("POST", sandbox_path(sandbox_id, "/exec"), body, timeout=read_timeout)
+    if stream:
+        req.headers["Accept"] = "application/x-ndjson, application/json"
+    return req
+
+
+def _path_query(path: str) -> List[Tuple[str, str]]:
+    if not isinstance(path, str) or not path:
+        raise ValueError("path must be a non-empty string")
+    return [("path", path)]
+
+
+def file_write(sandbox_id: str, path: str, data: Union[bytes, bytearray, memoryview, str], mode: Optional[int]) -> Request:
+    """PUT /v1/sandboxes/{id}/files?path=...&mode=<octal>."""
+    if isinstance(data, str):
+        body = data.encode("utf-8")
+    elif isinstance(data, (bytes, bytearray, memoryview)):
+        body = bytes(data)
+    else:
+        raise TypeError(f"data must be bytes or str, not {type(data).__name__}")
+    query = _path_query(path)
+    if mode is not None:
+        query.append(("mode", format(int(mode), "o")))
+    return Request("PUT", sandbox_path(sandbox_id, "/files"), query=query, body=body,
+                   content_type="application/octet-stream")
+
+
+def file_read(sandbox_id: str, path: str) -> Request:
+    """GET /v1/sandboxes/{id}/files?path=..."""
+    req = Request("GET", sandbox_path(sandbox_id, "/files"), query=_path_query(path))
+    req.headers["Accept"] = "application/octet-stream, application/json"
+    return req
+
+
+def file_list(sandbox_id: str, path: str) -> Request:
+    """GET /v1/sandboxes/{id}/files/list?path=..."""
+    return Request("GET", sandbox_path(sandbox_id, "/files/list"), query=_path_query(path))
+
+
+def file_stat(sandbox_id: str, path: str) -> Request:
+    """GET /v1/sandboxes/{id}/files/stat?path=..."""
+    return Request("GET", sandbox_path(sandbox_id, "/files/stat"), query=_path_query(path))
+
+
+def file_remove(sandbox_id: str, path: str, recursive: bool) -> Request:
+    """DELETE /v1/sandboxes/{id}/files?path=...&recursive=..."""
+    query = _path_query(path)
+    if recursive:
+        query.append(("recursive", "true"))
+    return Request("DELETE", sandbox_path(sandbox_id, "/files"), query=query)
+
+
+def file_mkdir(sandbox_id: str, path: str, parents: bool) -> Request:
+    """POST /v1/sandboxes/{id}/files/mkdir?path=...&parents=..."""
+    query = _path_query(path)
+    if parents:
+        query.append(("parents", "true"))
+    return Request("POST", sandbox_path(sandbox_id, "/files/mkdir"), query=query)

@@ -1,0 +1,416 @@
+"""Synchronous client: :class:`Client`, :class:`Sandbox` and :class:`Files`.
+
+Example::
+
+    import tidepool
+
+    with tidepool.Client() as client:
+        with client.create(image="host", memory_mb=512, ttl=600) as sb:
+            sb.files.write("/tmp/x.py", "print(6*7)")
+            print(sb.exec(["python3", "/tmp/x.py"]).stdout)   # 42
+
+Thread rules: a :class:`Client` may be shared by threads (each thread keeps its own
+keep-alive connections). A :class:`Sandbox` is a thin handle; calls on it from several
+threads are fine, but ``refresh()`` updates its ``info`` without locking.
+"""
+from __future__ import annotations
+
+import base64
+import json
+import os
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Union
+
+from . import _api
+from ._http import Request, SyncTransport
+from .errors import CommandFailed, NotFound, SandboxError, TidepoolError, error_from_response
+from .models import ExecResult, FileEntry, OutputChunk, SandboxInfo, parse_entries
+from .version import __version__
+
+__all__ = ["Client", "Sandbox", "Files", "DEFAULT_URL"]
+
+#: Where the client looks for the daemon when neither ``url`` nor ``TIDEPOOL_URL`` is given.
+DEFAULT_URL = "http://127.0.0.1:7070"
+
+Data = Union[bytes, bytearray, memoryview, str]
+
+
+class Client:
+    """Connection to a Tidepool daemon.
+
+    Args:
+        url: base URL of the daemon; default ``$TIDEPOOL_URL``, else ``http://127.0.0.1:7070``.
+        api_key: sent as ``Authorization: Bearer``; default ``$TIDEPOOL_API_KEY`` when set.
+        timeout: seconds to wait for connecting and for each answer of ordinary calls
+            (``None`` waits forever). Command calls wait for the command's own timeout
+            plus this much; without a command timeout they wait as long as it runs.
+    """
+
+    def __init__(self, url: Optional[str] = None, api_key: Optional[str] = None, timeout: Optional[float] = 60.0) -> None:
+        self.url: str = (url or os.environ.get("TIDEPOOL_URL") or DEFAULT_URL).rstrip("/")
+        self.timeout: Optional[float] = timeout
+        key = api_key if api_key is not None else os.environ.get("TIDEPOOL_API_KEY") or None
+        self._transport = SyncTransport(self.url, key, timeout, f"tidepool-python/{__version__}")
+
+    # -- plumbing ----------------------------------------------------------------
+
+    def _call(self, req: Request) -> Any:
+        return self._transport.request(req).json()
+
+    def close(self) -> None:
+        """Closes the client's connections. Sandboxes stay alive; kill them first if needed."""
+        self._transport.close()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Client(url={self.url!r})"
+
+    # -- daemon ------------------------------------------------------------------
+
+    def health(self) -> Dict[str, Any]:
+        """GET /health: ``{"status": "ok"}`` when the daemon serves."""
+        return self._call(Request("GET", "/health"))
+
+    def version(self) -> Dict[str, Any]:
+        """GET /version: daemon version, API version and the tiers it offers."""
+        return self._call(Request("GET", "/version"))
+
+    def metrics(self) -> str:
+        """GET /metrics: the Prometheus text exposition."""
+        req = Request("GET", "/metrics")
+        req.headers["Accept"] = "text/plain"
+        return self._transport.request(req).body.decode("utf-8", errors="replace")
+
+    # -- sandboxes ---------------------------------------------------------------
+
+    def create(
+        self,
+        image: str = "host",
+        tier: str = "container",
+        memory_mb: Optional[int] = None,
+        cpus: Optional[float] = None,
+        ttl: Optional[_api.Seconds] = None,
+        idle_timeout: Optional[_api.Seconds] = None,
+        labels: Optional[Mapping[str, str]] = None,
+        env: Optional[Mapping[str, str]] = None,
+        disk_mb: Optional[int] = None,
+        pids: Optional[int] = None,
+    ) -> "Sandbox":
+        """Creates a sandbox and returns it once it runs.
+
+        Args:
+            image: image name; ``"host"`` is a read-only view of the host's system.
+            tier: isolation tier (``"container"``).
+            memory_mb: memory limit in MiB (no swap); server default when None.
+            cpus: CPU quota in cores, e.g. ``0.5``.
+            ttl: lifetime in seconds (or a ``timedelta``); the sandbox stops afterwards.
+            idle_timeout: stop after this many seconds without a request; 0 disables.
+            labels: free-form ``key=value`` tags, usable as list filters.
+            env: environment variables for every command in the sandbox.
+            disk_mb: size limit of the sandbox's writable layer in MiB.
+            pids: maximum number of processes in the sandbox.
+
+        Raises:
+            InvalidArgument: a value is below its minimum or the image is unknown.
+            QuotaExceeded: the node has no room.
+        """
+        req = _api.create(image=image, tier=tier, memory_mb=memory_mb, cpus=cpus, ttl=ttl,
+                          idle_timeout=idle_timeout, labels=labels, env=env, disk_mb=disk_mb,
+                          pids=pids)
+        # Creating includes building the root and starting the agent: allow for a slow host.
+        req.timeout = None if self.timeout is None else max(self.timeout, 120.0)
+        return Sandbox(self, SandboxInfo.from_json(self._call(req)))
+
+    def get(self, sandbox_id: str) -> "Sandbox":
+        """Returns the sandbox with this id (also ended ones, until the daemon forgets them).
+
+        Raises:
+            NotFound: no such sandbox.
+        """
+        return Sandbox(self, SandboxInfo.from_json(self._call(_api.get(sandbox_id))))
+
+    def list(
+        self,
+        labels: Optional[Mapping[str, str]] = None,
+        state: Optional[str] = None,
+        all: bool = False,
+    ) -> List["Sandbox"]:
+        """Lists sandboxes.
+
+        Args:
+            labels: only sandboxes carrying every one of these labels.
+            state: only sandboxes in this state (``"running"``, ``"stopped"``, ...).
+            all: include ended sandboxes (by default only live ones are listed).
+        """
+        obj = self._call(_api.list_(labels, state, all))
+        return [Sandbox(self, SandboxInfo.from_json(s)) for s in obj.get("sandboxes") or []]
+
+    def kill(self, sandbox_id: str) -> Optional[SandboxInfo]:
+        """Destroys a sandbox by id; returns its final description, None if it was unknown."""
+        try:
+            return SandboxInfo.from_json(self._call(_api.delete(sandbox_id)))
+        except NotFound:
+            return None
+
+
+class Files:
+    """File operations inside one sandbox (``sandbox.files``).
+
+    Paths are absolute paths inside the sandbox; the daemon resolves them inside the
+    sandbox's root, so ``..`` and symlinks cannot reach the host.
+    """
+
+    def __init__(self, sandbox: "Sandbox") -> None:
+        self._sb = sandbox
+
+    def write(self, path: str, data: Data, mode: Optional[int] = None) -> FileEntry:
+        """Writes ``data`` (bytes, or str encoded as UTF-8) to ``path``, creating parents.
+
+        Args:
+            mode: permission bits such as ``0o755``; the server's default is ``0o644``.
+
+        Raises:
+            PayloadTooLarge / InsufficientStorage: the data does not fit the sandbox's disk.
+        """
+        return FileEntry.from_json(self._sb._client._call(_api.file_write(self._sb.id, path, data, mode)))
+
+    def read(self, path: str) -> bytes:
+        """Returns the content of the file at ``path``.
+
+        Raises:
+            NotFound: no such file.
+        """
+        return self._sb._client._transport.request(_api.file_read(self._sb.id, path)).body
+
+    def read_text(self, path: str, encoding: str = "utf-8") -> str:
+        """Returns the content of ``path`` decoded as text (invalid bytes replaced)."""
+        return self.read(path).decode(encoding, errors="replace")
+
+    def list(self, path: str) -> List[FileEntry]:
+        """Lists the directory at ``path``."""
+        return parse_entries(self._sb._client._call(_api.file_list(self._sb.id, path)))
+
+    def stat(self, path: str) -> FileEntry:
+        """Describes ``path`` without following a final symlink.
+
+        Raises:
+            NotFound: no such path.
+        """
+        return FileEntry.from_json(self._sb._client._call(_api.file_stat(self._sb.id, path)))
+
+    def exists(self, path: str) -> bool:
+        """True when ``path`` exists (a dangling symlink counts)."""
+        try:
+            self.stat(path)
+            return True
+        except NotFound:
+            return False
+
+    def remove(self, path: str, recursive: bool = False) -> None:
+        """Removes a file, or with ``recursive=True`` a whole directory tree."""
+        self._sb._client._transport.request(_api.file_remove(self._sb.id, path, recursive))
+
+    def mkdir(self, path: str, parents: bool = False) -> FileEntry:
+        """Creates a directory; with ``parents=True`` also missing parents (and no error if it exists)."""
+        return FileEntry.from_json(self._sb._client._call(_api.file_mkdir(self._sb.id, path, parents)))
+
+
+class Sandbox:
+    """Handle of one sandbox, returned by :meth:`Client.create`, :meth:`Client.get` and :meth:`Client.list`.
+
+    Used as a context manager it is killed on exit, also when the body raises.
+
+    Attributes:
+        info: the last description received from the daemon (see :meth:`refresh`).
+        files: file operations, see :class:`Files`.
+    """
+
+    def __init__(self, client: Client, info: SandboxInfo) -> None:
+        self._client = client
+        self.info: SandboxInfo = info
+        self.files: Files = Files(self)
+
+    # -- description ------------------------------------------------------------
+
+    @property
+    def id(self) -> str:
+        """The sandbox id (also its hostname), e.g. ``"n0-3fa9c21b7e04"``."""
+        return self.info.id
+
+    @property
+    def state(self) -> str:
+        """State at the last answer: creating, running, paused, stopped or lost."""
+        return self.info.state
+
+    @property
+    def client(self) -> Client:
+        """The client this handle talks through."""
+        return self._client
+
+    def __getattr__(self, name: str) -> Any:
+        # Other description fields (labels, memory_mb, end_reason, ...) read through to info.
+        if name.startswith("_") or name in ("info", "files"):
+            raise AttributeError(name)
+        try:
+            return getattr(self.info, name)
+        except AttributeError:
+            raise AttributeError(f"{type(self).__name__!s} has no attribute {name!r}") from None
+
+    def __repr__(self) -> str:
+        return f"Sandbox(id={self.id!r}, state={self.state!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Sandbox) and other.id == self.id
+
+    def __hash__(self) -> int:
+        return hash(self.id)
+
+    def refresh(self) -> "Sandbox":
+        """Fetches the current description from the daemon; returns self."""
+        self.info = SandboxInfo.from_json(self._client._call(_api.get(self.id)))
+        return self
+
+    def kill(self) -> None:
+        """Destroys the sandbox: every process, mount and file of it goes away.
+
+        Killing a sandbox that is already gone is not an error.
+        """
+        info = self._client.kill(self.id)
+        if info is not None:
+            self.info = info
+        elif self.info.live:
+            self.info.state = "stopped"
+
+    def __enter__(self) -> "Sandbox":
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        try:
+            self.kill()
+        except TidepoolError:
+            # Do not hide the body's exception behind a cleanup failure.
+            if exc_type is None:
+                raise
+
+    # -- commands ----------------------------------------------------------------
+
+    def exec(
+        self,
+        cmd: _api.Command,
+        timeout: Optional[_api.Seconds] = None,
+        env: Optional[Mapping[str, str]] = None,
+        cwd: Optional[str] = None,
+        user: Optional[int] = None,
+        stdin: Optional[Union[bytes, str]] = None,
+        check: bool = False,
+        max_output_bytes: Optional[int] = None,
+    ) -> ExecResult:
+        """Runs a command and returns its result once it ends.
+
+        Args:
+            cmd: a string (run by ``/bin/sh -c``) or an argv list.
+            timeout: seconds; on expiry every process the command started is killed and
+                the result has ``timed_out=True``.
+            env: extra environment variables.
+            cwd: working directory (default ``/``).
+            user: uid inside the sandbox (default 0, which is not root on the host).
+            stdin: data fed to the command's standard input.
+            check: raise :class:`CommandFailed` unless the command exits with 0.
+            max_output_bytes: cap per output stream (server default 16 MiB).
+
+        Raises:
+            Conflict: the sandbox is not running.
+            NotFound: the sandbox does not exist.
+            CommandFailed: ``check=True`` and the command failed.
+        """
+        req = _api.exec_(self.id, cmd, timeout=timeout, env=env, cwd=cwd, user=user, stdin=stdin,
+                         max_output_bytes=max_output_bytes, stream=False,
+                         client_timeout=self._client.timeout)
+        result = ExecResult.from_json(self._client._call(req))
+        if check and not result.ok:
+            raise CommandFailed(result)
+        return result
+
+    def exec_stream(
+        self,
+        cmd: _api.Command,
+        timeout: Optional[_api.Seconds] = None,
+        env: Optional[Mapping[str, str]] = None,
+        cwd: Optional[str] = None,
+        user: Optional[int] = None,
+        stdin: Optional[Union[bytes, str]] = None,
+        check: bool = False,
+        max_output_bytes: Optional[int] = None,
+    ) -> Iterator[Union[OutputChunk, ExecResult]]:
+        """Runs a command and yields its output as it is produced.
+
+        Yields :class:`OutputChunk` values in production order, then exactly one
+        :class:`ExecResult` (whose ``stdout_bytes``/``stderr_bytes`` hold everything the
+        chunks carried). Arguments are those of :meth:`exec`. Closing the generator early
+        drops the connection; the daemon then stops the command.
+
+        Raises:
+            CommandFailed: ``check=True`` and the command failed (instead of yielding the result).
+            TidepoolError: the daemon reported an error mid-stream.
+        """
+        req = _api.exec_(self.id, cmd, timeout=timeout, env=env, cwd=cwd, user=user, stdin=stdin,
+                         max_output_bytes=max_output_bytes, stream=True,
+                         client_timeout=self._client.timeout)
+        stream = self._client._transport.stream_lines(req)
+        with stream:
+            if stream.content_type == "application/json":
+                # A daemon may answer a stream request all at once; accept it.
+                body = stream.read_rest()
+                try:
+                    obj = json.loads(body.decode("utf-8"))
+                except ValueError as e:
+                    raise SandboxError("internal", f"malformed exec answer: {e}") from None
+                result = ExecResult.from_json(obj)
+                if result.stdout_bytes:
+                    yield OutputChunk("stdout", result.stdout_bytes)
+                if result.stderr_bytes:
+                    yield OutputChunk("stderr", result.stderr_bytes)
+            else:
+                result = yield from _parse_ndjson(stream)
+        if check and not result.ok:
+            raise CommandFailed(result)
+        yield result
+
+
+def _parse_ndjson(lines: Iterator[bytes]) -> Iterator[OutputChunk]:
+    """Turns the NDJSON exec events into chunks; returns the final ExecResult."""
+    out: List[bytes] = []
+    err: List[bytes] = []
+    pid: Optional[int] = None
+    for line in lines:
+        line = line.strip()
+        if not line:
+            continue
+        try:
+            ev = json.loads(line.decode("utf-8"))
+        except ValueError as e:
+            raise SandboxError("internal", f"malformed stream event {line[:200]!r}: {e}") from None
+        kind = ev.get("type")
+        if kind in ("stdout", "stderr"):
+            data = base64.b64decode(ev.get("data") or "")
+            if not data:
+                continue
+            (out if kind == "stdout" else err).append(data)
+            yield OutputChunk(kind, data)
+        elif kind == "started":
+            pid = ev.get("pid")
+        elif kind == "exit":
+            if pid is not None and "pid" not in ev:
+                ev = dict(ev, pid=pid)
+            # Read the end of the body so the connection can be reused.
+            for _ in lines:
+                pass
+            return ExecResult.from_json(ev, stdout=b"".join(out), stderr=b"".join(err))
+        elif kind == "error":
+            raise error_from_response(None, ev.get("code"), str(ev.get("message", "")))
+        # Unknown event types from newer daemons are ignored.
+    raise SandboxError("internal", "exec stream ended without an exit status")

@@ -1,0 +1,191 @@
+"""Typed errors raised by the Tidepool SDK.
+
+Every error the daemon returns is a JSON body ``{"code": ..., "message": ...}`` with a
+fitting HTTP status (see ``api/openapi.yaml``). The SDK turns it into one exception class
+per code so callers can ``except tidepool.NotFound`` instead of comparing strings.
+Transport failures map onto the same classes: a refused or reset connection is
+:class:`Unavailable`, a client-side timeout is :class:`Timeout`.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Dict, Optional, Type
+
+if TYPE_CHECKING:  # pragma: no cover - imported for type checkers only
+    from .models import ExecResult
+
+__all__ = [
+    "TidepoolError",
+    "InvalidArgument",
+    "Unauthenticated",
+    "PermissionDenied",
+    "NotFound",
+    "Conflict",
+    "PayloadTooLarge",
+    "QuotaExceeded",
+    "SandboxError",
+    "Unavailable",
+    "Timeout",
+    "InsufficientStorage",
+    "CommandFailed",
+    "error_from_response",
+]
+
+
+class TidepoolError(Exception):
+    """Base class of every error the SDK raises.
+
+    Attributes:
+        code: the server's error code (``"not_found"``, ...) or an SDK code for
+            transport failures (``"unavailable"``, ``"deadline_exceeded"``).
+        message: human-readable explanation.
+        status: HTTP status of the response, or ``None`` when no response arrived.
+    """
+
+    #: Default code for this class, used when the server sent none.
+    default_code: str = "internal"
+
+    def __init__(self, code: Optional[str] = None, message: str = "", status: Optional[int] = None) -> None:
+        self.code: str = code or self.default_code
+        self.message: str = message
+        self.status: Optional[int] = status
+        super().__init__(code, message, status)
+
+    def __str__(self) -> str:
+        where = f" (HTTP {self.status})" if self.status is not None else ""
+        return f"{self.code}: {self.message}{where}"
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(code={self.code!r}, message={self.message!r}, status={self.status!r})"
+
+
+class InvalidArgument(TidepoolError):
+    """The request was malformed or a value was out of range (HTTP 400)."""
+
+    default_code = "invalid_argument"
+
+
+class Unauthenticated(TidepoolError):
+    """No or a wrong API key (HTTP 401)."""
+
+    default_code = "unauthenticated"
+
+
+class PermissionDenied(TidepoolError):
+    """The API key may not do this (HTTP 403)."""
+
+    default_code = "permission_denied"
+
+
+class NotFound(TidepoolError):
+    """The sandbox, file or image does not exist (HTTP 404)."""
+
+    default_code = "not_found"
+
+
+class Conflict(TidepoolError):
+    """The sandbox is in the wrong state for the call, e.g. exec on a stopped sandbox (HTTP 409)."""
+
+    default_code = "conflict"
+
+
+class PayloadTooLarge(TidepoolError):
+    """The request body is larger than the server accepts (HTTP 413)."""
+
+    default_code = "payload_too_large"
+
+
+class QuotaExceeded(TidepoolError):
+    """A quota or the node's capacity is exhausted (HTTP 429)."""
+
+    default_code = "resource_exhausted"
+
+
+class SandboxError(TidepoolError):
+    """The server failed internally (HTTP 500) or answered with an unexpected status."""
+
+    default_code = "internal"
+
+
+class Unavailable(TidepoolError):
+    """The daemon cannot be reached or is overloaded (HTTP 503, connection refused or reset)."""
+
+    default_code = "unavailable"
+
+
+class Timeout(TidepoolError):
+    """The server or the client gave up waiting (HTTP 504 or a client-side socket timeout)."""
+
+    default_code = "deadline_exceeded"
+
+
+class InsufficientStorage(TidepoolError):
+    """The sandbox's disk limit is reached (HTTP 507)."""
+
+    default_code = "insufficient_storage"
+
+
+class CommandFailed(TidepoolError):
+    """Raised by ``exec(..., check=True)`` when the command did not exit with status 0.
+
+    Attributes:
+        result: the full :class:`~tidepool.ExecResult` of the command.
+    """
+
+    default_code = "command_failed"
+
+    def __init__(self, result: "ExecResult", message: Optional[str] = None) -> None:
+        self.result: "ExecResult" = result
+        if message is None:
+            if result.timed_out:
+                message = "command timed out"
+            elif result.signal:
+                message = f"command killed by signal {result.signal}"
+            else:
+                message = f"command exited with status {result.exit_code}"
+            tail = result.stderr.strip()[-500:]
+            if tail:
+                message += f": {tail}"
+        super().__init__("command_failed", message, None)
+
+
+_BY_STATUS: Dict[int, Type[TidepoolError]] = {
+    400: InvalidArgument,
+    401: Unauthenticated,
+    403: PermissionDenied,
+    404: NotFound,
+    409: Conflict,
+    413: PayloadTooLarge,
+    429: QuotaExceeded,
+    500: SandboxError,
+    503: Unavailable,
+    504: Timeout,
+    507: InsufficientStorage,
+}
+
+_BY_CODE: Dict[str, Type[TidepoolError]] = {
+    "invalid_argument": InvalidArgument,
+    "unauthenticated": Unauthenticated,
+    "permission_denied": PermissionDenied,
+    "not_found": NotFound,
+    "conflict": Conflict,
+    "payload_too_large": PayloadTooLarge,
+    "resource_exhausted": QuotaExceeded,
+    "internal": SandboxError,
+    "unavailable": Unavailable,
+    "deadline_exceeded": Timeout,
+    "insufficient_storage": InsufficientStorage,
+}
+
+
+def error_from_response(status: Optional[int], code: Optional[str], message: str) -> TidepoolError:
+    """Build the exception for an error answer.
+
+    The HTTP status decides the class; the code decides when the status is unknown
+    (e.g. an ``{"type": "error"}`` event inside a stream, which has no status of its own).
+    """
+    cls: Optional[Type[TidepoolError]] = _BY_STATUS.get(status) if status is not None else None
+    if cls is None and code:
+        cls = _BY_CODE.get(code)
+    if cls is None:
+        cls = SandboxError
+    return cls(code or cls.default_code, message, status)

@@ -1,0 +1,294 @@
+"""Plain data returned by the SDK: sandbox descriptions, command results, file entries.
+
+These are immutable-ish dataclasses built from the daemon's JSON (``api/openapi.yaml``).
+Parsing lives here, apart from any transport, so that the synchronous and the asyncio
+clients share it. Unknown fields from newer daemons are kept in ``raw`` and never break
+parsing.
+"""
+from __future__ import annotations
+
+import base64
+import datetime as _dt
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Mapping, Optional
+
+__all__ = ["SandboxInfo", "ExecResult", "OutputChunk", "FileEntry"]
+
+
+def _decode(data: bytes) -> str:
+    return data.decode("utf-8", errors="replace")
+
+
+def _b64(value: Any) -> bytes:
+    if not value:
+        return b""
+    return base64.b64decode(value)
+
+
+def _parse_time(value: Any) -> Optional[_dt.datetime]:
+    """Parses an RFC 3339 timestamp; returns None for absent or unparsable values."""
+    if not value or not isinstance(value, str):
+        return None
+    text = value.strip()
+    if text.endswith("Z") or text.endswith("z"):
+        text = text[:-1] + "+00:00"
+    # Python < 3.11 fromisoformat accepts at most 6 fractional digits.
+    if "." in text:
+        head, _, rest = text.partition(".")
+        digits = ""
+        i = 0
+        while i < len(rest) and rest[i].isdigit():
+            digits += rest[i]
+            i += 1
+        text = head + "." + (digits[:6].ljust(6, "0")) + rest[i:]
+    try:
+        return _dt.datetime.fromisoformat(text)
+    except ValueError:
+        return None
+
+
+def _int(value: Any, default: Optional[int] = None) -> Optional[int]:
+    if value is None:
+        return default
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return default
+
+
+@dataclass
+class SandboxInfo:
+    """What the daemon reports about one sandbox (schema ``Sandbox`` in the contract).
+
+    Attributes mirror the JSON fields; times are timezone-aware ``datetime`` objects or
+    ``None``; ``raw`` keeps the whole JSON object, including fields this SDK does not know.
+    """
+
+    id: str
+    state: str
+    tier: Optional[str] = None
+    image: Optional[str] = None
+    node: Optional[str] = None
+    memory_mb: Optional[int] = None
+    cpus: Optional[float] = None
+    pids: Optional[int] = None
+    disk_mb: Optional[int] = None
+    ttl_seconds: Optional[int] = None
+    idle_timeout_seconds: Optional[int] = None
+    labels: Dict[str, str] = field(default_factory=dict)
+    env: Dict[str, str] = field(default_factory=dict)
+    created_at: Optional[_dt.datetime] = None
+    expires_at: Optional[_dt.datetime] = None
+    ended_at: Optional[_dt.datetime] = None
+    end_reason: Optional[str] = None
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_json(cls, obj: Mapping[str, Any]) -> "SandboxInfo":
+        """Builds a SandboxInfo from the daemon's JSON object."""
+        cpus = obj.get("cpus")
+        return cls(
+            id=str(obj.get("id", "")),
+            state=str(obj.get("state", "")),
+            tier=obj.get("tier"),
+            image=obj.get("image"),
+            node=obj.get("node"),
+            memory_mb=_int(obj.get("memory_mb")),
+            cpus=float(cpus) if cpus is not None else None,
+            pids=_int(obj.get("pids")),
+            disk_mb=_int(obj.get("disk_mb")),
+            ttl_seconds=_int(obj.get("ttl_seconds")),
+            idle_timeout_seconds=_int(obj.get("idle_timeout_seconds")),
+            labels=dict(obj.get("labels") or {}),
+            env=dict(obj.get("env") or {}),
+            created_at=_parse_time(obj.get("created_at")),
+            expires_at=_parse_time(obj.get("expires_at")),
+            ended_at=_parse_time(obj.get("ended_at")),
+            end_reason=obj.get("end_reason") or None,
+            raw=dict(obj),
+        )
+
+    @property
+    def live(self) -> bool:
+        """True while the sandbox can still run commands (creating, running or paused)."""
+        return self.state in ("creating", "running", "paused")
+
+
+@dataclass(repr=False)
+class ExecResult:
+    """Outcome of one command (schema ``ExecResult`` in the contract).
+
+    A non-zero exit is a result, not an exception (unless ``check=True`` was passed).
+
+    Attributes:
+        exit_code: the exit status; -1 when the command was killed by a signal.
+        signal: the signal that killed the command, or ``None``.
+        stdout_bytes / stderr_bytes: raw output.
+        duration: wall time in seconds, as measured inside the sandbox.
+        timed_out: the per-call timeout fired and every process of the command was killed.
+        oom_killed: the sandbox's memory limit killed the command.
+        stdout_truncated / stderr_truncated: the stream exceeded its cap and was cut.
+        max_rss_kb: peak resident memory of the command, when reported.
+        pid: the command's pid inside the sandbox, when known (streaming calls).
+    """
+
+    exit_code: int
+    signal: Optional[int] = None
+    stdout_bytes: bytes = b""
+    stderr_bytes: bytes = b""
+    duration: float = 0.0
+    timed_out: bool = False
+    oom_killed: bool = False
+    stdout_truncated: bool = False
+    stderr_truncated: bool = False
+    max_rss_kb: Optional[int] = None
+    pid: Optional[int] = None
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    def __repr__(self) -> str:
+        def short(b: bytes) -> str:
+            return repr(b) if len(b) <= 200 else f"{b[:200]!r}...(+{len(b) - 200} bytes)"
+        parts = [f"exit_code={self.exit_code}"]
+        if self.signal:
+            parts.append(f"signal={self.signal}")
+        for flag in ("timed_out", "oom_killed", "stdout_truncated", "stderr_truncated"):
+            if getattr(self, flag):
+                parts.append(f"{flag}=True")
+        parts.append(f"duration={self.duration:.3f}")
+        if self.max_rss_kb is not None:
+            parts.append(f"max_rss_kb={self.max_rss_kb}")
+        parts.append(f"stdout={short(self.stdout_bytes)}")
+        parts.append(f"stderr={short(self.stderr_bytes)}")
+        return f"ExecResult({', '.join(parts)})"
+
+    @property
+    def stdout(self) -> str:
+        """Standard output decoded as UTF-8 (invalid bytes replaced)."""
+        return _decode(self.stdout_bytes)
+
+    @property
+    def stderr(self) -> str:
+        """Standard error decoded as UTF-8 (invalid bytes replaced)."""
+        return _decode(self.stderr_bytes)
+
+    @property
+    def truncated(self) -> bool:
+        """True when either output stream was cut at its cap."""
+        return self.stdout_truncated or self.stderr_truncated
+
+    @property
+    def ok(self) -> bool:
+        """True when the command exited with status 0 on its own (no signal, no timeout)."""
+        return self.exit_code == 0 and not self.signal and not self.timed_out
+
+    @classmethod
+    def from_json(
+        cls,
+        obj: Mapping[str, Any],
+        stdout: Optional[bytes] = None,
+        stderr: Optional[bytes] = None,
+    ) -> "ExecResult":
+        """Builds an ExecResult from the daemon's JSON.
+
+        ``stdout``/``stderr`` override the (base64) fields of ``obj``; the streaming call
+        passes the output it collected from the chunks.
+        """
+        signal = _int(obj.get("signal"))
+        exit_code = _int(obj.get("exit_code"), -1)
+        return cls(
+            exit_code=exit_code if exit_code is not None else -1,
+            signal=signal if signal else None,
+            stdout_bytes=stdout if stdout is not None else _b64(obj.get("stdout")),
+            stderr_bytes=stderr if stderr is not None else _b64(obj.get("stderr")),
+            duration=float(obj.get("duration") or 0.0),
+            timed_out=bool(obj.get("timed_out", False)),
+            oom_killed=bool(obj.get("oom_killed", False)),
+            stdout_truncated=bool(obj.get("stdout_truncated", False)),
+            stderr_truncated=bool(obj.get("stderr_truncated", False)),
+            max_rss_kb=_int(obj.get("max_rss_kb")),
+            pid=_int(obj.get("pid")),
+            raw=dict(obj),
+        )
+
+
+@dataclass(frozen=True)
+class OutputChunk:
+    """One piece of output from :meth:`Sandbox.exec_stream`, in production order.
+
+    Attributes:
+        stream: ``"stdout"`` or ``"stderr"``.
+        data: the raw bytes (a chunk may end in the middle of a UTF-8 sequence or a line).
+    """
+
+    stream: str
+    data: bytes
+
+    @property
+    def text(self) -> str:
+        """The chunk decoded as UTF-8 with invalid bytes replaced."""
+        return _decode(self.data)
+
+
+@dataclass
+class FileEntry:
+    """A file, directory or symlink inside a sandbox (schema ``FileEntry``).
+
+    Attributes:
+        name: last path component.
+        path: absolute path inside the sandbox.
+        type: ``"file"``, ``"dir"``, ``"symlink"`` or ``"other"``.
+        size: size in bytes.
+        mode: permission bits (e.g. ``0o644``).
+        mtime: modification time, seconds since the epoch.
+        uid / gid: owner inside the sandbox.
+        link_target: target of a symlink, else ``None``.
+    """
+
+    name: str
+    path: str
+    type: str
+    size: int = 0
+    mode: int = 0
+    mtime: float = 0.0
+    uid: Optional[int] = None
+    gid: Optional[int] = None
+    link_target: Optional[str] = None
+
+    @property
+    def is_dir(self) -> bool:
+        """True for directories."""
+        return self.type == "dir"
+
+    @property
+    def is_file(self) -> bool:
+        """True for regular files."""
+        return self.type == "file"
+
+    @property
+    def is_symlink(self) -> bool:
+        """True for symbolic links."""
+        return self.type == "symlink"
+
+    @classmethod
+    def from_json(cls, obj: Mapping[str, Any]) -> "FileEntry":
+        """Builds a FileEntry from the daemon's JSON object."""
+        path = str(obj.get("path") or "")
+        name = obj.get("name")
+        if not name:
+            name = path.rstrip("/").rsplit("/", 1)[-1] if path else ""
+        return cls(
+            name=str(name),
+            path=path,
+            type=str(obj.get("type") or "other"),
+            size=_int(obj.get("size"), 0) or 0,
+            mode=_int(obj.get("mode"), 0) or 0,
+            mtime=float(obj.get("mtime") or 0.0),
+            uid=_int(obj.get("uid")),
+            gid=_int(obj.get("gid")),
+            link_target=obj.get("link_target") or None,
+        )
+
+
+def parse_entries(obj: Mapping[str, Any]) -> List[FileEntry]:
+    """Parses the ``{"entries": [...]}`` answer of a directory listing."""
+    return [FileEntry.from_json(e) for e in obj.get("entries") or []]

@@ -1,0 +1,3 @@
+"""Version of the Tidepool Python SDK."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,295 @@
+"""Helpers of the integration suite (imported by conftest.py and the tests).
+
+Kept out of conftest.py so that `from tp_testlib import ...` is unambiguous when pytest
+collects several test directories that each have a conftest.py.
+"""
+from __future__ import annotations
+
+import glob
+import http.client
+import json
+import os
+import pathlib
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Dict, Iterable, List, Optional, Set
+
+import pytest
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "sdk" / "python"))
+
+import tidepool  # noqa: E402
+
+BUILD = pathlib.Path(os.environ.get("TIDEPOOL_BUILD") or REPO / "build").resolve()
+START_TIMEOUT = 30.0
+STOP_TIMEOUT = 20.0
+LEAK_POLL = 10.0
+FD_SLACK = 2
+
+
+# -- helpers usable from tests ----------------------------------------------------
+
+
+def wait_until(pred, timeout: float, interval: float = 0.05, what: str = "condition"):
+    """Polls pred() until it returns a truthy value; returns it, or fails after timeout."""
+    deadline = time.monotonic() + timeout
+    last = None
+    while True:
+        last = pred()
+        if last:
+            return last
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
+        time.sleep(interval)
+
+
+def free_port() -> int:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def http_raw(url: str, method: str, path: str, body: Optional[bytes] = None,
+             headers: Optional[Dict[str, str]] = None, timeout: float = 30):
+    """One raw HTTP request (no SDK); returns (status, content-type, body bytes)."""
+    u = url.split("//", 1)[1]
+    host, port = u.split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=timeout)
+    try:
+        conn.request(method, path, body=body, headers=headers or {})
+        r = conn.getresponse()
+        return r.status, r.getheader("Content-Type") or "", r.read()
+    finally:
+        conn.close()
+
+
+def health_ok(url: str) -> bool:
+    try:
+        status, _, body = http_raw(url, "GET", "/health", timeout=2)
+        return status == 200 and json.loads(body).get("status") == "ok"
+    except (OSError, http.client.HTTPException, ValueError):
+        return False
+
+
+# -- host inspection for the leak check -------------------------------------------
+
+
+def _cgroup_roots() -> List[str]:
+    """Mount points of every cgroup hierarchy (v1 controllers and v2)."""
+    roots = []
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            pre, _, post = line.partition(" - ")
+            fstype = post.split()[0] if post else ""
+            if fstype in ("cgroup", "cgroup2"):
+                roots.append(pre.split()[4])
+    return sorted(set(roots))
+
+
+def cgroup_dirs_of(sandbox_id: str) -> List[str]:
+    """Host cgroup directories named after the sandbox (v1: <ctrl>/tidepool/<id>, v2: <root>/tidepool/<id>)."""
+    found = []
+    for root in _cgroup_roots():
+        for pattern in (f"{root}/tidepool/{sandbox_id}*", f"{root}/*/tidepool/{sandbox_id}*",
+                        f"{root}/tidepool/*/{sandbox_id}*"):
+            found.extend(p for p in glob.glob(pattern) if os.path.isdir(p))
+    return sorted(set(found))
+
+
+def processes_of(sandbox_id: str) -> List[int]:
+    """Host pids whose cgroup path names the sandbox."""
+    pids = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/cgroup") as f:
+                if sandbox_id in f.read():
+                    pids.append(int(d))
+        except OSError:
+            pass
+    return pids
+
+
+def mounts_of(sandbox_id: str, pids: Iterable[int] = ()) -> List[str]:
+    """Mount lines naming the sandbox, in our mount namespace and the daemon's."""
+    out = []
+    for src in ["/proc/self/mountinfo"] + [f"/proc/{p}/mountinfo" for p in pids]:
+        try:
+            with open(src) as f:
+                out.extend(f"{src}: {line.strip()}" for line in f if sandbox_id in line)
+        except OSError:
+            pass
+    return out
+
+
+def data_paths_of(sandbox_id: str, data_dir: Optional[str]) -> List[str]:
+    """Per-sandbox working paths under <data_dir>/containers (roots, uppers, sockets)."""
+    if not data_dir:
+        return []
+    found = []
+    top = os.path.join(data_dir, "containers")
+    for dirpath, dirnames, filenames in os.walk(top):
+        if dirpath[len(top):].count(os.sep) >= 3:
+            dirnames[:] = []
+        found.extend(os.path.join(dirpath, n) for n in dirnames + filenames if sandbox_id in n)
+    return found
+
+
+def leaks_of(sandbox_id: str, daemon_pid: Optional[int], data_dir: Optional[str] = None) -> List[str]:
+    """Everything of a sandbox still on the host: cgroup dirs, processes, mounts, data paths."""
+    leaks = [f"cgroup dir {d}" for d in cgroup_dirs_of(sandbox_id)]
+    leaks += [f"path {p}" for p in data_paths_of(sandbox_id, data_dir)]
+    leaks += [f"process {p} ({_comm(p)})" for p in processes_of(sandbox_id)]
+    leaks += [f"mount {m}" for m in mounts_of(sandbox_id, [daemon_pid] if daemon_pid else [])]
+    return leaks
+
+
+def _comm(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip()
+    except OSError:
+        return "?"
+
+
+def fd_count(pid: int) -> int:
+    try:
+        return len(os.listdir(f"/proc/{pid}/fd"))
+    except OSError:
+        return -1
+
+
+def host_uid_of(pid: int) -> int:
+    """Real uid of a host process, as the host sees it."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("Uid:"):
+                return int(line.split()[1])
+    raise AssertionError(f"no Uid line for pid {pid}")
+
+
+# -- the daemon -------------------------------------------------------------------
+
+
+class Daemon:
+    """A tidepoold child process on a private port and data directory."""
+
+    def __init__(self, build: pathlib.Path) -> None:
+        self.binary = build / "bin" / "tidepoold"
+        self.tmp = tempfile.mkdtemp(prefix="tidepool-it-")
+        # Sandboxes run as an unprivileged host uid that must be able to traverse the data dir.
+        os.chmod(self.tmp, 0o711)
+        self.data_dir = os.path.join(self.tmp, "data")
+        os.makedirs(self.data_dir)
+        self.log_path = os.path.join(self.tmp, "tidepoold.log")
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc: Optional[subprocess.Popen] = None
+        self.created: Set[str] = set()    # every sandbox id any test created, for the final check
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def env(self) -> Dict[str, str]:
+        """The environment for CLI subprocesses: ours plus TIDEPOOL_URL."""
+        e = dict(os.environ)
+        e["TIDEPOOL_URL"] = self.url
+        return e
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def log_tail(self, n: int = 60, since: int = 0) -> str:
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(since)
+                lines = f.read().decode("utf-8", errors="replace").splitlines()
+        except OSError:
+            return ""
+        return "\n".join(lines[-n:])
+
+    def log_size(self) -> int:
+        try:
+            return os.path.getsize(self.log_path)
+        except OSError:
+            return 0
+
+    def start(self) -> None:
+        if not self.binary.exists():
+            pytest.fail(f"{self.binary} does not exist: build first (make build), or set TIDEPOOL_BUILD")
+        log = open(self.log_path, "ab")
+        try:
+            self.proc = subprocess.Popen(
+                [str(self.binary), "--listen", f"127.0.0.1:{self.port}", "--data-dir", self.data_dir,
+                 "--log-level", "info"],
+                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, close_fds=True)
+        finally:
+            log.close()
+        deadline = time.monotonic() + START_TIMEOUT
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                pytest.fail(f"tidepoold exited with {self.proc.returncode} before answering /health:\n"
+                            f"{self.log_tail()}")
+            if health_ok(self.url):
+                return
+            time.sleep(0.05)
+        self.stop()
+        pytest.fail(f"tidepoold did not answer /health within {START_TIMEOUT}s:\n{self.log_tail()}")
+
+    def stop(self, sig: int = signal.SIGTERM) -> Optional[int]:
+        """Stops the daemon (sig, then SIGKILL after a timeout); returns its exit status."""
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(STOP_TIMEOUT)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        rc = self.proc.returncode
+        return rc
+
+    def restart(self, kill9: bool = True) -> None:
+        """Stops the daemon (SIGKILL by default, as a crash) and starts it again on the same
+        data directory and port."""
+        self.stop(signal.SIGKILL if kill9 else signal.SIGTERM)
+        self.start()
+
+    def cleanup(self) -> None:
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+def upload_payload(sb: tidepool.Sandbox, payload_path: str, name: Optional[str] = None) -> str:
+    """Copies a host payload into the sandbox as an executable; returns its sandbox path."""
+    dest = f"/payloads/{name or os.path.basename(payload_path)}"
+    with open(payload_path, "rb") as f:
+        sb.files.write(dest, f.read(), mode=0o755)
+    return dest
+
+
+
+def fd_targets(pid: int) -> str:
+    kinds: Dict[str, int] = {}
+    try:
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            try:
+                t = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            k = t.split(":")[0] if ":" in t and not t.startswith("/") else t
+            kinds[k] = kinds.get(k, 0) + 1
+    except OSError:
+        return "?"
+    return ", ".join(f"{k} x{n}" for k, n in sorted(kinds.items(), key=lambda kv: -kv[1])[:12])
