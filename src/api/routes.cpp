@@ -167,6 +167,8 @@ std::vector<RouteInfo> Api::routes() {
 
 void Api::handle(Request& req, std::shared_ptr<Responder> raw) {
   auto res = std::make_shared<CountingResponder>(std::move(raw), metrics_);
+  for (auto& p : providers_)
+    if (p->handle(req, res)) return;
   auto have = segments(req.path);
   bool path_matched = false;
   for (const auto& r : table()) {
@@ -300,9 +302,9 @@ void Api::exec(Request& req, const Params& p, std::shared_ptr<Responder> res) {
   if (!argv) return err(argv.error());
   auto env = json_util::get_string_map(o, "env");
   if (!env) return err(env.error());
-  auto cwd = json_util::get_string(o, "cwd", "/");
+  auto cwd = json_util::get_string(o, "cwd", "");
   if (!cwd) return err(cwd.error());
-  if (cwd->empty() || (*cwd)[0] != '/')
+  if (!cwd->empty() && (*cwd)[0] != '/')
     return err(Error{Code::kInvalidArgument, 0, "field 'cwd' must be an absolute path"});
   auto user = json_util::get_int(o, "user", 0, 0, 65535);
   if (!user) return err(user.error());

@@ -20,10 +20,20 @@ struct RouteInfo {
   std::string pattern;  // /v1/sandboxes/{id}/exec
 };
 
+// A module that serves its own routes (e.g. images). handle() returns false
+// when the request is not one of its routes.
+class RouteProvider {
+ public:
+  virtual ~RouteProvider() = default;
+  virtual bool handle(Request& req, std::shared_ptr<Responder> res) = 0;
+};
+
 class Api {
  public:
   Api(node::SandboxManager& mgr, Metrics& metrics);
   void handle(Request& req, std::shared_ptr<Responder> res);
+  // Providers are asked before the core routes, in the order added. Add before serving.
+  void add_provider(std::shared_ptr<RouteProvider> p) { providers_.push_back(std::move(p)); }
   // The routes this server serves (for the contract test).
   static std::vector<RouteInfo> routes();
 
@@ -54,6 +64,7 @@ class Api {
 
   node::SandboxManager& mgr_;
   Metrics& metrics_;
+  std::vector<std::shared_ptr<RouteProvider>> providers_;
 };
 
 }  // namespace tp::api

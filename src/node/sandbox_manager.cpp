@@ -32,6 +32,7 @@ struct SandboxManager::Live {
   std::mutex mu;  // guards rec, last_active_ms, running_execs, destroying
   SandboxRecord rec;
   std::unique_ptr<runtime::SandboxInstance> inst;  // immutable once live
+  ResolvedImage image;                             // immutable once live
   std::shared_ptr<AgentClient> agent;              // immutable once live
   uint64_t disk_bytes = 0;
   int64_t last_active_ms = 0;
@@ -133,7 +134,11 @@ void SandboxManager::create(CreateParams p,
     });
     return;
   }
-  if (p.image != "host") {
+  if (p.image.empty()) {
+    asio::post(io_, [cb] { cb(fail(Code::kInvalidArgument, "field 'image' must not be empty")); });
+    return;
+  }
+  if (p.image != "host" && !resolver_) {
     asio::post(io_, [cb, img = p.image] { cb(fail(Code::kNotFound, "image '" + img + "' not found")); });
     return;
   }
@@ -172,8 +177,19 @@ void SandboxManager::create(CreateParams p,
     spec.cpus = live->rec.cpus;
     spec.pids_max = static_cast<uint32_t>(live->rec.pids);
     spec.disk_bytes = live->disk_bytes;
-    spec.env = live->rec.env;
-    auto inst = backend_->create(spec);
+    Result<std::unique_ptr<runtime::SandboxInstance>> inst = fail(Code::kInternal, "not created");
+    if (live->rec.image != "host") {
+      auto img = resolver_(live->rec.image);
+      if (img) {
+        live->image = std::move(*img);
+        spec.layers = live->image.layers;
+      } else {
+        inst = std::unexpected(img.error());
+      }
+    }
+    for (const auto& [k, v] : live->image.env) spec.env.emplace(k, v);
+    for (const auto& [k, v] : live->rec.env) spec.env[k] = v;
+    if (live->rec.image == "host" || !live->image.layers.empty()) inst = backend_->create(spec);
     if (!inst) {
       TP_SB_ERROR(live->rec.id, "create failed: {}", inst.error().message());
       metrics_.creation_failures++;
@@ -266,6 +282,7 @@ void SandboxManager::teardown(std::shared_ptr<Live> live, std::string reason,
   asio::post(blocking_, [this, live, reason, cb] {
     if (live->agent) live->agent->close();
     Result<void> d = live->inst ? live->inst->destroy() : Result<void>{};
+    live->image.pin.reset();
     if (!d) TP_SB_ERROR(live->rec.id, "destroy: {}", d.error().message());
     SandboxRecord snapshot;
     {
@@ -378,7 +395,9 @@ Result<uint32_t> SandboxManager::exec(const std::string& id, ExecParams p, ExecC
     if (live->destroying || live->rec.state != "running")
       return fail(Code::kConflict, "sandbox " + id + " is " +
                                        (live->destroying ? "stopping" : live->rec.state));
+    for (const auto& [k, v] : live->image.env) env[k] = v;
     for (const auto& [k, v] : live->rec.env) env[k] = v;
+    if (p.cwd.empty()) p.cwd = live->image.workdir.empty() ? "/" : live->image.workdir;
     live->running_execs++;
     live->last_active_ms = now_ms();
   }

@@ -49,7 +49,7 @@ struct CreateParams {
 struct ExecParams {
   std::vector<std::string> argv;
   std::map<std::string, std::string> env;
-  std::string cwd = "/";
+  std::string cwd;  // "" = the image's workdir, else /
   uint32_t uid = 0;
   uint64_t timeout_ms = 0;
   uint64_t output_limit = 16ull << 20;
@@ -67,6 +67,17 @@ struct ExecCallbacks {
   std::function<void(int stream, std::string_view data)> on_output;
   std::function<void(Result<ExecOutcome>)> on_done;
 };
+
+// An image resolved to what the runtime needs. `pin` keeps the image's layers
+// from being garbage-collected while a sandbox uses them (released at its end).
+struct ResolvedImage {
+  std::vector<std::string> layers;  // lower directories, top first
+  std::map<std::string, std::string> env;  // image defaults, under the sandbox's env
+  std::string workdir;                     // default cwd of commands ("" = /)
+  std::shared_ptr<void> pin;
+};
+// Resolves an image reference ("name:version", ...). Called on a blocking thread.
+using ImageResolver = std::function<Result<ResolvedImage>(const std::string& image)>;
 
 // A live sandbox as the API sees it for file operations.
 struct SandboxRef {
@@ -103,6 +114,8 @@ class SandboxManager {
   Result<SandboxRef> ref(const std::string& id);
 
   std::map<std::string, uint64_t> count_by_state();
+  // Images other than "host" are resolved through this; set before serving.
+  void set_image_resolver(ImageResolver r) { resolver_ = std::move(r); }
   const std::string& node_name() const { return node_; }
 
  private:
@@ -117,6 +130,7 @@ class SandboxManager {
   void persist(const control::SandboxRecord& r);
 
   boost::asio::io_context& io_;
+  ImageResolver resolver_;
   std::unique_ptr<runtime::Backend> backend_;
   control::Store& store_;
   Metrics& metrics_;
