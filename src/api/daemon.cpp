@@ -13,10 +13,12 @@
 #include <thread>
 
 #include "api/http_server.h"
+#include "api/image_routes.h"
 #include "api/routes.h"
 #include "common/log.h"
 #include <fmt/format.h>
 #include "control/store.h"
+#include "image/image_store.h"
 #include "node/sandbox_manager.h"
 #include "runtime/container/container_backend.h"
 
@@ -41,6 +43,8 @@ int daemon_main(int argc, char** argv) {
   std::string node = "n0";
   std::string agent = self_dir() + "/tp-agent";
   unsigned io_threads = 2;
+  uint64_t image_budget_mb = 0;
+  uint64_t layer_max_mb = 64 << 10;
   app.add_option("--listen", listen, "HOST:PORT to serve HTTP on")->capture_default_str();
   app.add_option("--data-dir", data_dir, "directory for state, images and sandboxes")
       ->capture_default_str();
@@ -52,6 +56,9 @@ int daemon_main(int argc, char** argv) {
   app.add_option("--io-threads", io_threads, "HTTP and agent I/O threads")
       ->capture_default_str()
       ->check(CLI::Range(1u, 64u));
+  app.add_option("--image-budget-mb", image_budget_mb, "total size of stored image layers; 0 = no budget")
+      ->capture_default_str();
+  app.add_option("--layer-max-mb", layer_max_mb, "largest unpacked layer accepted")->capture_default_str();
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -102,6 +109,20 @@ int daemon_main(int argc, char** argv) {
   node::SandboxManager mgr(io, std::move(*backend), **store, metrics, node);
   if (auto r = mgr.recover(); !r) return die("recover: " + r.error().message());
   Api api(mgr, metrics);
+  // Images (issue 4): layer store under the data dir, resolver for create, routes.
+  image::StoreOptions sopts;
+  sopts.data_dir = data_dir;
+  sopts.limits.uid_base = copts.uid_base;
+  sopts.limits.max_bytes = layer_max_mb << 20;
+  sopts.budget_bytes = image_budget_mb << 20;
+  auto images = image::ImageStore::open(sopts);
+  if (!images) return die("image store: " + images.error().message());
+  mgr.set_image_resolver([st = *images](const std::string& ref) -> Result<node::ResolvedImage> {
+    auto r = st->resolve(ref);
+    if (!r) return std::unexpected(r.error());
+    return node::ResolvedImage{r->paths, r->defaults.env, r->defaults.workdir, r->pin};
+  });
+  api.add_provider(std::make_shared<ImageRoutes>(*images));
   HttpServer server(io, [&api](Request& req, std::shared_ptr<Responder> res) { api.handle(req, res); },
                     1ull << 30);
   if (auto r = server.start(host, port); !r) return die(r.error().message());

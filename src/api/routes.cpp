@@ -155,6 +155,15 @@ const std::vector<Api::Route>& Api::table() {
       {"GET", "/v1/sandboxes/{id}/files/list", &Api::file_list},
       {"GET", "/v1/sandboxes/{id}/files/stat", &Api::file_stat},
       {"POST", "/v1/sandboxes/{id}/files/mkdir", &Api::file_mkdir},
+      {"POST", "/v1/sandboxes/batch", &Api::create_batch},
+      {"POST", "/v1/sandboxes/{id}/processes", &Api::process_start},
+      {"GET", "/v1/sandboxes/{id}/processes", &Api::process_list},
+      {"GET", "/v1/sandboxes/{id}/processes/{pid}", &Api::process_get},
+      {"POST", "/v1/sandboxes/{id}/processes/{pid}/wait", &Api::process_wait},
+      {"POST", "/v1/sandboxes/{id}/processes/{pid}/stdin", &Api::process_stdin},
+      {"POST", "/v1/sandboxes/{id}/processes/{pid}/signal", &Api::process_signal},
+      {"GET", "/v1/sandboxes/{id}/files/tar", &Api::tar_download},
+      {"PUT", "/v1/sandboxes/{id}/files/tar", &Api::tar_upload},
   };
   return t;
 }
@@ -166,7 +175,14 @@ std::vector<RouteInfo> Api::routes() {
 }
 
 void Api::handle(Request& req, std::shared_ptr<Responder> raw) {
-  auto res = std::make_shared<CountingResponder>(std::move(raw), metrics_);
+  std::shared_ptr<Responder> res = std::make_shared<CountingResponder>(std::move(raw), metrics_);
+  if (req.method == "POST" || req.method == "PUT" || req.method == "DELETE") {
+    auto key = req.headers.find("idempotency-key");
+    if (key != req.headers.end()) {
+      res = idempotency_.begin(req, key->second, std::move(res));
+      if (!res) return;  // answered from the record, waiting for the first, or refused
+    }
+  }
   for (auto& p : providers_)
     if (p->handle(req, res)) return;
   auto have = segments(req.path);
@@ -206,40 +222,41 @@ void Api::metrics(Request&, const Params&, std::shared_ptr<Responder> res) {
   res->send(200, "text/plain; version=0.0.4", metrics_.render());
 }
 
-void Api::create(Request& req, const Params&, std::shared_ptr<Responder> res) {
-  auto body = json_util::parse_object(req.body);
-  if (!body) return res->send_error(body.error());
-  const auto& o = *body;
+namespace {
+
+Result<node::CreateParams> parse_create(const json::object& o, bool batch) {
   node::CreateParams p;
-  auto err = [&](const Error& e) { res->send_error(e); };
-  if (auto r = json_util::only_keys(o, {"image", "tier", "memory_mb", "cpus", "pids", "disk_mb",
-                                        "ttl_seconds", "idle_timeout_seconds", "labels", "env"});
-      !r)
-    return err(r.error());
+  if (batch) {
+    TP_TRY(json_util::only_keys(o, {"count", "image", "tier", "memory_mb", "cpus", "pids", "disk_mb",
+                                    "ttl_seconds", "idle_timeout_seconds", "labels", "env"}));
+  } else {
+    TP_TRY(json_util::only_keys(o, {"image", "tier", "memory_mb", "cpus", "pids", "disk_mb",
+                                    "ttl_seconds", "idle_timeout_seconds", "labels", "env"}));
+  }
   auto image = json_util::get_string(o, "image", "host");
-  if (!image) return err(image.error());
+  if (!image) return std::unexpected(image.error());
   auto tier = json_util::get_string(o, "tier", "container");
-  if (!tier) return err(tier.error());
+  if (!tier) return std::unexpected(tier.error());
   auto mem = json_util::get_int(o, "memory_mb", 512, 16, 1 << 20);
-  if (!mem) return err(mem.error());
+  if (!mem) return std::unexpected(mem.error());
   auto cpus = json_util::get_number(o, "cpus", 1.0, 0.05, 256);
-  if (!cpus) return err(cpus.error());
+  if (!cpus) return std::unexpected(cpus.error());
   auto pids = json_util::get_int(o, "pids", 512, 8, 1 << 20);
-  if (!pids) return err(pids.error());
+  if (!pids) return std::unexpected(pids.error());
   auto disk = json_util::get_int(o, "disk_mb", 1024, 1, 1 << 20);
-  if (!disk) return err(disk.error());
+  if (!disk) return std::unexpected(disk.error());
   auto ttl = json_util::get_int(o, "ttl_seconds", 3600, 1, 30ll * 24 * 3600);
-  if (!ttl) return err(ttl.error());
+  if (!ttl) return std::unexpected(ttl.error());
   auto idle = json_util::get_int(o, "idle_timeout_seconds", 0, 0, 30ll * 24 * 3600);
-  if (!idle) return err(idle.error());
+  if (!idle) return std::unexpected(idle.error());
   auto labels = json_util::get_string_map(o, "labels");
-  if (!labels) return err(labels.error());
+  if (!labels) return std::unexpected(labels.error());
   auto env = json_util::get_string_map(o, "env");
-  if (!env) return err(env.error());
+  if (!env) return std::unexpected(env.error());
   for (const auto& [k, v] : *env)
     if (k.empty() || k.find('=') != std::string::npos || k.find('\0') != std::string::npos ||
         v.find('\0') != std::string::npos)
-      return err(Error{Code::kInvalidArgument, 0, "invalid env variable name '" + k + "'"});
+      return fail(Code::kInvalidArgument, "invalid env variable name '" + k + "'");
   p.image = *image;
   p.tier = *tier;
   p.memory_mb = static_cast<uint64_t>(*mem);
@@ -250,10 +267,141 @@ void Api::create(Request& req, const Params&, std::shared_ptr<Responder> res) {
   p.idle_timeout_seconds = static_cast<uint64_t>(*idle);
   p.labels = std::move(*labels);
   p.env = std::move(*env);
-  mgr_.create(std::move(p), [res](Result<SandboxRecord> r) {
+  return p;
+}
+
+struct ExecSpec {
+  node::ExecParams params;
+  bool stream = false;
+};
+
+// Parses an ExecRequest; `extra` names keys allowed beyond the common ones.
+Result<ExecSpec> parse_exec(const json::object& o, bool background) {
+  if (background) {
+    TP_TRY(json_util::only_keys(o, {"cmd", "env", "cwd", "user", "timeout", "stdin",
+                                    "max_output_bytes", "stream", "stdin_open"}));
+  } else {
+    TP_TRY(json_util::only_keys(o, {"cmd", "env", "cwd", "user", "timeout", "stdin",
+                                    "max_output_bytes", "stream"}));
+  }
+  ExecSpec spec;
+  node::ExecParams& ep = spec.params;
+  auto argv = json_util::get_command(o, "cmd");
+  if (!argv) return std::unexpected(argv.error());
+  auto env = json_util::get_string_map(o, "env");
+  if (!env) return std::unexpected(env.error());
+  auto cwd = json_util::get_string(o, "cwd", "");
+  if (!cwd) return std::unexpected(cwd.error());
+  if (!cwd->empty() && (*cwd)[0] != '/')
+    return fail(Code::kInvalidArgument, "field 'cwd' must be an absolute path");
+  auto user = json_util::get_int(o, "user", 0, 0, 65535);
+  if (!user) return std::unexpected(user.error());
+  auto maxout = json_util::get_int(o, "max_output_bytes", 16ll << 20, 0, 1ll << 30);
+  if (!maxout) return std::unexpected(maxout.error());
+  auto stream = json_util::get_bool(o, "stream", false);
+  if (!stream) return std::unexpected(stream.error());
+  auto stdin_open = json_util::get_bool(o, "stdin_open", false);
+  if (!stdin_open) return std::unexpected(stdin_open.error());
+  auto stdin_b64 = json_util::get_string(o, "stdin", "");
+  if (!stdin_b64) return std::unexpected(stdin_b64.error());
+  auto stdin_data = json_util::base64_decode(*stdin_b64);
+  if (!stdin_data) return fail(Code::kInvalidArgument, "field 'stdin' must be base64");
+  if (auto it = o.find("timeout"); it != o.end() && !it->value().is_null()) {
+    if (!it->value().is_number())
+      return fail(Code::kInvalidArgument, "field 'timeout' must be a number of seconds");
+    double t = it->value().to_number<double>();
+    if (!(t > 0) || t > 30 * 24 * 3600)
+      return fail(Code::kInvalidArgument, "field 'timeout' must be greater than 0 seconds");
+    ep.timeout_ms = std::max<uint64_t>(1, static_cast<uint64_t>(t * 1000));
+  }
+  ep.argv = std::move(*argv);
+  ep.env = std::move(*env);
+  ep.cwd = *cwd;
+  ep.uid = static_cast<uint32_t>(*user);
+  ep.output_limit = static_cast<uint64_t>(*maxout);
+  ep.stdin_data = std::move(*stdin_data);
+  ep.stdin_open = *stdin_open;
+  spec.stream = *stream && !background;
+  return spec;
+}
+
+json::object process_json(const node::ProcessInfo& i, bool with_output) {
+  json::object j;
+  j["pid"] = i.pid;
+  json::array cmd;
+  for (const auto& a : i.argv) cmd.push_back(json::string(a));
+  j["cmd"] = std::move(cmd);
+  j["state"] = i.exited ? "exited" : "running";
+  j["started_at"] = rfc3339(i.started_ms);
+  if (with_output) {
+    j["stdout"] = base64_encode(i.out);
+    j["stderr"] = base64_encode(i.err);
+  }
+  if (i.outcome) j["result"] = exec_json(*i.outcome);
+  if (i.error) {
+    j["error"] = json::object{{"code", std::string(code_name(i.error->code))},
+                              {"message", i.error->message()}};
+  }
+  return j;
+}
+
+Result<uint32_t> pid_param(const std::string& s) {
+  if (s.empty() || s.size() > 10 || s.find_first_not_of("0123456789") != std::string::npos)
+    return fail(Code::kInvalidArgument, "process id must be a number: " + s);
+  unsigned long v = std::stoul(s);
+  if (v > 0xffffffffu) return fail(Code::kInvalidArgument, "process id out of range: " + s);
+  return static_cast<uint32_t>(v);
+}
+
+}  // namespace
+
+void Api::create(Request& req, const Params&, std::shared_ptr<Responder> res) {
+  auto body = json_util::parse_object(req.body);
+  if (!body) return res->send_error(body.error());
+  auto p = parse_create(*body, false);
+  if (!p) return res->send_error(p.error());
+  mgr_.create(std::move(*p), [res](Result<SandboxRecord> r) {
     if (!r) return res->send_error(r.error());
     res->send_json(201, to_json(*r));
   });
+}
+
+void Api::create_batch(Request& req, const Params&, std::shared_ptr<Responder> res) {
+  auto body = json_util::parse_object(req.body);
+  if (!body) return res->send_error(body.error());
+  auto count = json_util::get_int(*body, "count", 0, 1, 1000);
+  if (!count) return res->send_error(count.error());
+  if (!body->contains("count"))
+    return res->send_error(Error{Code::kInvalidArgument, 0, "field 'count' is required"});
+  auto p = parse_create(*body, true);
+  if (!p) return res->send_error(p.error());
+  struct Acc {
+    std::mutex mu;
+    std::vector<std::optional<Result<SandboxRecord>>> items;
+    size_t left;
+  };
+  auto acc = std::make_shared<Acc>();
+  acc->items.resize(static_cast<size_t>(*count));
+  acc->left = acc->items.size();
+  for (size_t i = 0; i < acc->items.size(); ++i) {
+    mgr_.create(*p, [acc, i, res](Result<SandboxRecord> r) {
+      std::lock_guard lk(acc->mu);
+      acc->items[i] = std::move(r);
+      if (--acc->left) return;
+      json::array ok, errors;
+      for (size_t k = 0; k < acc->items.size(); ++k) {
+        const auto& it = *acc->items[k];
+        if (it) {
+          ok.push_back(to_json(*it));
+        } else {
+          errors.push_back(json::object{{"index", k},
+                                        {"code", std::string(code_name(it.error().code))},
+                                        {"message", it.error().message()}});
+        }
+      }
+      res->send_json(200, json::object{{"sandboxes", std::move(ok)}, {"errors", std::move(errors)}});
+    });
+  }
 }
 
 void Api::list(Request& req, const Params&, std::shared_ptr<Responder> res) {
@@ -291,46 +439,10 @@ void Api::destroy(Request&, const Params& p, std::shared_ptr<Responder> res) {
 void Api::exec(Request& req, const Params& p, std::shared_ptr<Responder> res) {
   auto body = json_util::parse_object(req.body);
   if (!body) return res->send_error(body.error());
-  const auto& o = *body;
-  auto err = [&](const Error& e) { res->send_error(e); };
-  if (auto r = json_util::only_keys(o, {"cmd", "env", "cwd", "user", "timeout", "stdin",
-                                        "max_output_bytes", "stream"});
-      !r)
-    return err(r.error());
-  node::ExecParams ep;
-  auto argv = json_util::get_command(o, "cmd");
-  if (!argv) return err(argv.error());
-  auto env = json_util::get_string_map(o, "env");
-  if (!env) return err(env.error());
-  auto cwd = json_util::get_string(o, "cwd", "");
-  if (!cwd) return err(cwd.error());
-  if (!cwd->empty() && (*cwd)[0] != '/')
-    return err(Error{Code::kInvalidArgument, 0, "field 'cwd' must be an absolute path"});
-  auto user = json_util::get_int(o, "user", 0, 0, 65535);
-  if (!user) return err(user.error());
-  auto maxout = json_util::get_int(o, "max_output_bytes", 16ll << 20, 0, 1ll << 30);
-  if (!maxout) return err(maxout.error());
-  auto stream = json_util::get_bool(o, "stream", false);
-  if (!stream) return err(stream.error());
-  auto stdin_b64 = json_util::get_string(o, "stdin", "");
-  if (!stdin_b64) return err(stdin_b64.error());
-  auto stdin_data = json_util::base64_decode(*stdin_b64);
-  if (!stdin_data) return err(Error{Code::kInvalidArgument, 0, "field 'stdin' must be base64"});
-  if (auto it = o.find("timeout"); it != o.end() && !it->value().is_null()) {
-    if (!it->value().is_number())
-      return err(Error{Code::kInvalidArgument, 0, "field 'timeout' must be a number of seconds"});
-    double t = it->value().to_number<double>();
-    if (!(t > 0) || t > 30 * 24 * 3600)
-      return err(Error{Code::kInvalidArgument, 0, "field 'timeout' must be greater than 0 seconds"});
-    ep.timeout_ms = std::max<uint64_t>(1, static_cast<uint64_t>(t * 1000));
-  }
-  ep.argv = std::move(*argv);
-  ep.env = std::move(*env);
-  ep.cwd = *cwd;
-  ep.uid = static_cast<uint32_t>(*user);
-  ep.output_limit = static_cast<uint64_t>(*maxout);
-  ep.stdin_data = std::move(*stdin_data);
-
+  auto spec = parse_exec(*body, false);
+  if (!spec) return res->send_error(spec.error());
+  node::ExecParams ep = std::move(spec->params);
+  auto stream = &spec->stream;
   std::string id = p[0];
   node::ExecCallbacks cb;
   if (*stream) {
@@ -480,6 +592,150 @@ void Api::file_mkdir(Request& req, const Params& p, std::shared_ptr<Responder> r
       res->send_json(201, entry_json(*e));
     });
   });
+}
+
+void Api::process_start(Request& req, const Params& p, std::shared_ptr<Responder> res) {
+  auto body = json_util::parse_object(req.body);
+  if (!body) return res->send_error(body.error());
+  auto spec = parse_exec(*body, true);
+  if (!spec) return res->send_error(spec.error());
+  auto info = mgr_.start_process(p[0], std::move(spec->params));
+  if (!info) return res->send_error(info.error());
+  res->send_json(201, process_json(*info, false));
+}
+
+void Api::process_list(Request&, const Params& p, std::shared_ptr<Responder> res) {
+  auto procs = mgr_.list_processes(p[0]);
+  if (!procs) return res->send_error(procs.error());
+  json::array arr;
+  for (const auto& i : *procs) arr.push_back(process_json(i, false));
+  res->send_json(200, json::object{{"processes", std::move(arr)}});
+}
+
+void Api::process_get(Request&, const Params& p, std::shared_ptr<Responder> res) {
+  auto pid = pid_param(p[1]);
+  if (!pid) return res->send_error(pid.error());
+  auto info = mgr_.get_process(p[0], *pid);
+  if (!info) return res->send_error(info.error());
+  res->send_json(200, process_json(*info, false));
+}
+
+void Api::process_wait(Request& req, const Params& p, std::shared_ptr<Responder> res) {
+  auto pid = pid_param(p[1]);
+  if (!pid) return res->send_error(pid.error());
+  int64_t timeout_ms = -1;
+  if (const std::string* t = req.q("timeout")) {
+    char* end = nullptr;
+    double v = std::strtod(t->c_str(), &end);
+    if (t->empty() || *end || !(v >= 0) || v > 30 * 24 * 3600)
+      return res->send_error(Error{Code::kInvalidArgument, 0, "timeout must be seconds >= 0"});
+    timeout_ms = static_cast<int64_t>(v * 1000);
+  }
+  mgr_.wait_process(p[0], *pid, timeout_ms, [res](Result<node::ProcessInfo> r) {
+    if (!r) return res->send_error(r.error());
+    res->send_json(200, process_json(*r, true));
+  });
+}
+
+void Api::process_stdin(Request& req, const Params& p, std::shared_ptr<Responder> res) {
+  auto pid = pid_param(p[1]);
+  if (!pid) return res->send_error(pid.error());
+  auto r = mgr_.process_stdin(p[0], *pid, std::move(req.body), truthy(req.q("eof")));
+  if (!r) return res->send_error(r.error());
+  res->send(204, "application/json", "");
+}
+
+void Api::process_signal(Request& req, const Params& p, std::shared_ptr<Responder> res) {
+  auto pid = pid_param(p[1]);
+  if (!pid) return res->send_error(pid.error());
+  int64_t signo = 9;
+  if (!req.body.empty()) {
+    auto body = json_util::parse_object(req.body);
+    if (!body) return res->send_error(body.error());
+    auto s = json_util::get_int(*body, "signal", 9, 1, 64);
+    if (!s) return res->send_error(s.error());
+    signo = *s;
+  }
+  auto r = mgr_.signal_process(p[0], *pid, static_cast<int>(signo));
+  if (!r) return res->send_error(r.error());
+  res->send(204, "application/json", "");
+}
+
+// Trees move as tar archives, packed and unpacked by tar inside the sandbox: the
+// archive is then handled with the sandbox's own privileges and limits, never the
+// daemon's, and paths resolve inside its root. Images must ship tar (host does).
+namespace {
+constexpr uint64_t kTarTimeoutMs = 600'000;
+
+Error tar_error(const node::ExecOutcome& o, const std::string& err, const std::string& path) {
+  if (err.find("No space left") != std::string::npos)
+    return Error{Code::kInsufficientStorage, 0, "the sandbox's disk limit was reached under " + path};
+  if (err.find("No such file") != std::string::npos || err.find("Cannot open") != std::string::npos ||
+      err.find("Cannot chdir") != std::string::npos)
+    return Error{Code::kNotFound, 0, "tar " + path + ": " + err.substr(0, 300)};
+  if (o.result.exit_code == 127)
+    return Error{Code::kInvalidArgument, 0, "this sandbox's image has no tar"};
+  return Error{Code::kInvalidArgument, 0, "tar " + path + " failed: " + err.substr(0, 300)};
+}
+}  // namespace
+
+void Api::tar_download(Request& req, const Params& p, std::shared_ptr<Responder> res) {
+  auto path = file_path(req);
+  if (!path) return res->send_error(path.error());
+  node::ExecParams ep;
+  ep.argv = {"tar", "-c", "-f", "-", "-C", *path, "."};
+  ep.timeout_ms = kTarTimeoutMs;
+  ep.output_limit = 1ull << 30;
+  struct Acc {
+    std::string out, err;
+  };
+  auto acc = std::make_shared<Acc>();
+  node::ExecCallbacks cb;
+  cb.on_output = [acc](int stream, std::string_view d) {
+    if (stream == 2) {
+      if (acc->err.size() < 4096) acc->err.append(d);
+    } else {
+      acc->out.append(d);
+    }
+  };
+  cb.on_done = [res, acc, path = *path](Result<node::ExecOutcome> r) {
+    if (!r) return res->send_error(r.error());
+    if (r->result.stdout_truncated)
+      return res->send_error(Error{Code::kPayloadTooLarge, 0, path + " is larger than 1 GiB as tar"});
+    if (r->result.exit_code != 0) return res->send_error(tar_error(*r, acc->err, path));
+    res->send(200, "application/x-tar", std::move(acc->out));
+  };
+  auto eid = mgr_.exec(p[0], std::move(ep), std::move(cb));
+  if (!eid) return res->send_error(eid.error());
+}
+
+void Api::tar_upload(Request& req, const Params& p, std::shared_ptr<Responder> res) {
+  auto path = file_path(req);
+  if (!path) return res->send_error(path.error());
+  auto sb = mgr_.ref(p[0]);
+  if (!sb) return res->send_error(sb.error());
+  if (req.body.size() > sb->disk_bytes)
+    return res->send_error(Error{Code::kPayloadTooLarge, 0,
+                                 "archive of " + std::to_string(req.body.size()) +
+                                     " bytes exceeds the sandbox's disk limit"});
+  uint64_t bytes = req.body.size();
+  node::ExecParams ep;
+  ep.argv = {"/bin/sh", "-c", "mkdir -p -- \"$1\" && exec tar -x -f - -C \"$1\"", "sh", *path};
+  ep.timeout_ms = kTarTimeoutMs;
+  ep.output_limit = 64 << 10;
+  ep.stdin_data = std::move(req.body);
+  auto err = std::make_shared<std::string>();
+  node::ExecCallbacks cb;
+  cb.on_output = [err](int stream, std::string_view d) {
+    if (stream == 2 && err->size() < 4096) err->append(d);
+  };
+  cb.on_done = [res, err, bytes, path = *path](Result<node::ExecOutcome> r) {
+    if (!r) return res->send_error(r.error());
+    if (r->result.exit_code != 0) return res->send_error(tar_error(*r, *err, path));
+    res->send_json(200, json::object{{"path", path}, {"bytes", bytes}});
+  };
+  auto eid = mgr_.exec(p[0], std::move(ep), std::move(cb));
+  if (!eid) return res->send_error(eid.error());
 }
 
 }  // namespace tp::api

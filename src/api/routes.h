@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "api/http_server.h"
+#include "api/idempotency.h"
 #include "common/metrics.h"
 #include "node/sandbox_manager.h"
 
@@ -61,10 +62,20 @@ class Api {
   void file_list(Request&, const Params&, std::shared_ptr<Responder>);
   void file_stat(Request&, const Params&, std::shared_ptr<Responder>);
   void file_mkdir(Request&, const Params&, std::shared_ptr<Responder>);
+  void create_batch(Request&, const Params&, std::shared_ptr<Responder>);
+  void process_start(Request&, const Params&, std::shared_ptr<Responder>);
+  void process_list(Request&, const Params&, std::shared_ptr<Responder>);
+  void process_get(Request&, const Params&, std::shared_ptr<Responder>);
+  void process_wait(Request&, const Params&, std::shared_ptr<Responder>);
+  void process_stdin(Request&, const Params&, std::shared_ptr<Responder>);
+  void process_signal(Request&, const Params&, std::shared_ptr<Responder>);
+  void tar_download(Request&, const Params&, std::shared_ptr<Responder>);
+  void tar_upload(Request&, const Params&, std::shared_ptr<Responder>);
 
   node::SandboxManager& mgr_;
   Metrics& metrics_;
   std::vector<std::shared_ptr<RouteProvider>> providers_;
+  IdempotencyCache idempotency_;
 };
 
 }  // namespace tp::api

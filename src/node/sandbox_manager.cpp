@@ -28,6 +28,12 @@ int64_t mono_us() {
 constexpr auto kAgentReadyTimeout = std::chrono::seconds(15);
 }  // namespace
 
+struct SandboxManager::BgProc {
+  std::mutex mu;
+  ProcessInfo info;  // out/err accumulate here
+  std::vector<std::function<void()>> waiters;  // run once when it exits
+};
+
 struct SandboxManager::Live {
   std::mutex mu;  // guards rec, last_active_ms, running_execs, destroying
   SandboxRecord rec;
@@ -38,7 +44,13 @@ struct SandboxManager::Live {
   int64_t last_active_ms = 0;
   int running_execs = 0;
   bool destroying = false;
+  std::map<uint32_t, std::shared_ptr<BgProc>> procs;
 };
+
+namespace {
+// Background processes kept per sandbox; the oldest exited ones are forgotten first.
+constexpr size_t kMaxProcs = 1024;
+}  // namespace
 
 SandboxManager::SandboxManager(asio::io_context& io, std::unique_ptr<runtime::Backend> backend,
                                control::Store& store, Metrics& metrics, std::string node_name)
@@ -411,6 +423,7 @@ Result<uint32_t> SandboxManager::exec(const std::string& id, ExecParams p, ExecC
   req.timeout_ms = p.timeout_ms;
   req.output_limit = p.output_limit;
   req.stdin_data = std::move(p.stdin_data);
+  req.stdin_open = p.stdin_open;
   uint64_t oom_before = 0;
   if (auto u = live->inst->usage()) oom_before = u->oom_kills;
   metrics_.exec_total++;
@@ -440,6 +453,155 @@ Result<uint32_t> SandboxManager::exec(const std::string& id, ExecParams p, ExecC
 
 void SandboxManager::signal_exec(const std::string& id, uint32_t exec_id, int signo) {
   if (auto live = find_live(id)) live->agent->signal(exec_id, signo);
+}
+
+Result<ProcessInfo> SandboxManager::start_process(const std::string& id, ExecParams p) {
+  auto live = find_live(id);
+  if (!live) return std::unexpected(not_live_error(id));
+  auto bg = std::make_shared<BgProc>();
+  bg->info.argv = p.argv;
+  bg->info.started_ms = now_ms();
+  ExecCallbacks cb;
+  cb.on_output = [bg](int stream, std::string_view data) {
+    std::lock_guard lk(bg->mu);
+    (stream == 2 ? bg->info.err : bg->info.out).append(data);
+  };
+  cb.on_done = [bg](Result<ExecOutcome> r) {
+    std::vector<std::function<void()>> waiters;
+    {
+      std::lock_guard lk(bg->mu);
+      bg->info.exited = true;
+      if (r) bg->info.outcome = *r;
+      else bg->info.error = r.error();
+      waiters.swap(bg->waiters);
+    }
+    for (auto& w : waiters) w();
+  };
+  auto eid = exec(id, std::move(p), std::move(cb));
+  if (!eid) return std::unexpected(eid.error());
+  ProcessInfo snapshot;
+  {
+    std::lock_guard lk(bg->mu);
+    bg->info.pid = *eid;
+    snapshot = bg->info;
+  }
+  snapshot.out.clear();
+  snapshot.err.clear();
+  std::lock_guard lk(live->mu);
+  if (live->procs.size() >= kMaxProcs) {
+    for (auto it = live->procs.begin(); it != live->procs.end(); ++it) {
+      std::lock_guard lk2(it->second->mu);
+      if (it->second->info.exited) {
+        live->procs.erase(it);
+        break;
+      }
+    }
+  }
+  live->procs[*eid] = bg;
+  return snapshot;
+}
+
+Result<std::shared_ptr<SandboxManager::BgProc>> SandboxManager::find_proc(const std::string& id,
+                                                                          uint32_t pid) {
+  auto live = find_live(id);
+  if (!live) return std::unexpected(not_live_error(id));
+  std::lock_guard lk(live->mu);
+  live->last_active_ms = now_ms();
+  auto it = live->procs.find(pid);
+  if (it == live->procs.end())
+    return fail(Code::kNotFound, "process " + std::to_string(pid) + " not found in sandbox " + id);
+  return it->second;
+}
+
+Result<std::vector<ProcessInfo>> SandboxManager::list_processes(const std::string& id) {
+  auto live = find_live(id);
+  if (!live) return std::unexpected(not_live_error(id));
+  std::vector<std::shared_ptr<BgProc>> procs;
+  {
+    std::lock_guard lk(live->mu);
+    for (auto& [pid, bg] : live->procs) procs.push_back(bg);
+  }
+  std::vector<ProcessInfo> out;
+  for (auto& bg : procs) {
+    std::lock_guard lk(bg->mu);
+    ProcessInfo i = bg->info;
+    i.out.clear();
+    i.err.clear();
+    out.push_back(std::move(i));
+  }
+  return out;
+}
+
+Result<ProcessInfo> SandboxManager::get_process(const std::string& id, uint32_t pid) {
+  auto bg = find_proc(id, pid);
+  if (!bg) return std::unexpected(bg.error());
+  std::lock_guard lk((*bg)->mu);
+  ProcessInfo i = (*bg)->info;
+  i.out.clear();
+  i.err.clear();
+  return i;
+}
+
+void SandboxManager::wait_process(const std::string& id, uint32_t pid, int64_t timeout_ms,
+                                  std::function<void(Result<ProcessInfo>)> cb) {
+  auto found = find_proc(id, pid);
+  if (!found) {
+    asio::post(io_, [cb, e = found.error()] { cb(std::unexpected(e)); });
+    return;
+  }
+  auto bg = *found;
+  auto once = std::make_shared<std::once_flag>();
+  auto timer = std::make_shared<asio::steady_timer>(io_);
+  auto answer = [bg, cb, once, timer] {
+    std::call_once(*once, [&] {
+      timer->cancel();
+      ProcessInfo i;
+      {
+        std::lock_guard lk(bg->mu);
+        i = bg->info;
+      }
+      cb(i);
+    });
+  };
+  {
+    std::lock_guard lk(bg->mu);
+    if (!bg->info.exited) {
+      bg->waiters.push_back([this, answer] { asio::post(io_, answer); });
+      if (timeout_ms >= 0) {
+        timer->expires_after(std::chrono::milliseconds(timeout_ms));
+        timer->async_wait([answer](boost::system::error_code ec) {
+          if (!ec) answer();
+        });
+      }
+      return;
+    }
+  }
+  asio::post(io_, answer);
+}
+
+Result<void> SandboxManager::process_stdin(const std::string& id, uint32_t pid, std::string data,
+                                           bool eof) {
+  auto bg = find_proc(id, pid);
+  if (!bg) return std::unexpected(bg.error());
+  {
+    std::lock_guard lk((*bg)->mu);
+    if ((*bg)->info.exited) return fail(Code::kConflict, "process " + std::to_string(pid) + " has exited");
+  }
+  auto live = find_live(id);
+  if (!live) return std::unexpected(not_live_error(id));
+  live->agent->send_stdin(pid, std::move(data), eof);
+  return {};
+}
+
+Result<void> SandboxManager::signal_process(const std::string& id, uint32_t pid, int signo) {
+  auto bg = find_proc(id, pid);
+  if (!bg) return std::unexpected(bg.error());
+  {
+    std::lock_guard lk((*bg)->mu);
+    if ((*bg)->info.exited) return fail(Code::kConflict, "process " + std::to_string(pid) + " has exited");
+  }
+  signal_exec(id, pid, signo);
+  return {};
 }
 
 Result<SandboxRef> SandboxManager::ref(const std::string& id) {

@@ -22,6 +22,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -54,6 +55,7 @@ struct ExecParams {
   uint64_t timeout_ms = 0;
   uint64_t output_limit = 16ull << 20;
   std::string stdin_data;
+  bool stdin_open = false;  // background processes: keep stdin open for process_stdin()
 };
 
 // What an exec reports at its end (agent result plus what the node adds).
@@ -66,6 +68,18 @@ struct ExecCallbacks {
   std::function<void(uint32_t pid)> on_started;
   std::function<void(int stream, std::string_view data)> on_output;
   std::function<void(Result<ExecOutcome>)> on_done;
+};
+
+// A background process (started with start_process). pid is its handle within
+// the sandbox (not a Linux pid).
+struct ProcessInfo {
+  uint32_t pid = 0;
+  std::vector<std::string> argv;
+  int64_t started_ms = 0;
+  bool exited = false;
+  std::optional<ExecOutcome> outcome;  // set once exited normally
+  std::optional<Error> error;          // set once it failed (e.g. the sandbox ended)
+  std::string out, err;                // output so far (wait_process only)
 };
 
 // An image resolved to what the runtime needs. `pin` keeps the image's layers
@@ -110,6 +124,17 @@ class SandboxManager {
   // Returns the exec id, usable with signal_exec().
   Result<uint32_t> exec(const std::string& id, ExecParams p, ExecCallbacks cb);
   void signal_exec(const std::string& id, uint32_t exec_id, int signo);
+  // Background processes: they outlive the request that started them and keep
+  // their output (capped per stream by output_limit) until the sandbox ends.
+  Result<ProcessInfo> start_process(const std::string& id, ExecParams p);
+  Result<std::vector<ProcessInfo>> list_processes(const std::string& id);
+  Result<ProcessInfo> get_process(const std::string& id, uint32_t pid);
+  // Answers once the process exited or after timeout_ms (< 0: no timeout), with its output.
+  void wait_process(const std::string& id, uint32_t pid, int64_t timeout_ms,
+                    std::function<void(Result<ProcessInfo>)> cb);
+  Result<void> process_stdin(const std::string& id, uint32_t pid, std::string data, bool eof);
+  Result<void> signal_process(const std::string& id, uint32_t pid, int signo);
+
   // Agent of a running sandbox for file operations; marks the sandbox active.
   Result<SandboxRef> ref(const std::string& id);
 
@@ -120,7 +145,9 @@ class SandboxManager {
 
  private:
   struct Live;
+  struct BgProc;
   std::shared_ptr<Live> find_live(const std::string& id);
+  Result<std::shared_ptr<BgProc>> find_proc(const std::string& id, uint32_t pid);
   Error not_live_error(const std::string& id);
   void finish_create(std::shared_ptr<Live> live, std::function<void(Result<control::SandboxRecord>)> cb,
                      int64_t start_us);
