@@ -430,13 +430,25 @@ Result<uint32_t> SandboxManager::exec(const std::string& id, ExecParams p, ExecC
   ExecHandlers h;
   h.on_started = cb.on_started;
   h.on_output = cb.on_output;
-  h.on_done = [this, live, oom_before, done = std::move(cb.on_done)](Result<ExecResult> r) {
+  h.on_done = [this, live, oom_before, done = std::move(cb.on_done),
+               on_output = cb.on_output](Result<ExecResult> r) {
     {
       std::lock_guard lk(live->mu);
       live->running_execs--;
       live->last_active_ms = now_ms();
     }
     if (!r) {
+      // A program that cannot be executed is a result, as in a shell: 127 when it
+      // does not exist, 126 when it is not executable; the reason goes to stderr.
+      const Error& e = r.error();
+      if (e.context.find("execve") != std::string::npos &&
+          (e.code == Code::kNotFound || e.code == Code::kPermissionDenied)) {
+        if (on_output) on_output(2, e.message() + "\n");
+        ExecOutcome o;
+        o.result.exit_code = e.code == Code::kNotFound ? 127 : 126;
+        done(o);
+        return;
+      }
       done(std::unexpected(r.error()));
       return;
     }

@@ -183,6 +183,11 @@ Result<void> CgroupManager::create(const std::string& id, const CgroupLimits& li
   };
   for (const auto& d : dirs(id)) {
     auto r = sys_.mkdir(d, 0755);
+    if (!r && r.error().sys_errno == ENOENT) {
+      // The parent vanished (an administrator or another tool removed it): make it again.
+      TP_TRY(init());
+      r = sys_.mkdir(d, 0755);
+    }
     if (!r) {
       undo();
       return r;

@@ -1,0 +1,145 @@
+#include "cli/cli.h"
+
+#include <unistd.h>
+
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <cerrno>
+
+#include "cli/commands.h"
+#include "cli/parse.h"
+
+namespace tp::cli {
+
+std::string Context::url_text() const {
+  if (!url_flag.empty()) return url_flag;
+  const char* env = std::getenv("TIDEPOOL_URL");
+  if (env != nullptr && *env != '\0') return env;
+  return kDefaultUrl;
+}
+
+Result<HttpClient*> Context::client() {
+  if (!client_) {
+    auto c = new_client();
+    if (!c) return std::unexpected(c.error());
+    client_ = std::move(*c);
+  }
+  return client_.get();
+}
+
+Result<std::unique_ptr<HttpClient>> Context::new_client() const {
+  auto url = Url::parse(url_text());
+  if (!url) return std::unexpected(url.error());
+  return std::make_unique<HttpClient>(std::move(*url));
+}
+
+int report(const Error& e) {
+  std::string msg = e.message();
+  // Exactly one line, whatever the daemon put in its message.
+  for (char& c : msg) {
+    if (c == '\n' || c == '\r') c = ' ';
+  }
+  std::fprintf(stderr, "tidepool: %s\n", msg.c_str());
+  std::fflush(stderr);
+  return kExitError;
+}
+
+int usage_error(const std::string& message) {
+  report(Error{Code::kInvalidArgument, 0, message});
+  return kExitUsage;
+}
+
+bool write_all(int fd, std::string_view data) {
+  while (!data.empty()) {
+    ssize_t n = ::write(fd, data.data(), data.size());
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return false;
+    }
+    data.remove_prefix(static_cast<size_t>(n));
+  }
+  return true;
+}
+
+Result<std::string> read_all(int fd, const std::string& what) {
+  std::string out;
+  char buf[64 * 1024];
+  for (;;) {
+    ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return sys_fail("reading " + what);
+    }
+    if (n == 0) break;
+    out.append(buf, static_cast<size_t>(n));
+  }
+  return out;
+}
+
+std::string sandbox_path(const std::string& id) {
+  // Ids are DNS-label safe, but a typo must not become a different route.
+  std::string enc = url_encode(id);
+  std::string safe;
+  for (char c : enc) {
+    if (c == '/') safe += "%2F";
+    else safe += c;
+  }
+  return "/v1/sandboxes/" + safe;
+}
+
+int main(int argc, char** argv) {
+  // A closed pipe (`tidepool ... | head`) must give a write error, not kill us before
+  // `run` has removed its sandbox.
+  std::signal(SIGPIPE, SIG_IGN);
+
+  Context ctx;
+  CLI::App app{"tidepool: command-line client of tidepoold, the Tidepool sandbox daemon.\n"
+               "The daemon is found through --url, else $TIDEPOOL_URL, else " +
+                   std::string(kDefaultUrl) + ".",
+               "tidepool"};
+  app.set_version_flag("--version", "tidepool " TP_VERSION);
+  app.add_option("--url", ctx.url_flag, "daemon URL (overrides $TIDEPOOL_URL)")
+      ->type_name("URL");
+  app.require_subcommand(1);
+  app.fallthrough();  // `tidepool ls --url U` as well as `tidepool --url U ls`
+  app.footer(
+      "Exit status: 0 ok, 1 error (one line on stderr), 2 usage error; run and exec exit\n"
+      "with the command's code (128+N if killed by signal N, 124 on timeout).");
+
+  std::vector<std::pair<CLI::App*, Action>> actions;
+  auto add = [&](const char* name, Action (*fn)(CLI::App&, Context&)) {
+    Action a = fn(app, ctx);
+    actions.emplace_back(app.get_subcommand(name), std::move(a));
+  };
+  add("create", add_create);
+  add("run", add_run);
+  add("exec", add_exec);
+  add("cp", add_cp);
+  add("ls", add_ls);
+  add("rm", add_rm);
+  add("version", add_version);
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    if (e.get_exit_code() == 0) return app.exit(e);
+    return usage_error(std::string(e.what()) + " (see --help)");
+  }
+
+  for (auto& [sub, action] : actions) {
+    if (sub->parsed()) {
+      if (auto url = Url::parse(ctx.url_text()); !url) return usage_error(url.error().message());
+      return action();
+    }
+  }
+  return usage_error("no command given (see --help)");
+}
+
+}  // namespace tp::cli
