@@ -95,11 +95,12 @@ def _cgroup_roots() -> List[str]:
 
 
 def cgroup_dirs_of(sandbox_id: str) -> List[str]:
-    """Host cgroup directories named after the sandbox (v1: <ctrl>/tidepool/<id>, v2: <root>/tidepool/<id>)."""
+    """Host cgroup directories named after the sandbox (v1: <ctrl>/tidepool*/<id>, v2: <root>/tidepool*/<id>;
+    the parent is "tidepool" for the default data dir, "tidepool-<hash>" for others)."""
     found = []
     for root in _cgroup_roots():
-        for pattern in (f"{root}/tidepool/{sandbox_id}*", f"{root}/*/tidepool/{sandbox_id}*",
-                        f"{root}/tidepool/*/{sandbox_id}*"):
+        for pattern in (f"{root}/tidepool*/{sandbox_id}*", f"{root}/*/tidepool*/{sandbox_id}*",
+                        f"{root}/tidepool*/*/{sandbox_id}*"):
             found.extend(p for p in glob.glob(pattern) if os.path.isdir(p))
     return sorted(set(found))
 
