@@ -5,8 +5,9 @@
 //   1. latency of create, first exec of `true`, destroy, and their sum (p50, p99)
 //   2. sustained sandboxes per second (create + exec true + destroy) with 1 and 2
 //      concurrent clients
-//   3. idle host memory per sandbox with --idle N sandboxes alive (kernel counters
-//      from /proc/meminfo and the tidepool memory cgroup)
+//   3. idle host memory per sandbox with --idle N sandboxes alive: kernel
+//      counters from /proc/meminfo (slab, stacks, page tables, per-cpu) plus the
+//      agents' PSS; the sandboxes' memory cgroup is printed for comparison
 // Prints a table, or JSON with --json. No thresholds: bench/run.sh compares.
 #include <CLI/CLI.hpp>
 #include <boost/json.hpp>
@@ -15,6 +16,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <thread>
@@ -45,13 +47,14 @@ struct Cycle {
   bool ok = false;
 };
 
-const char* kCreateBody = R"({"image":"host","memory_mb":256,"cpus":1,"ttl_seconds":600})";
+// The create request; --image replaces the image before any request is sent.
+std::string g_create_body = R"({"image":"host","memory_mb":256,"cpus":1,"ttl_seconds":600})";
 const char* kExecBody = R"({"cmd":["true"]})";
 
 Cycle cycle(HttpClient& c) {
   Cycle r;
   auto t0 = Clock::now();
-  auto created = c.request(Method::kPost, "/v1/sandboxes", kCreateBody, "application/json");
+  auto created = c.request(Method::kPost, "/v1/sandboxes", g_create_body, "application/json");
   r.create = ms_since(t0);
   if (!created) {
     std::fprintf(stderr, "create: %s\n", created.error().message().c_str());
@@ -84,17 +87,49 @@ std::map<std::string, long> meminfo_kb() {
   return m;
 }
 
-long kernel_and_anon_kb() {
+// Kernel memory that sandboxes cost (slab, stacks, page tables, per-cpu). Anon
+// pages are left out: on a shared machine other processes move them; the
+// agents' own pages are counted by agents_pss_kb().
+long kernel_kb() {
   auto m = meminfo_kb();
-  return m["Slab"] + m["KernelStack"] + m["PageTables"] + m["Percpu"] + m["AnonPages"] + m["Shmem"];
+  return m["Slab"] + m["KernelStack"] + m["PageTables"] + m["Percpu"];
 }
 
-long cgroup_usage_kb() {
-  for (const char* p : {"/sys/fs/cgroup/memory/tidepool/memory.usage_in_bytes",
-                        "/sys/fs/cgroup/tidepool/memory.current"}) {
-    std::ifstream in(p);
+// Proportional set size of every tp-agent process (shared text counted once in total).
+long agents_pss_kb() {
+  long total = 0;
+  for (const auto& e : std::filesystem::directory_iterator("/proc")) {
+    std::string name = e.path().filename();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream comm(e.path() / "comm");
+    std::string c;
+    if (!(comm >> c) || c != "tp-agent") continue;
+    std::ifstream sm(e.path() / "smaps_rollup");
+    std::string k;
     long v;
-    if (in >> v) return v / 1024;
+    while (sm >> k) {
+      if (k == "Pss:" && sm >> v) {
+        total += v;
+        break;
+      }
+    }
+  }
+  return total;
+}
+
+// Memory charged to the sandboxes' cgroups: the parent holding `id`'s cgroup.
+long cgroup_usage_kb(const std::string& id) {
+  for (const char* root : {"/sys/fs/cgroup/memory", "/sys/fs/cgroup"}) {
+    std::error_code ec;
+    for (const auto& e : std::filesystem::directory_iterator(root, ec)) {
+      if (e.path().filename().string().rfind("tidepool", 0) != 0) continue;
+      if (!std::filesystem::exists(e.path() / id)) continue;
+      for (const char* f : {"memory.usage_in_bytes", "memory.current"}) {
+        std::ifstream in(e.path() / f);
+        long v;
+        if (in >> v) return v / 1024;
+      }
+    }
   }
   return -1;
 }
@@ -106,14 +141,22 @@ int main(int argc, char** argv) {
   const char* env_url = std::getenv("TIDEPOOL_URL");
   std::string url = env_url ? env_url : "http://127.0.0.1:7070";
   int iterations = 200, warmup = 10, rate_seconds = 10, idle = 500;
-  bool as_json = false;
+  bool as_json = false, samples = false;
+  std::string image = "host";
+  std::vector<int> concurrency{1, 2};
   app.add_option("--url", url);
   app.add_option("--iterations", iterations, "sequential cycles for latency");
   app.add_option("--warmup", warmup);
   app.add_option("--rate-seconds", rate_seconds, "duration of each sustained-rate run");
   app.add_option("--idle", idle, "sandboxes alive for the memory measurement (0 skips)");
   app.add_flag("--json", as_json);
+  app.add_option("--image", image, "image of the sandboxes (default host)");
+  app.add_option("--concurrency", concurrency, "client threads of each sustained-rate run (default 1,2)")
+      ->delimiter(',');
+  app.add_flag("--samples", samples, "with --json: every create+exec+destroy time (bench/run.sh plots them)");
   CLI11_PARSE(app, argc, argv);
+  g_create_body = json::serialize(
+      json::object{{"image", image}, {"memory_mb", 256}, {"cpus", 1}, {"ttl_seconds", 600}});
 
   auto parsed = tp::cli::Url::parse(url);
   if (!parsed) {
@@ -138,7 +181,7 @@ int main(int argc, char** argv) {
   }
 
   std::map<int, double> rate;
-  for (int workers : {1, 2}) {
+  for (int workers : rate_seconds > 0 ? concurrency : std::vector<int>{}) {
     std::atomic<long> done{0};
     std::atomic<bool> stop{false};
     std::vector<std::thread> ts;
@@ -156,12 +199,17 @@ int main(int argc, char** argv) {
     rate[workers] = static_cast<double>(done.load()) / (ms_since(t0) / 1000.0);
   }
 
-  double idle_kernel_kb = -1, idle_cg_kb = -1;
+  double idle_kernel_kb = -1, idle_cg_kb = -1, idle_agent_kb = -1;
   if (idle > 0) {
-    long k0 = kernel_and_anon_kb(), cg0 = cgroup_usage_kb();
+    // Baselines: one sandbox alive so that the cgroup parent exists.
+    auto probe = client.request(Method::kPost, "/v1/sandboxes", g_create_body, "application/json");
+    std::string probe_id =
+        probe ? std::string(json::parse(probe->body).as_object().at("id").as_string()) : "";
+    std::this_thread::sleep_for(std::chrono::seconds(1));
+    long k0 = kernel_kb(), cg0 = cgroup_usage_kb(probe_id), a0 = agents_pss_kb();
     std::vector<std::string> ids;
     for (int i = 0; i < idle; ++i) {
-      auto created = client.request(Method::kPost, "/v1/sandboxes", kCreateBody, "application/json");
+      auto created = client.request(Method::kPost, "/v1/sandboxes", g_create_body, "application/json");
       if (!created) {
         std::fprintf(stderr, "idle create %d: %s\n", i, created.error().message().c_str());
         break;
@@ -169,12 +217,15 @@ int main(int argc, char** argv) {
       ids.emplace_back(json::parse(created->body).as_object().at("id").as_string());
     }
     std::this_thread::sleep_for(std::chrono::seconds(2));
-    long k1 = kernel_and_anon_kb(), cg1 = cgroup_usage_kb();
+    long k1 = kernel_kb(), cg1 = cgroup_usage_kb(probe_id), a1 = agents_pss_kb();
     if (!ids.empty()) {
-      idle_kernel_kb = static_cast<double>(k1 - k0) / static_cast<double>(ids.size());
-      if (cg0 >= 0 && cg1 >= 0) idle_cg_kb = static_cast<double>(cg1 - cg0) / static_cast<double>(ids.size());
+      double n = static_cast<double>(ids.size());
+      idle_kernel_kb = static_cast<double>(k1 - k0) / n;
+      idle_agent_kb = static_cast<double>(a1 - a0) / n;
+      if (cg0 >= 0 && cg1 >= 0) idle_cg_kb = static_cast<double>(cg1 - cg0) / n;
     }
     for (const auto& id : ids) (void)client.request(Method::kDelete, "/v1/sandboxes/" + id);
+    if (!probe_id.empty()) (void)client.request(Method::kDelete, "/v1/sandboxes/" + probe_id);
     idle = static_cast<int>(ids.size());
   }
 
@@ -186,9 +237,16 @@ int main(int argc, char** argv) {
                    {"destroy_p50_ms", pct(d_ms, 50)}, {"destroy_p99_ms", pct(d_ms, 99)},
                    {"total_p50_ms", pct(t_ms, 50)}, {"total_p99_ms", pct(t_ms, 99)},
                    {"rate_1", rate[1]}, {"rate_2", rate[2]},
+                   {"image", image},
                    {"idle_sandboxes", idle},
-                   {"idle_kernel_anon_kb_per_sandbox", idle_kernel_kb},
+                   {"idle_kernel_kb_per_sandbox", idle_kernel_kb},
+                   {"idle_agent_pss_kb_per_sandbox", idle_agent_kb},
+                   {"idle_total_kb_per_sandbox", idle_kernel_kb + idle_agent_kb},
                    {"idle_memcg_kb_per_sandbox", idle_cg_kb}};
+    json::object rates;
+    for (const auto& [w, r] : rate) rates[std::to_string(w)] = r;
+    o["rates"] = std::move(rates);
+    if (samples) o["total_samples_ms"] = json::value_from(t_ms);
     std::printf("%s\n", json::serialize(o).c_str());
   } else {
     std::printf("tidepool API (%d cycles, %d failed)\n", iterations, failures);
@@ -199,8 +257,10 @@ int main(int argc, char** argv) {
     std::printf("  %-22s %9.2f %9.2f\n", "create+exec+destroy", pct(t_ms, 50), pct(t_ms, 99));
     std::printf("  sustained: %.1f sandboxes/s (1 client), %.1f (2 clients)\n", rate[1], rate[2]);
     if (idle > 0)
-      std::printf("  idle memory with %d alive: %.0f kB/sandbox (kernel+anon), %.0f kB (memcg)\n", idle,
-                  idle_kernel_kb, idle_cg_kb);
+      std::printf(
+          "  idle memory with %d alive: %.0f kB/sandbox = %.0f kernel (slab, stacks, page tables,"
+          " percpu) + %.0f agent PSS; memcg says %.0f kB\n",
+          idle, idle_kernel_kb + idle_agent_kb, idle_kernel_kb, idle_agent_kb, idle_cg_kb);
   }
   return failures ? 1 : 0;
 }

@@ -80,7 +80,9 @@ Result<std::unique_ptr<Store>> Store::open(const std::string& path) {
   std::unique_ptr<Store> st(new Store(db));
   sqlite3_busy_timeout(db, 5000);
   TP_TRY(st->exec_sql("PRAGMA journal_mode=WAL"));
-  TP_TRY(st->exec_sql("PRAGMA synchronous=FULL"));
+  // NORMAL in WAL mode survives a daemon crash (what restart recovery needs);
+  // a power loss may lose the last records, but it also ends every sandbox.
+  TP_TRY(st->exec_sql("PRAGMA synchronous=NORMAL"));
   TP_TRY(st->exec_sql(
       "CREATE TABLE IF NOT EXISTS sandboxes ("
       " id TEXT PRIMARY KEY, state TEXT NOT NULL, tier TEXT, image TEXT, node TEXT,"

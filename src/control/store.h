@@ -4,8 +4,10 @@
 //
 // It keeps one row per sandbox (live and ended) so that `get` answers for a
 // sandbox after it ended and so that a restarted daemon knows what a previous
-// run left behind. Writes are durable when the call returns (WAL, synchronous=NORMAL
-// is not enough for that: we use FULL).
+// run left behind. Writes survive a crash of the daemon once the call returns
+// (WAL, synchronous=NORMAL); a power loss may lose the newest ones, which is
+// harmless because it also ends every sandbox. Step results, which must never
+// be lost, belong to the trajectory log, not here.
 //
 // Thread rules: a Store may be used from any thread; calls are serialised inside.
 #pragma once
