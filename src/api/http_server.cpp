@@ -139,6 +139,13 @@ class Session : public Responder, public std::enable_shared_from_this<Session> {
     });
   }
 
+  void add_header(std::string name, std::string value) override {
+    asio::post(stream_.get_executor(), [self = shared_from_this(), n = std::move(name),
+                                        v = std::move(value)] {
+      if (!self->answered_) self->extra_headers_ += n + ": " + v + "\r\n";
+    });
+  }
+
   void set_on_abort(std::function<void()> cb) override {
     asio::post(stream_.get_executor(), [self = shared_from_this(), cb = std::move(cb)] {
       self->on_abort_ = cb;
@@ -150,6 +157,7 @@ class Session : public Responder, public std::enable_shared_from_this<Session> {
   std::string head(int status, const std::string& ct) {
     std::string h = "HTTP/1.1 " + std::to_string(status) + " " + reason(status) + "\r\n";
     h += "Server: tidepoold\r\nContent-Type: " + ct + "\r\n";
+    h += extra_headers_;
     if (!keep_alive_) h += "Connection: close\r\n";
     return h;
   }
@@ -160,6 +168,7 @@ class Session : public Responder, public std::enable_shared_from_this<Session> {
     parser_->header_limit(64 * 1024);
     answered_ = finished_ = streaming_ = false;
     on_abort_ = nullptr;
+    extra_headers_.clear();
     stream_.expires_never();
     http::async_read(stream_, buf_, *parser_,
                      [self = shared_from_this()](beast::error_code ec, size_t) { self->on_read(ec); });
@@ -285,6 +294,7 @@ class Session : public Responder, public std::enable_shared_from_this<Session> {
   std::optional<http::request_parser<http::string_body>> parser_;
   std::deque<std::string> out_;
   std::function<void()> on_abort_;
+  std::string extra_headers_;
   std::string method_;
   int status_ = 0;
   bool writing_ = false;

@@ -46,6 +46,8 @@ class Responder {
   virtual void end_stream() = 0;
   // Called (once, on the strand) when the client goes away before the answer completed.
   virtual void set_on_abort(std::function<void()> cb) = 0;
+  // Adds a header to the answer; call before send() / start_stream().
+  virtual void add_header(std::string name, std::string value) = 0;
 
   void send_json(int status, const boost::json::value& v);
   void send_error(const Error& e);

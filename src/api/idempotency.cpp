@@ -3,8 +3,9 @@
 namespace tp::api {
 
 namespace {
+// Replays carry the recorded answer whole (a stream becomes one body).
 void replay(Responder& res, int status, const std::string& ct, const std::string& body) {
-  // Replays carry the recorded answer whole (a stream becomes one body).
+  res.add_header("Idempotent-Replayed", "true");
   res.send(status, ct, body);
 }
 }  // namespace
@@ -15,20 +16,25 @@ class IdempotencyCache::Recorder : public Responder {
   Recorder(IdempotencyCache& cache, std::string key, std::shared_ptr<Responder> inner)
       : cache_(cache), key_(std::move(key)), inner_(std::move(inner)) {}
   ~Recorder() override {
-    // An answer that never completed (client vanished mid-stream) still
-    // releases waiters with what was produced.
+    // An answer that never completed still releases its waiters.
     if (!done_) finish();
   }
   void send(int status, std::string ct, std::string body) override {
-    rec_.status = status;
-    rec_.content_type = ct;
-    rec_.body = body;
+    {
+      std::lock_guard lk(mu_);
+      rec_.status = status;
+      rec_.content_type = ct;
+      rec_.body = body;
+    }
     inner_->send(status, std::move(ct), std::move(body));
     finish();
   }
   void start_stream(int status, std::string ct) override {
-    rec_.status = status;
-    rec_.content_type = ct;
+    {
+      std::lock_guard lk(mu_);
+      rec_.status = status;
+      rec_.content_type = ct;
+    }
     inner_->start_stream(status, std::move(ct));
   }
   void write_chunk(std::string d) override {
@@ -43,6 +49,7 @@ class IdempotencyCache::Recorder : public Responder {
     finish();
   }
   void set_on_abort(std::function<void()> cb) override { inner_->set_on_abort(std::move(cb)); }
+  void add_header(std::string n, std::string v) override { inner_->add_header(std::move(n), std::move(v)); }
 
  private:
   void finish() {
@@ -75,7 +82,7 @@ std::shared_ptr<Responder> IdempotencyCache::begin(const Request& req, const std
     return nullptr;
   }
   std::unique_lock lk(mu_);
-  expire_locked();
+  expire_locked(Clock::now());
   auto it = entries_.find(key);
   if (it != entries_.end()) {
     auto e = it->second;
@@ -94,9 +101,15 @@ std::shared_ptr<Responder> IdempotencyCache::begin(const Request& req, const std
     replay(*res, a.status, a.content_type, a.body);
     return nullptr;
   }
-  if (entries_.size() >= kMaxEntries) {
+  // Room for a new key: forget the oldest answers first.
+  while (entries_.size() >= max_entries_ && !answered_.empty()) {
+    auto old = entries_.find(answered_.front().second);
+    if (old != entries_.end() && old->second->done) entries_.erase(old);
+    answered_.pop_front();
+  }
+  if (entries_.size() >= max_entries_) {  // every kept key is still in flight
     lk.unlock();
-    res->send_error(Error{Code::kResourceExhausted, 0, "too many idempotency keys in flight"});
+    res->send_error(Error{Code::kResourceExhausted, 0, "too many keyed requests in flight"});
     return nullptr;
   }
   auto e = std::make_shared<Entry>();
@@ -112,26 +125,30 @@ void IdempotencyCache::finish(const std::string& key, Recorded r) {
     std::lock_guard lk(mu_);
     auto it = entries_.find(key);
     if (it == entries_.end()) return;
-    auto& e = *it->second;
-    e.done = true;
-    e.finished = std::chrono::steady_clock::now();
-    // Server errors are not recorded as final: a retry may succeed.
+    waiters.swap(it->second->waiters);
     if (r.status >= 500) {
-      waiters.swap(e.waiters);
+      // Server errors are not recorded as final: a retry may succeed.
       entries_.erase(it);
     } else {
-      e.answer = r;
-      waiters.swap(e.waiters);
+      it->second->done = true;
+      it->second->answer = r;
+      answered_.emplace_back(Clock::now(), key);
     }
   }
   for (auto& w : waiters) replay(*w, r.status, r.content_type, r.body);
 }
 
-void IdempotencyCache::expire_locked() {
-  auto now = std::chrono::steady_clock::now();
-  for (auto it = entries_.begin(); it != entries_.end();) {
-    if (it->second->done && now - it->second->finished > kKeep) it = entries_.erase(it);
-    else ++it;
+bool IdempotencyCache::has_waiters(const std::string& key) {
+  std::lock_guard lk(mu_);
+  auto it = entries_.find(key);
+  return it != entries_.end() && !it->second->waiters.empty();
+}
+
+void IdempotencyCache::expire_locked(Clock::time_point now) {
+  while (!answered_.empty() && now - answered_.front().first > kKeep) {
+    auto it = entries_.find(answered_.front().second);
+    if (it != entries_.end() && it->second->done) entries_.erase(it);
+    answered_.pop_front();
   }
 }
 

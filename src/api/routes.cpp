@@ -32,6 +32,7 @@ class CountingResponder : public Responder {
   void write_chunk(std::string d) override { inner_->write_chunk(std::move(d)); }
   void end_stream() override { inner_->end_stream(); }
   void set_on_abort(std::function<void()> cb) override { inner_->set_on_abort(std::move(cb)); }
+  void add_header(std::string n, std::string v) override { inner_->add_header(std::move(n), std::move(v)); }
 
  private:
   std::shared_ptr<Responder> inner_;
@@ -497,8 +498,20 @@ void Api::exec(Request& req, const Params& p, std::shared_ptr<Responder> res) {
   }
   auto exec_id = mgr_.exec(id, std::move(ep), std::move(cb));
   if (!exec_id) return res->send_error(exec_id.error());
-  // A client that goes away mid-command must not leave the command running.
-  res->set_on_abort([this, id, eid = *exec_id] { mgr_.signal_exec(id, eid, 9); });
+  // A client that goes away mid-command must not leave the command running. With
+  // an Idempotency-Key the client may be retrying after a network fault: the
+  // command keeps running for a grace period and is killed only if no repeat of
+  // the key came to wait for its result, so a step is neither lost nor run twice.
+  auto key = req.headers.find("idempotency-key");
+  if (key == req.headers.end()) {
+    res->set_on_abort([this, id, eid = *exec_id] { mgr_.signal_exec(id, eid, 9); });
+  } else {
+    res->set_on_abort([this, id, eid = *exec_id, k = key->second] {
+      mgr_.after(kRetryGrace, [this, id, eid, k] {
+        if (!idempotency_.has_waiters(k)) mgr_.signal_exec(id, eid, 9);
+      });
+    });
+  }
 }
 
 void Api::file_read(Request& req, const Params& p, std::shared_ptr<Responder> res) {

@@ -5,6 +5,7 @@
 // Thread rules: handle() may be called from any io thread concurrently.
 #pragma once
 
+#include <chrono>
 #include <memory>
 #include <string>
 #include <vector>
@@ -31,6 +32,9 @@ class RouteProvider {
 
 class Api {
  public:
+  // How long a keyed command whose client vanished waits for the client's retry.
+  static constexpr auto kRetryGrace = std::chrono::seconds(5);
+
   Api(node::SandboxManager& mgr, Metrics& metrics);
   void handle(Request& req, std::shared_ptr<Responder> res);
   // Providers are asked before the core routes, in the order added. Add before serving.

@@ -119,6 +119,7 @@ int main(int argc, char** argv) {
   add("ls", add_ls);
   add("rm", add_rm);
   add("version", add_version);
+  add("image", add_image);
 
   try {
     app.parse(argc, argv);

@@ -627,6 +627,13 @@ Result<SandboxRef> SandboxManager::ref(const std::string& id) {
   return SandboxRef{live->agent, live->disk_bytes};
 }
 
+void SandboxManager::after(std::chrono::milliseconds delay, std::function<void()> fn) {
+  auto t = std::make_shared<asio::steady_timer>(io_, delay);
+  t->async_wait([t, fn = std::move(fn)](boost::system::error_code ec) {
+    if (!ec) fn();
+  });
+}
+
 std::map<std::string, uint64_t> SandboxManager::count_by_state() {
   std::map<std::string, uint64_t> out;
   std::lock_guard lk(mu_);

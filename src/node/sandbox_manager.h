@@ -18,6 +18,7 @@
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/thread_pool.hpp>
 
+#include <chrono>
 #include <functional>
 #include <map>
 #include <memory>
@@ -139,6 +140,8 @@ class SandboxManager {
   Result<SandboxRef> ref(const std::string& id);
 
   std::map<std::string, uint64_t> count_by_state();
+  // Runs fn on the io threads after a delay.
+  void after(std::chrono::milliseconds delay, std::function<void()> fn);
   // Images other than "host" are resolved through this; set before serving.
   void set_image_resolver(ImageResolver r) { resolver_ = std::move(r); }
   const std::string& node_name() const { return node_; }

@@ -126,8 +126,11 @@ void build_root_ops(const RootRecipe& r, ChildPlan* p) {
   p->mkdir(root, 0755);
   std::string lower;
   for (const auto& l : r.lowers) lower += (lower.empty() ? "" : ":") + l;
+  // userxattr: in a user namespace overlayfs cannot read trusted.overlay.*, so
+  // opaque directories in image layers are marked with user.overlay.opaque
+  // (src/image/layer_unpack.h); whiteouts are 0/0 character devices either way.
   p->mount("overlay", root, "overlay", 0,
-           "lowerdir=" + lower + ",upperdir=" + m + "/upper,workdir=" + m + "/work");
+           "lowerdir=" + lower + ",upperdir=" + m + "/upper,workdir=" + m + "/work,userxattr");
   for (const auto& [src, locked] : r.ro_binds) p->bind_ro(src, root + src, locked);
   // Layer images may lack the mount points; on the host image they exist (no copy-up then).
   for (const char* d : {"/proc", "/dev", "/tmp"}) p->mkdir(root + d, 0755);

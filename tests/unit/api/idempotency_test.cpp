@@ -19,6 +19,8 @@ struct FakeResponder : Responder {
   void write_chunk(std::string d) override { body += d; }
   void end_stream() override { sends++; }
   void set_on_abort(std::function<void()>) override {}
+  void add_header(std::string n, std::string v) override { headers += n + ": " + v + "\n"; }
+  std::string headers;
 };
 
 Request post(const std::string& path) {
@@ -40,6 +42,42 @@ TEST(Idempotency, RepeatGetsTheRecordedAnswerWithoutRunningAgain) {
   EXPECT_EQ(cache.begin(post("/v1/x"), "k", second), nullptr);  // handler must not run
   EXPECT_EQ(second->status, 201);
   EXPECT_EQ(second->body, "{\"id\":1}");
+  EXPECT_EQ(second->headers, "Idempotent-Replayed: true\n");
+  EXPECT_EQ(first->headers, "");
+}
+
+TEST(Idempotency, FullCacheForgetsTheOldestAnsweredKeys) {
+  IdempotencyCache cache(2);
+  cache.begin(post("/v1/x"), "a", std::make_shared<FakeResponder>())->send(200, "t", "a");
+  cache.begin(post("/v1/x"), "b", std::make_shared<FakeResponder>())->send(200, "t", "b");
+  // A third key evicts "a", the oldest answer; "b" is still replayed.
+  auto c = cache.begin(post("/v1/x"), "c", std::make_shared<FakeResponder>());
+  ASSERT_NE(c, nullptr);
+  c->send(200, "t", "c");
+  auto rb = std::make_shared<FakeResponder>();
+  EXPECT_EQ(cache.begin(post("/v1/x"), "b", rb), nullptr);
+  EXPECT_EQ(rb->body, "b");
+  EXPECT_LE(cache.size(), 2u);
+}
+
+TEST(Idempotency, RefusesNewKeysOnlyWhenAllKeptAreInFlight) {
+  IdempotencyCache cache(1);
+  auto inflight = cache.begin(post("/v1/x"), "a", std::make_shared<FakeResponder>());
+  ASSERT_NE(inflight, nullptr);
+  auto r = std::make_shared<FakeResponder>();
+  EXPECT_EQ(cache.begin(post("/v1/x"), "b", r), nullptr);
+  EXPECT_EQ(r->status, 429);
+  inflight->send(200, "t", "");
+}
+
+TEST(Idempotency, WaitersAreVisibleForTheRetryGrace) {
+  IdempotencyCache cache;
+  auto rec = cache.begin(post("/v1/x"), "k", std::make_shared<FakeResponder>());
+  EXPECT_FALSE(cache.has_waiters("k"));
+  EXPECT_EQ(cache.begin(post("/v1/x"), "k", std::make_shared<FakeResponder>()), nullptr);
+  EXPECT_TRUE(cache.has_waiters("k"));
+  rec->send(200, "t", "");
+  EXPECT_FALSE(cache.has_waiters("k"));
 }
 
 TEST(Idempotency, RepeatWhileInFlightWaitsForTheFirstAnswer) {

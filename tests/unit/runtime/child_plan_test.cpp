@@ -36,7 +36,7 @@ TEST(ChildPlanTest, OrderOfTheRecipe) {
   int priv = index_of(p, "mount(none, /, none, MS_REC|MS_PRIVATE");
   int tmpfs = index_of(p, "mount(tmpfs, /d/containers/mnt, tmpfs");
   int ovl = index_of(p, "mount(overlay, /d/containers/mnt/root, overlay, 0, "
-                        "lowerdir=/img/rootfs,upperdir=/d/containers/mnt/upper,workdir=/d/containers/mnt/work)");
+                        "lowerdir=/img/rootfs,upperdir=/d/containers/mnt/upper,workdir=/d/containers/mnt/work,userxattr)");
   int usr = index_of(p, "mount(/usr, /d/containers/mnt/root/usr, none, MS_BIND|MS_REC)");
   int proc = index_of(p, "mount(proc, /d/containers/mnt/root/proc, proc");
   int pivot = index_of(p, "pivot_root");
