@@ -1,4 +1,650 @@
 #include "agent/agent.h"
+
+#include <fcntl.h>
+#include <malloc.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/signalfd.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "agent/command.h"
+#include "agent/file_ops.h"
+#include "agent/options.h"
+#include "protocol/wire.h"
+
 namespace tp::agent {
-int main(int, char**) { return 0; }
+namespace {
+
+using proto::Message;
+using proto::MsgType;
+using proto::Tag;
+
+constexpr uint64_t kDefaultOutputLimit = 16ull << 20;
+// A command's output waiting in the writer queue beyond this stops reads of
+// its pipes (the pipe then blocks the command): a slow node costs memory
+// bounded by this per command, not by the command's output rate.
+constexpr size_t kMaxQueuedPerCommand = 256u << 10;
+// Beyond this much queued in total, the agent stops reading requests too.
+constexpr size_t kMaxOutQueue = 8u << 20;
+// One read from a pipe or the control stream. Static so that an idle agent
+// owns no heap buffer; only the pages actually used become resident.
+constexpr size_t kReadBuf = 64u << 10;
+char g_buf[kReadBuf];
+
+uint64_t mono_us() {
+  timespec ts{};
+  ::clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<uint64_t>(ts.tv_sec) * 1000000ull + static_cast<uint64_t>(ts.tv_nsec) / 1000;
 }
+
+void log_line(const char* fmt, const char* a = "", const char* b = "") {
+  char line[512];
+  int n = std::snprintf(line, sizeof(line), fmt, a, b);
+  if (n > 0) (void)!::write(2, line, std::min<size_t>(static_cast<size_t>(n), sizeof(line) - 1));
+}
+
+struct Command {
+  uint32_t id = 0;
+  Spawned sp;
+  uint64_t start_us = 0;
+  uint64_t deadline_us = 0;  // 0 = none
+  uint64_t limit = kDefaultOutputLimit;
+  bool started = false;      // kStarted sent
+  bool failed = false;       // kError sent (the command never ran)
+  bool kill_sent = false;
+  bool timed_out = false;
+  bool have_report = false;
+  InitReport report;
+  pid_t pid = 0;             // the command's pid in the agent's namespace
+  bool got_failure = false;
+  ExecFailure failure;
+  std::string stdin_buf;
+  size_t stdin_off = 0;
+  bool stdin_eof = false;    // close stdin once stdin_buf is written
+  uint64_t forwarded[3] = {0, 0, 0};
+  bool truncated[3] = {false, false, false};
+  size_t queued = 0;         // bytes of this command's frames in the writer queue
+};
+
+class Agent {
+ public:
+  Agent(Options opts, int ctl, Fd sigfd, FileService files)
+      : opts_(std::move(opts)), ctl_(ctl), sigfd_(std::move(sigfd)), files_(std::move(files)) {}
+
+  int run();
+
+ private:
+  enum class Kind { kCtl, kSig, kExecChan, kInitChan, kStdout, kStderr, kStdin };
+  struct Slot {
+    Kind kind;
+    uint32_t id;
+  };
+
+  void send(Message m, uint32_t owner = 0);
+  bool flush();
+  bool read_ctl();  // false: the agent must end
+  void handle(const Message& m);
+  void handle_exec(const Message& m);
+  void kill_command(Command& c);
+  void on_exec_chan(Command& c);
+  void on_init_chan(Command& c);
+  void on_pipe(Command& c, int stream, bool final);
+  void on_stdin(Command& c);
+  void reap();
+  void finish(Command& c, int init_status);
+  void shutdown_commands();
+  void maybe_trim();
+
+  Options opts_;
+  Fd ctl_;
+  Fd sigfd_;
+  FileService files_;
+  std::optional<proto::FrameReader> reader_{std::in_place};
+  size_t reader_fed_ = 0;  // bytes fed since the reader was last renewed
+  struct OutFrame {
+    std::string bytes;
+    uint32_t owner;  // command id whose output this is, 0 for others
+  };
+  std::deque<OutFrame> outq_;
+  size_t out_off_ = 0;
+  size_t out_bytes_ = 0;
+  bool heap_used_ = false;
+  std::map<uint32_t, std::unique_ptr<Command>> cmds_;
+  std::map<pid_t, uint32_t> inits_;
+  int exit_code_ = 0;
+};
+
+void Agent::send(Message m, uint32_t owner) {
+  std::string bytes = proto::encode(m);
+  out_bytes_ += bytes.size();
+  if (owner) {
+    auto it = cmds_.find(owner);
+    if (it != cmds_.end()) it->second->queued += bytes.size();
+  }
+  if (bytes.size() > 4096) heap_used_ = true;
+  outq_.push_back(OutFrame{std::move(bytes), owner});
+}
+
+// Writes what the control stream takes now. False when the stream broke.
+bool Agent::flush() {
+  while (!outq_.empty()) {
+    OutFrame& f = outq_.front();
+    ssize_t n = ::write(ctl_.get(), f.bytes.data() + out_off_, f.bytes.size() - out_off_);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN) return true;
+      return false;
+    }
+    out_off_ += static_cast<size_t>(n);
+    if (out_off_ < f.bytes.size()) continue;
+    out_bytes_ -= f.bytes.size();
+    if (f.owner) {
+      auto it = cmds_.find(f.owner);
+      if (it != cmds_.end()) it->second->queued -= f.bytes.size();
+    }
+    outq_.pop_front();
+    out_off_ = 0;
+  }
+  return true;
+}
+
+bool Agent::read_ctl() {
+  ssize_t n = ::read(ctl_.get(), g_buf, sizeof(g_buf));
+  if (n < 0) return errno == EINTR || errno == EAGAIN;
+  if (n == 0) return false;  // the node closed the stream
+  reader_->feed(g_buf, static_cast<size_t>(n));
+  reader_fed_ += static_cast<size_t>(n);
+  while (auto m = reader_->next()) handle(*m);
+  if (reader_->failed()) {
+    log_line("tp-agent: protocol error: %s; closing\n", reader_->error().c_str());
+    exit_code_ = 1;
+    return false;
+  }
+  // A big frame leaves a big buffer behind; renew the reader between frames
+  // so that an idle agent keeps none of it (emplace frees the old buffer;
+  // assigning a fresh reader would keep its capacity).
+  if (reader_->buffered() == 0 && reader_fed_ > kReadBuf) {
+    reader_.emplace();
+    reader_fed_ = 0;
+    heap_used_ = true;
+  }
+  return true;
+}
+
+void Agent::handle(const Message& m) {
+  switch (m.type) {
+    case MsgType::kExec:
+      handle_exec(m);
+      return;
+    case MsgType::kStdin: {
+      auto it = cmds_.find(m.id);
+      if (it == cmds_.end()) return;
+      Command& c = *it->second;
+      if (!c.sp.stdin_w || c.stdin_eof) return;
+      if (auto d = m.get(Tag::kData)) {
+        if (c.stdin_off == c.stdin_buf.size()) {
+          c.stdin_buf.clear();
+          c.stdin_off = 0;
+        }
+        c.stdin_buf.append(*d);
+      }
+      if (m.flag(Tag::kEof)) c.stdin_eof = true;
+      on_stdin(c);
+      return;
+    }
+    case MsgType::kSignal: {
+      auto it = cmds_.find(m.id);
+      if (it == cmds_.end()) return;
+      Command& c = *it->second;
+      uint64_t sig = m.u64(Tag::kSigno);
+      if (sig == 0 || sig >= NSIG) return;
+      if (sig == SIGKILL) {
+        kill_command(c);
+      } else if (c.sp.init_chan) {
+        InitRequest r;
+        r.op = 'S';
+        r.signo = static_cast<int32_t>(sig);
+        (void)::send(c.sp.init_chan.get(), &r, sizeof(r), MSG_NOSIGNAL | MSG_DONTWAIT);
+      }
+      return;
+    }
+    case MsgType::kFileWrite:
+    case MsgType::kFileRead:
+    case MsgType::kFileStat:
+    case MsgType::kFileList:
+    case MsgType::kFileRemove:
+    case MsgType::kMkdir:
+      send(files_.handle(m));
+      return;
+    case MsgType::kPing:
+      send(Message(MsgType::kOk, m.id));
+      return;
+    default: {
+      char what[64];
+      std::snprintf(what, sizeof(what), "unknown message type %u", static_cast<unsigned>(m.type));
+      send(proto::make_error(m.id, code_name(Code::kInvalidArgument), 0, what));
+    }
+  }
+}
+
+void Agent::handle_exec(const Message& m) {
+  auto reject = [&](Code code, std::string_view msg) {
+    send(proto::make_error(m.id, code_name(code), 0, msg));
+  };
+  if (cmds_.count(m.id)) return reject(Code::kConflict, "request id already in use");
+  ExecSpec spec;
+  for (auto a : m.all(Tag::kArg)) spec.argv.emplace_back(a);
+  std::vector<std::string> env;
+  for (auto e : m.all(Tag::kEnv)) env.emplace_back(e);
+  if (spec.argv.empty() || spec.argv[0].empty()) return reject(Code::kInvalidArgument, "exec: empty argv");
+  for (const auto* list : {&spec.argv, &env})
+    for (const auto& s : *list)
+      if (s.find('\0') != std::string::npos)
+        return reject(Code::kInvalidArgument, "exec: NUL byte in argv or env");
+  for (const auto& e : env)
+    if (e.find('=') == std::string::npos || e[0] == '=')
+      return reject(Code::kInvalidArgument, "exec: env entry is not KEY=VALUE");
+  spec.cwd = m.str(Tag::kCwd, "/");
+  if (spec.cwd.empty() || spec.cwd.find('\0') != std::string::npos)
+    return reject(Code::kInvalidArgument, "exec: bad cwd");
+  uint64_t uid = m.u64(Tag::kUid, 0);
+  uint64_t gid = m.has(Tag::kGid) ? m.u64(Tag::kGid) : uid;
+  if (uid > 0xfffffffeull || gid > 0xfffffffeull) return reject(Code::kInvalidArgument, "exec: bad uid/gid");
+  spec.uid = static_cast<uint32_t>(uid);
+  spec.gid = static_cast<uint32_t>(gid);
+  spec.env = build_env(env, spec.uid);
+
+  auto sp = spawn_command(spec, opts_.pid_ns);
+  if (!sp) {
+    send(proto::make_error(m.id, code_name(sp.error().code), sp.error().sys_errno, sp.error().context));
+    return;
+  }
+  auto c = std::make_unique<Command>();
+  c->id = m.id;
+  c->sp = std::move(*sp);
+  c->start_us = mono_us();
+  if (uint64_t t = m.u64(Tag::kTimeoutMs, 0)) c->deadline_us = c->start_us + t * 1000;
+  c->limit = m.has(Tag::kOutputLimit) ? m.u64(Tag::kOutputLimit) : kDefaultOutputLimit;
+  if (auto d = m.get(Tag::kData)) c->stdin_buf.assign(*d);
+  c->stdin_eof = !m.flag(Tag::kStdinOpen);
+  inits_[c->sp.init_pid] = m.id;
+  Command& ref = *c;
+  cmds_[m.id] = std::move(c);
+  on_stdin(ref);
+}
+
+// Asks the command init to kill every process of the command; it then reports
+// the main process's status (SIGKILL) and exits.
+void Agent::kill_command(Command& c) {
+  if (c.kill_sent) return;
+  c.kill_sent = true;
+  InitRequest r;
+  r.op = 'K';
+  if (!c.sp.init_chan ||
+      ::send(c.sp.init_chan.get(), &r, sizeof(r), MSG_NOSIGNAL | MSG_DONTWAIT) != sizeof(r)) {
+    // No way to ask: in pid-namespace mode SIGKILL of the init kills everything.
+    if (c.sp.pid_ns) ::kill(c.sp.init_pid, SIGKILL);
+  }
+}
+
+void Agent::on_exec_chan(Command& c) {
+  for (;;) {
+    union {
+      ExecFailure f;
+      ExecHello h;
+      char raw[sizeof(ExecFailure)];
+    } msg{};
+    union {
+      cmsghdr align;
+      char buf[CMSG_SPACE(sizeof(ucred))];
+    } control{};
+    iovec iov{&msg, sizeof(msg)};
+    msghdr mh{};
+    mh.msg_iov = &iov;
+    mh.msg_iovlen = 1;
+    mh.msg_control = control.buf;
+    mh.msg_controllen = sizeof(control.buf);
+    ssize_t n = ::recvmsg(c.sp.exec_chan.get(), &mh, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN) return;
+    }
+    if (n <= 0) break;  // EOF: execve happened, or the command failed before it
+    if (msg.raw[0] == 'P') {
+      for (cmsghdr* h = CMSG_FIRSTHDR(&mh); h; h = CMSG_NXTHDR(&mh, h)) {
+        if (h->cmsg_level == SOL_SOCKET && h->cmsg_type == SCM_CREDENTIALS) {
+          ucred cr;
+          std::memcpy(&cr, CMSG_DATA(h), sizeof(cr));
+          c.pid = cr.pid;
+        }
+      }
+    } else if (msg.raw[0] == 'E' && static_cast<size_t>(n) == sizeof(ExecFailure)) {
+      c.got_failure = true;
+      c.failure = msg.f;
+      c.failure.what[sizeof(c.failure.what) - 1] = '\0';
+    }
+  }
+  c.sp.exec_chan.reset();
+  if (c.got_failure || c.pid == 0) {
+    c.failed = true;
+    int e = c.got_failure ? c.failure.err : 0;
+    std::string what = c.got_failure ? c.failure.what : "command init died before the command started";
+    send(proto::make_error(c.id, code_name(e ? code_from_errno(e) : Code::kInternal), e, what));
+    c.sp.stdin_w.reset();
+    c.sp.stdout_r.reset();
+    c.sp.stderr_r.reset();
+    return;
+  }
+  c.started = true;
+  Message s(MsgType::kStarted, c.id);
+  s.add_u64(Tag::kPid, static_cast<uint64_t>(c.pid));
+  send(std::move(s));
+}
+
+void Agent::on_init_chan(Command& c) {
+  for (;;) {
+    InitReport r;
+    ssize_t n = ::recv(c.sp.init_chan.get(), &r, sizeof(r), MSG_DONTWAIT);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && errno == EAGAIN) return;
+    if (n == static_cast<ssize_t>(sizeof(r)) && r.op == 'X') {
+      c.report = r;
+      c.have_report = true;
+      continue;
+    }
+    if (n <= 0) break;
+  }
+  c.sp.init_chan.reset();
+}
+
+// Forwards what one pipe has. `final`: the command's processes are all gone,
+// so read until the pipe is empty even if some other process still holds it.
+void Agent::on_pipe(Command& c, int stream, bool final) {
+  Fd& fd = stream == 1 ? c.sp.stdout_r : c.sp.stderr_r;
+  while (fd) {
+    ssize_t n = ::read(fd.get(), g_buf, sizeof(g_buf));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && errno == EAGAIN && !final) return;
+    if (n <= 0) {
+      fd.reset();
+      return;
+    }
+    uint64_t room = c.limit > c.forwarded[stream] ? c.limit - c.forwarded[stream] : 0;
+    size_t take = static_cast<size_t>(std::min<uint64_t>(room, static_cast<uint64_t>(n)));
+    if (take < static_cast<size_t>(n)) c.truncated[stream] = true;
+    if (take > 0) {
+      c.forwarded[stream] += take;
+      Message m(MsgType::kOutput, c.id);
+      m.add_u64(Tag::kStream, static_cast<uint64_t>(stream));
+      m.add(Tag::kData, std::string_view(g_buf, take));
+      send(std::move(m), c.id);
+    }
+    if (!final) return;  // one read per wakeup keeps the loop fair
+  }
+}
+
+void Agent::on_stdin(Command& c) {
+  while (c.sp.stdin_w && c.stdin_off < c.stdin_buf.size()) {
+    ssize_t n = ::write(c.sp.stdin_w.get(), c.stdin_buf.data() + c.stdin_off,
+                        c.stdin_buf.size() - c.stdin_off);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && errno == EAGAIN) return;
+    if (n < 0) {  // EPIPE: the command closed its stdin or exited
+      c.sp.stdin_w.reset();
+      break;
+    }
+    c.stdin_off += static_cast<size_t>(n);
+  }
+  if (c.stdin_off == c.stdin_buf.size()) {
+    std::string().swap(c.stdin_buf);
+    c.stdin_off = 0;
+    if (c.stdin_eof) c.sp.stdin_w.reset();
+  }
+  if (!c.sp.stdin_w) std::string().swap(c.stdin_buf);
+}
+
+void Agent::reap() {
+  signalfd_siginfo si;
+  while (::read(sigfd_.get(), &si, sizeof(si)) == static_cast<ssize_t>(sizeof(si))) {
+  }
+  for (;;) {
+    int st = 0;
+    pid_t pid = ::waitpid(-1, &st, WNOHANG);
+    if (pid <= 0) return;
+    auto it = inits_.find(pid);
+    if (it == inits_.end()) continue;  // an orphan reparented to PID 1
+    uint32_t id = it->second;
+    inits_.erase(it);
+    auto ct = cmds_.find(id);
+    if (ct != cmds_.end()) finish(*ct->second, st);
+  }
+}
+
+// The command init has exited: every process of the command is gone. Collect
+// what the channels and pipes still hold, answer, and forget the command.
+void Agent::finish(Command& c, int init_status) {
+  if (c.sp.exec_chan) on_exec_chan(c);
+  if (c.sp.init_chan) on_init_chan(c);
+  if (c.started) {
+    on_pipe(c, 1, true);
+    on_pipe(c, 2, true);
+  }
+  if (!c.failed) {
+    Message x(MsgType::kExit, c.id);
+    int64_t code = -1;
+    int sig = 0;
+    if (c.have_report) {
+      int ws = c.report.wait_status;
+      if (WIFEXITED(ws)) code = WEXITSTATUS(ws);
+      else if (WIFSIGNALED(ws)) sig = WTERMSIG(ws);
+    } else {
+      sig = WIFSIGNALED(init_status) ? WTERMSIG(init_status) : SIGKILL;
+    }
+    uint64_t wall = c.have_report ? c.report.wall_us : mono_us() - c.start_us;
+    x.add_i64(Tag::kExitCode, code);
+    x.add_u64(Tag::kTermSignal, static_cast<uint64_t>(sig));
+    x.add_u64(Tag::kWallUs, wall);
+    x.add_u64(Tag::kMaxRssKb, c.have_report ? c.report.max_rss_kb : 0);
+    x.add_bool(Tag::kTimedOut, c.timed_out);
+    x.add_bool(Tag::kStdoutTruncated, c.truncated[1]);
+    x.add_bool(Tag::kStderrTruncated, c.truncated[2]);
+    send(std::move(x));
+  }
+  uint32_t id = c.id;
+  cmds_.erase(id);  // destroys c
+  heap_used_ = true;
+}
+
+void Agent::shutdown_commands() {
+  for (auto& [id, c] : cmds_) {
+    if (c->sp.pid_ns) {
+      ::kill(c->sp.init_pid, SIGKILL);  // takes the whole namespace with it
+    } else {
+      kill_command(*c);
+    }
+  }
+  for (auto& [pid, id] : inits_) {
+    int st;
+    while (::waitpid(pid, &st, 0) < 0 && errno == EINTR) {
+    }
+  }
+  inits_.clear();
+  cmds_.clear();
+}
+
+// After a burst (big frames, many commands) give the heap back to the kernel
+// once the agent is idle again.
+void Agent::maybe_trim() {
+  if (!heap_used_ || !cmds_.empty() || !outq_.empty()) return;
+  heap_used_ = false;
+  std::deque<OutFrame>().swap(outq_);
+  ::malloc_trim(0);
+}
+
+int Agent::run() {
+  {
+    Message ready(MsgType::kReady, 0);
+    ready.add_u64(Tag::kVersion, proto::kVersion);
+    ready.add_u64(Tag::kPid, static_cast<uint64_t>(::getpid()));
+    send(std::move(ready));
+  }
+  std::vector<pollfd> pfds;
+  std::vector<Slot> slots;
+  for (;;) {
+    if (!flush()) break;
+    maybe_trim();
+    pfds.clear();
+    slots.clear();
+    auto add = [&](int fd, short ev, Kind k, uint32_t id) {
+      pfds.push_back(pollfd{fd, ev, 0});
+      slots.push_back(Slot{k, id});
+    };
+    short ctl_ev = (out_bytes_ < kMaxOutQueue ? POLLIN : 0) | (outq_.empty() ? 0 : POLLOUT);
+    add(ctl_.get(), ctl_ev, Kind::kCtl, 0);
+    add(sigfd_.get(), POLLIN, Kind::kSig, 0);
+    uint64_t now = mono_us();
+    uint64_t next_deadline = 0;
+    for (auto& [id, cp] : cmds_) {
+      Command& c = *cp;
+      if (c.deadline_us && !c.kill_sent) {
+        if (now >= c.deadline_us) {
+          c.timed_out = true;
+          kill_command(c);
+        } else if (!next_deadline || c.deadline_us < next_deadline) {
+          next_deadline = c.deadline_us;
+        }
+      }
+      if (c.sp.exec_chan) add(c.sp.exec_chan.get(), POLLIN, Kind::kExecChan, id);
+      if (c.sp.init_chan) add(c.sp.init_chan.get(), POLLIN, Kind::kInitChan, id);
+      if (c.started && c.queued < kMaxQueuedPerCommand) {
+        if (c.sp.stdout_r) add(c.sp.stdout_r.get(), POLLIN, Kind::kStdout, id);
+        if (c.sp.stderr_r) add(c.sp.stderr_r.get(), POLLIN, Kind::kStderr, id);
+      }
+      if (c.sp.stdin_w && c.stdin_off < c.stdin_buf.size())
+        add(c.sp.stdin_w.get(), POLLOUT, Kind::kStdin, id);
+    }
+    int timeout = -1;
+    if (next_deadline) timeout = static_cast<int>((next_deadline - now + 999) / 1000);
+    int n = ::poll(pfds.data(), pfds.size(), timeout);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      log_line("tp-agent: poll: %s\n", std::strerror(errno));
+      exit_code_ = 1;
+      break;
+    }
+    bool stop = false;
+    for (size_t i = 0; i < pfds.size() && !stop; ++i) {
+      short re = pfds[i].revents;
+      if (!re) continue;
+      const Slot s = slots[i];
+      if (s.kind == Kind::kCtl) {
+        if (re & POLLOUT) {
+          if (!flush()) stop = true;
+        }
+        if (!stop && (re & (POLLIN | POLLHUP | POLLERR))) {
+          if (re & POLLIN) {
+            if (!read_ctl()) stop = true;
+          } else {
+            stop = true;  // hung up with nothing left to read
+          }
+        }
+        continue;
+      }
+      if (s.kind == Kind::kSig) {
+        reap();
+        continue;
+      }
+      auto it = cmds_.find(s.id);
+      if (it == cmds_.end()) continue;  // finished earlier in this round
+      Command& c = *it->second;
+      switch (s.kind) {
+        case Kind::kExecChan: if (c.sp.exec_chan) on_exec_chan(c); break;
+        case Kind::kInitChan: if (c.sp.init_chan) on_init_chan(c); break;
+        case Kind::kStdout: on_pipe(c, 1, false); break;
+        case Kind::kStderr: on_pipe(c, 2, false); break;
+        case Kind::kStdin: on_stdin(c); break;
+        default: break;
+      }
+    }
+    if (stop) break;
+  }
+  shutdown_commands();
+  (void)flush();
+  return exit_code_;
+}
+
+// Makes sure fds 0..2 are open, so that pipe and socket fds are never 0..2
+// (the command's dup2 onto 0..2 relies on it).
+void ensure_std_fds() {
+  for (int fd = 0; fd < 3; ++fd) {
+    if (::fcntl(fd, F_GETFD) >= 0) continue;
+    int n = ::open("/dev/null", O_RDWR);
+    if (n < 0) n = ::open("/", O_RDONLY | O_DIRECTORY);
+    if (n >= 0 && n != fd) {
+      ::dup2(n, fd);
+      ::close(n);
+    }
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  auto opts = parse_options(argc, argv);
+  if (!opts) {
+    log_line("tp-agent: %s\n", opts.error().message().c_str());
+    log_line("usage: tp-agent [--fd N] [--root DIR] [--no-pid-ns] [--resolve auto|openat2|walk]\n");
+    return 2;
+  }
+  // Keep the heap small and give it back: no dynamic mmap threshold growth,
+  // so big transient buffers are mmapped and unmapped when freed.
+  ::mallopt(M_MMAP_THRESHOLD, 128 * 1024);
+  ::mallopt(M_TRIM_THRESHOLD, 128 * 1024);
+  ensure_std_fds();
+  if (::fcntl(opts->fd, F_GETFD) < 0) {
+    log_line("tp-agent: --fd: %s\n", std::strerror(errno));
+    return 2;
+  }
+  // Commands must not ptrace the agent or open /proc/<agent>/fd/*.
+  ::prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
+  // As a plain process (tests), collect orphans the way PID 1 would.
+  if (::getpid() != 1) ::prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
+  ::fcntl(opts->fd, F_SETFD, FD_CLOEXEC);
+  ::fcntl(opts->fd, F_SETFL, ::fcntl(opts->fd, F_GETFL) | O_NONBLOCK);
+  ::signal(SIGPIPE, SIG_IGN);
+  sigset_t chld;
+  sigemptyset(&chld);
+  sigaddset(&chld, SIGCHLD);
+  ::sigprocmask(SIG_BLOCK, &chld, nullptr);
+  int sfd = ::signalfd(-1, &chld, SFD_CLOEXEC | SFD_NONBLOCK);
+  if (sfd < 0) {
+    log_line("tp-agent: signalfd: %s\n", std::strerror(errno));
+    return 2;
+  }
+  // File modes from requests are taken as given; commands get umask 022.
+  ::umask(0);
+  auto resolver = Resolver::open_root(opts->root, opts->resolve);
+  if (!resolver) {
+    log_line("tp-agent: --root: %s\n", resolver.error().message().c_str());
+    return 2;
+  }
+  int ctl = opts->fd;
+  Agent agent(std::move(*opts), ctl, Fd(sfd), FileService(std::move(*resolver)));
+  return agent.run();
+}
+
+}  // namespace tp::agent

@@ -1,5 +1,31 @@
-// tp-agent entry point (placeholder; the agent module defines it).
+// tp-agent: PID 1 inside every sandbox (DESIGN.md, Processes).
+//
+// What it promises:
+//  - Serves the wire protocol (src/protocol/wire.h, src/protocol/README.md) on
+//    one control stream (--fd, default 3), from one single-threaded poll loop
+//    that never blocks on a command: pipes are non-blocking, answers go through
+//    a writer queue, and a command whose queued output reaches a cap is not
+//    read again until the node has taken it (the pipe then back-pressures it).
+//  - Sends kReady (VERSION, PID) when it is ready.
+//  - Is not dumpable (commands cannot ptrace it or open /proc/1/fd/*); the
+//    control fd is CLOEXEC and never reaches a command.
+//  - Reaps every zombie reparented to it (SIGCHLD via signalfd).
+//  - Runs every kExec in its own pid namespace under a tiny command init (see
+//    command.h): a timeout, kSignal SIGKILL, or the command's main process
+//    exiting kills every process the command started, daemons included.
+//  - Resolves file paths strictly inside its root (see resolver.h, file_ops.h).
+//  - A malformed frame, or EOF on the control stream, kills every command and
+//    ends the agent (and so the sandbox, when it is PID 1).
+// Works as PID 1 of a sandbox and as a plain host process (unit tests).
+//
+// Thread rules: single-threaded; main() runs the agent until it ends.
 #pragma once
+
 namespace tp::agent {
+
+// Entry point of the tp-agent binary. Returns the process exit status:
+// 0 after EOF on the control stream, 1 after a protocol error, 2 on bad usage
+// or a failed start.
 int main(int argc, char** argv);
-}
+
+}  // namespace tp::agent

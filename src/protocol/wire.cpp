@@ -129,7 +129,7 @@ std::optional<Message> FrameReader::next() {
   size_t avail = buf_.size() - pos_;
   if (avail < 4) return std::nullopt;
   uint32_t len = get_u32(buf_.data() + pos_);
-  if (len < 8 || len + 4 > kMaxFrame) {
+  if (len < 8 || len > kMaxFrame - 4) {  // (not len + 4: it wraps for len near 2^32)
     failed_ = true;
     error_ = "frame length " + std::to_string(len) + " out of range";
     return std::nullopt;

@@ -33,6 +33,26 @@
 //   kPing      -> kOk
 // The agent sends kReady (id 0, VERSION, PID) once, when it is ready to serve.
 //
+// Settled details (README.md in this folder has the full description):
+//  - kStarted comes only after execve succeeded; a failure before it (chdir,
+//    setresuid, execve ENOENT...) is one kError and no kExit. PID is the
+//    command's pid in the agent's pid namespace.
+//  - kExit is sent after all of the command's output and after every process
+//    of the command is gone: each command runs in its own pid namespace, and
+//    when its main process exits (or times out, or gets SIGKILL) the rest of
+//    it is killed. Background work must be its own exec.
+//  - kStdin/kSignal for an unknown or finished id are ignored. A running id
+//    reused by kExec answers kError conflict. An unknown message type answers
+//    kError invalid_argument; only a malformed frame closes the connection.
+//  - kError MESSAGE names the call and argument without the strerror text
+//    ("openat2 /x"); ERRNO carries the errno.
+//  - File paths must be absolute (else invalid_argument) and resolve inside
+//    the sandbox root; magic links are refused (ELOOP -> invalid_argument).
+//    Read/write accept regular files only. kFileRead LENGTH <= kMaxChunk
+//    (default kMaxChunk). kFileWrite MODE is also applied to an existing file
+//    when given. kFileList entries are sorted by name and carry PATH; a listing
+//    that would exceed kMaxFrame fails with payload_too_large.
+//
 // Thread rules: Encoder, Message and FrameReader are plain values; use one per thread.
 #pragma once
 

@@ -13,6 +13,8 @@ Fixtures for test modules (test_cli.py uses these too):
     build_dir   pathlib.Path of the build directory (binaries in build_dir / "bin")
     client      a tidepool.Client for the daemon that records every sandbox it creates;
                 on teardown it kills those that are still live
+    make_async_client  factory of tidepool.AsyncClient that record their sandboxes (also
+                batches) the same way
     sandbox     one fresh sandbox (default limits), killed after the test
     payload     function name -> host path of build/payloads/<name> (fails if missing)
     track       function sandbox_id -> None: register a sandbox created another way (CLI)
@@ -87,15 +89,49 @@ class TrackingClient(tidepool.Client):
         self._registry.add(sb.id)
         return sb
 
+    def create_batch(self, *args, **kwargs):
+        res = super().create_batch(*args, **kwargs)
+        for sb in res.sandboxes:
+            self.created.append(sb.id)
+            self._registry.add(sb.id)
+        return res
+
+
+class TrackingAsyncClient(tidepool.AsyncClient):
+    """An AsyncClient that records the ids of the sandboxes it creates (also in batches)."""
+
+    def __init__(self, url: str, registry: Set[str], **kw) -> None:
+        super().__init__(url, **kw)
+        self.created: List[str] = []
+        self._registry = registry
+
+    def _record(self, sandbox_id: str) -> None:
+        self.created.append(sandbox_id)
+        self._registry.add(sandbox_id)
+
+    async def create(self, *args, **kwargs) -> tidepool.AsyncSandbox:
+        sb = await super().create(*args, **kwargs)
+        self._record(sb.id)
+        return sb
+
+    async def create_batch(self, *args, **kwargs):
+        res = await super().create_batch(*args, **kwargs)
+        for sb in res.sandboxes:
+            self._record(sb.id)
+        return res
+
 
 class _Tracker:
     def __init__(self) -> None:
         self.clients: List[TrackingClient] = []
+        self.async_clients: List[TrackingAsyncClient] = []
         self.extra: List[str] = []
 
     def ids(self) -> List[str]:
         out = list(self.extra)
         for c in self.clients:
+            out.extend(c.created)
+        for c in self.async_clients:
             out.extend(c.created)
         return out
 
@@ -134,6 +170,22 @@ def make_client(daemon, _tracker):
         if daemon.alive():
             _kill_quietly(c, c.created)
         c.close()
+
+
+@pytest.fixture
+def make_async_client(daemon, _tracker):
+    """Factory of tracked AsyncClients. Use them inside the test's own event loop
+    (asyncio.run) and close them there; sandboxes they leave live are killed afterwards
+    with a sync client."""
+    def make(**kw) -> TrackingAsyncClient:
+        c = TrackingAsyncClient(daemon.url, daemon.created, **kw)
+        _tracker.async_clients.append(c)
+        return c
+    yield make
+    leftover = [sid for c in _tracker.async_clients for sid in c.created]
+    if leftover and daemon.alive():
+        with tidepool.Client(daemon.url, timeout=60) as c:
+            _kill_quietly(c, leftover)
 
 
 @pytest.fixture

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import base64
 import datetime as dt
+import io
 import json
+import tarfile
 import socket
 import threading
 import time
@@ -65,6 +67,13 @@ class FakeDaemon:
         self.exec_handler: ExecHandler = default_exec
         self.inject: List[Tuple[int, bytes]] = []   # (status, body) answers for the next requests
         self.delay: float = 0.0                      # seconds to sleep before answering
+        self.drop: int = 0                           # handle, then hang up without answering, N times
+        self.idem: Dict[str, Tuple[str, str, int, bytes, Optional[str]]] = {}
+        self.executions = 0                          # commands actually "run" (exec + processes)
+        self.processes: Dict[Tuple[str, int], Dict[str, Any]] = {}
+        self.cond = threading.Condition()
+        self.batch_fail: set = set()                 # batch item indexes that fail
+        self.tar_extra: Dict[str, Tuple[bytes, str]] = {}  # extra tar entries: name -> (type, linkname)
         self.connections = 0                         # TCP connections accepted
         self.live_sockets: List[socket.socket] = []
         self.lock = threading.Lock()
@@ -140,22 +149,52 @@ class FakeDaemon:
         if injected is not None:
             self._send(h, injected[0], injected[1], "application/json")
             return
+        key = rec.headers.get("idempotency-key")
+        if key is not None:
+            with self.lock:
+                prior = self.idem.get(key)
+            if prior is not None:
+                if prior[:2] != (rec.method, rec.path):
+                    self._send(h, 409, json.dumps({"code": "conflict", "message": "key reused"}).encode(),
+                               "application/json")
+                else:
+                    self._send(h, prior[2], prior[3], prior[4], replayed=True)
+                return
         try:
             status, payload = self._route(h, rec)
         except _Streamed:
             return
         if payload is None:
-            self._send(h, status, b"", None)
+            body, ctype = b"", None
         elif isinstance(payload, bytes):
-            self._send(h, status, payload, "application/octet-stream")
+            body, ctype = payload, ("application/x-tar" if rec.path.endswith("/files/tar") else "application/octet-stream")
         elif isinstance(payload, str):
-            self._send(h, status, payload.encode(), "text/plain; version=0.0.4")
+            body, ctype = payload.encode(), "text/plain; version=0.0.4"
         else:
-            self._send(h, status, json.dumps(payload).encode(), "application/json")
+            body, ctype = json.dumps(payload).encode(), "application/json"
+        if key is not None and status < 500:
+            with self.lock:
+                self.idem[key] = (rec.method, rec.path, status, body, ctype)
+        with self.lock:
+            drop = self.drop > 0
+            if drop:
+                self.drop -= 1
+        if drop:
+            # The request was handled, but the answer is lost: hang up.
+            h.close_connection = True
+            try:
+                h.connection.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            return
+        self._send(h, status, body, ctype)
 
     @staticmethod
-    def _send(h: BaseHTTPRequestHandler, status: int, body: bytes, ctype: Optional[str]) -> None:
+    def _send(h: BaseHTTPRequestHandler, status: int, body: bytes, ctype: Optional[str],
+              replayed: bool = False) -> None:
         h.send_response(status)
+        if replayed:
+            h.send_header("Idempotent-Replayed", "true")
         if ctype:
             h.send_header("Content-Type", ctype)
         h.send_header("Content-Length", str(len(body)))
@@ -202,6 +241,21 @@ class FakeDaemon:
                 elif rec.query.get("all") != ["true"]:
                     out = [s for s in out if s["state"] != "stopped"]
                 return 200, {"sandboxes": out}
+        if parts[2:] == ["batch"] and m == "POST":
+            req = rec.json()
+            count = req.pop("count", None)
+            if not isinstance(count, int) or not 1 <= count <= 1000:
+                return self._err(400, "invalid_argument", "count must be within 1..1000")
+            out: Dict[str, Any] = {"sandboxes": [], "errors": []}
+            fields = {k: v for k, v in req.items() if k in (
+                "image", "tier", "memory_mb", "cpus", "pids", "disk_mb", "ttl_seconds",
+                "idle_timeout_seconds", "labels", "env")}
+            for i in range(count):
+                if i in self.batch_fail:
+                    out["errors"].append({"index": i, "code": "resource_exhausted", "message": "no room"})
+                else:
+                    out["sandboxes"].append(self.add_sandbox(**json.loads(json.dumps(fields))))
+            return 200, out
         sid = parts[2]
         sb = self.sandboxes.get(sid)
         if sb is None:
@@ -217,7 +271,13 @@ class FakeDaemon:
             return self._err(409, "conflict", f"sandbox {sid} is {sb['state']}")
         if rest == ["exec"] and m == "POST":
             return self._exec(h, sid, rec.json())
+        if rest and rest[0] == "processes":
+            return self._processes(sid, rest[1:], m, rec)
         path = rec.query.get("path", [""])[0]
+        if rest[:2] == ["files", "tar"]:
+            if not path.startswith("/"):
+                return self._err(400, "invalid_argument", "path must be absolute")
+            return self._tar(sid, m, path.rstrip("/") or "/", rec)
         if rest and rest[0] == "files":
             if not path.startswith("/"):
                 return self._err(400, "invalid_argument", "path must be absolute")
@@ -282,9 +342,117 @@ class FakeDaemon:
             return 201, self._entry(sid, path)
         return self._err(404, "not_found", f"no route files/{'/'.join(sub)}")
 
+    def _tar(self, sid: str, m: str, path: str, rec: Recorded) -> Tuple[int, Any]:
+        prefix = "" if path == "/" else path
+        if m == "PUT":
+            try:
+                tf = tarfile.open(fileobj=io.BytesIO(rec.body), mode="r:")
+            except tarfile.TarError as e:
+                return self._err(400, "invalid_argument", f"bad tar: {e}")
+            with tf:
+                self.dirs[sid].add(path)
+                for mem in tf.getmembers():
+                    full = f"{prefix}/{mem.name}"
+                    if mem.isdir():
+                        self.dirs[sid].add(full)
+                    elif mem.isreg():
+                        self.files[(sid, full)] = (tf.extractfile(mem).read(), mem.mode)
+                        self.dirs[sid].add(full.rsplit("/", 1)[0] or "/")
+            return 200, {"path": path, "bytes": len(rec.body)}
+        if m == "GET":
+            if path not in self.dirs[sid]:
+                return self._err(404, "not_found", f"{path}: no such directory")
+            buf = io.BytesIO()
+            with tarfile.open(fileobj=buf, mode="w") as tf:
+                for d in sorted(self.dirs[sid]):
+                    if d.startswith(prefix + "/") and d != path:
+                        ti = tarfile.TarInfo(d[len(prefix) + 1:])
+                        ti.type = tarfile.DIRTYPE
+                        ti.mode = 0o755
+                        tf.addfile(ti)
+                for (s2, p), (data, mode) in sorted(self.files.items()):
+                    if s2 == sid and p.startswith(prefix + "/"):
+                        ti = tarfile.TarInfo(p[len(prefix) + 1:])
+                        ti.size = len(data)
+                        ti.mode = mode
+                        tf.addfile(ti, io.BytesIO(data))
+                for name, (kind, extra) in self.tar_extra.items():
+                    ti = tarfile.TarInfo(name)
+                    ti.type = kind
+                    ti.linkname = extra
+                    tf.addfile(ti)
+            return 200, buf.getvalue()
+        return self._err(404, "not_found", "no route")
+
+    def _proc_json(self, p: Dict[str, Any], with_output: bool) -> Dict[str, Any]:
+        out = {"pid": p["pid"], "cmd": p["cmd"], "state": p["state"], "started_at": p["started_at"]}
+        res = p.get("result")
+        if with_output:
+            out["stdout"] = b64(p["stdout"])
+            out["stderr"] = b64(p["stderr"])
+        if res is not None:
+            out["result"] = dict(res, stdout=b64(p["stdout"]), stderr=b64(p["stderr"]))
+        return out
+
+    def _processes(self, sid: str, sub: List[str], m: str, rec: Recorded) -> Tuple[int, Any]:
+        if not sub:
+            if m == "POST":
+                req = rec.json()
+                with self.lock:
+                    self._next += 1
+                    pid = 100 + self._next
+                    self.executions += 1
+                cmd = req["cmd"] if isinstance(req["cmd"], list) else ["/bin/sh", "-c", req["cmd"]]
+                p = {"pid": pid, "cmd": cmd, "state": "running", "started_at": now(), "stdout": b"",
+                     "stderr": b"", "stdin": b"", "result": None, "stdin_open": bool(req.get("stdin_open"))}
+                if not p["stdin_open"] and "sleep" not in " ".join(cmd):
+                    res = dict(self.exec_handler(sid, dict(req, stream=False)))
+                    p["stdout"], p["stderr"] = res.pop("stdout", b""), res.pop("stderr", b"")
+                    p["state"], p["result"] = "exited", res
+                self.processes[(sid, pid)] = p
+                return 201, self._proc_json(p, False)
+            if m == "GET":
+                return 200, {"processes": [self._proc_json(p, False) for (s2, _), p in self.processes.items()
+                                           if s2 == sid]}
+        try:
+            pid = int(sub[0])
+        except ValueError:
+            return self._err(400, "invalid_argument", "pid must be an integer")
+        p = self.processes.get((sid, pid))
+        if p is None:
+            return self._err(404, "not_found", f"no process {pid}")
+        action = sub[1:]
+        if not action and m == "GET":
+            return 200, self._proc_json(p, False)
+        if action == ["wait"] and m == "POST":
+            t = float(rec.query.get("timeout", ["10"])[0])
+            with self.cond:
+                self.cond.wait_for(lambda: p["state"] == "exited", timeout=t)
+            return 200, self._proc_json(p, True)
+        if action == ["stdin"] and m == "POST":
+            if not p["stdin_open"] or p["state"] != "running":
+                return self._err(409, "conflict", "stdin is not open")
+            p["stdin"] += rec.body
+            if rec.query.get("eof") == ["true"]:
+                with self.cond:
+                    p["stdout"], p["state"] = p["stdin"], "exited"
+                    p["result"] = {"exit_code": 0, "duration": 0.1}
+                    self.cond.notify_all()
+            return 204, None
+        if action == ["signal"] and m == "POST":
+            sig = rec.json().get("signal", 9)
+            with self.cond:
+                if p["state"] == "running":
+                    p["state"], p["result"] = "exited", {"exit_code": -1, "signal": sig, "duration": 0.1}
+                self.cond.notify_all()
+            return 204, None
+        return self._err(404, "not_found", "no route")
+
     def _exec(self, h: BaseHTTPRequestHandler, sid: str, req: Dict[str, Any]) -> Tuple[int, Any]:
         if "timeout" in req and req["timeout"] <= 0:
             return self._err(400, "invalid_argument", "timeout must be > 0")
+        with self.lock:
+            self.executions += 1
         out = self.exec_handler(sid, req)
         if isinstance(out, tuple):  # (status, error JSON)
             return out

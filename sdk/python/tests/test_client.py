@@ -108,6 +108,7 @@ def test_unknown_attribute_raises_attribute_error(client):
 @pytest.mark.parametrize("status,code,cls", [
     (400, "invalid_argument", tidepool.InvalidArgument),
     (401, "unauthenticated", tidepool.Unauthenticated),
+    (403, "permission_denied", tidepool.PermissionDenied),
     (404, "not_found", tidepool.NotFound),
     (409, "conflict", tidepool.Conflict),
     (413, "payload_too_large", tidepool.PayloadTooLarge),
@@ -119,7 +120,9 @@ def test_unknown_attribute_raises_attribute_error(client):
     (418, "teapot", tidepool.SandboxError),
 ])
 def test_error_mapping(client, fake, status, code, cls):
-    fake.inject.append((status, json.dumps({"code": code, "message": "why"}).encode()))
+    # 503 is retried: make every attempt fail.
+    for _ in range(tidepool.RetryPolicy().max_attempts if status == 503 else 1):
+        fake.inject.append((status, json.dumps({"code": code, "message": "why"}).encode()))
     with pytest.raises(cls) as ei:
         client.health()
     assert isinstance(ei.value, tidepool.TidepoolError)

@@ -1,6 +1,6 @@
-"""Tidepool Python SDK: create sandboxes, run commands, move files.
+"""Tidepool Python SDK: create sandboxes, run commands, move files; sync and asyncio.
 
-Standard library only. Quick start::
+Standard library only, Python 3.9+. Quick start::
 
     import tidepool
 
@@ -9,9 +9,19 @@ Standard library only. Quick start::
         r = sb.exec("echo hello; exit 3")
         print(r.exit_code, r.stdout)           # 3 hello
 
-Errors are typed exceptions, all subclasses of :class:`TidepoolError`.
+The asyncio client has the same methods as coroutines::
+
+    async with tidepool.AsyncClient() as client:
+        async with await client.create_batch(16, ttl=600) as batch:
+            results = await asyncio.gather(*(sb.exec("make test") for sb in batch))
+
+Errors are typed exceptions, all subclasses of :class:`TidepoolError`. Transient
+failures are retried (:class:`RetryPolicy`); state-changing calls carry an
+``Idempotency-Key`` so a retry never runs anything twice.
 """
-from .client import DEFAULT_URL, Client, Files, Sandbox
+from ._retry import RetryPolicy
+from .aio import AsyncClient, AsyncFiles, AsyncProcessHandle, AsyncSandbox
+from .client import DEFAULT_URL, Client, Files, ProcessHandle, Sandbox
 from .errors import (
     CommandFailed,
     Conflict,
@@ -27,17 +37,26 @@ from .errors import (
     Unauthenticated,
     Unavailable,
 )
-from .models import ExecResult, FileEntry, OutputChunk, SandboxInfo
+from .models import BatchError, BatchResult, ExecResult, FileEntry, OutputChunk, ProcessInfo, SandboxInfo
 from .version import __version__
 
 __all__ = [
     "Client",
     "Sandbox",
     "Files",
+    "ProcessHandle",
+    "AsyncClient",
+    "AsyncSandbox",
+    "AsyncFiles",
+    "AsyncProcessHandle",
+    "RetryPolicy",
     "SandboxInfo",
     "ExecResult",
     "OutputChunk",
     "FileEntry",
+    "ProcessInfo",
+    "BatchResult",
+    "BatchError",
     "TidepoolError",
     "InvalidArgument",
     "Unauthenticated",

@@ -1,6 +1,6 @@
 """Request builders and answer parsers for every route (internal).
 
-Pure functions, no I/O: the sync client (``client.py``) and a future asyncio client send
+Pure functions, no I/O: the sync client (``client.py``) and the asyncio client send
 the same :class:`~tidepool._http.Request` values and parse answers with the same code.
 Route shapes follow ``api/openapi.yaml``.
 """
@@ -55,7 +55,7 @@ def _boolstr(b: bool) -> str:
     return "true" if b else "false"
 
 
-def create(
+def create_body(
     *,
     image: str,
     tier: str,
@@ -67,9 +67,8 @@ def create(
     env: Optional[Mapping[str, str]],
     disk_mb: Optional[int],
     pids: Optional[int],
-    timeout: Any = DEFAULT,
-) -> Request:
-    """POST /v1/sandboxes. Fields left as None take the server's defaults."""
+) -> Dict[str, Any]:
+    """The ``CreateSandbox`` JSON object. Fields left as None take the server's defaults."""
     body: Dict[str, Any] = {"image": image, "tier": tier}
     if memory_mb is not None:
         body["memory_mb"] = int(memory_mb)
@@ -89,7 +88,21 @@ def create(
         body["labels"] = {str(k): str(v) for k, v in labels.items()}
     if env:
         body["env"] = {str(k): str(v) for k, v in env.items()}
-    return json_request("POST", SANDBOXES, body, timeout=timeout)
+    return body
+
+
+def create(timeout: Any = DEFAULT, **fields: Any) -> Request:
+    """POST /v1/sandboxes (``fields`` as for :func:`create_body`)."""
+    return json_request("POST", SANDBOXES, create_body(**fields), timeout=timeout)
+
+
+def create_batch(count: int, timeout: Any = DEFAULT, **fields: Any) -> Request:
+    """POST /v1/sandboxes/batch: ``count`` sandboxes described alike."""
+    if isinstance(count, bool) or not isinstance(count, int):
+        raise TypeError("count must be an int")
+    body = create_body(**fields)
+    body["count"] = count
+    return json_request("POST", SANDBOXES + "/batch", body, timeout=timeout)
 
 
 def get(sandbox_id: str) -> Request:
@@ -114,8 +127,7 @@ def list_(labels: Optional[Mapping[str, str]], state: Optional[str], all_: bool)
     return Request("GET", SANDBOXES, query=query)
 
 
-def exec_(
-    sandbox_id: str,
+def exec_body(
     cmd: Command,
     *,
     timeout: Optional[Seconds],
@@ -124,14 +136,8 @@ def exec_(
     user: Optional[int],
     stdin: Optional[Union[bytes, str]],
     max_output_bytes: Optional[int],
-    stream: bool,
-    client_timeout: Optional[float],
-) -> Request:
-    """POST /v1/sandboxes/{id}/exec.
-
-    The socket read timeout is the command's timeout plus the client's timeout as slack,
-    or unlimited when the command has no timeout (it may legitimately run for hours).
-    """
+) -> Dict[str, Any]:
+    """The ``ExecRequest`` JSON object (without ``stream``)."""
     if isinstance(cmd, (bytes, bytearray)):
         raise TypeError("cmd must be a str (run by /bin/sh -c) or a sequence of str (argv)")
     if isinstance(cmd, str):
@@ -151,18 +157,123 @@ def exec_(
     if user is not None:
         body["user"] = int(user)
     if stdin is not None:
-        raw = stdin.encode("utf-8") if isinstance(stdin, str) else bytes(stdin)
-        body["stdin"] = base64.b64encode(raw).decode("ascii")
+        body["stdin"] = base64.b64encode(to_bytes(stdin, "stdin")).decode("ascii")
     if max_output_bytes is not None:
         body["max_output_bytes"] = int(max_output_bytes)
+    return body
+
+
+def to_bytes(data: Union[bytes, bytearray, memoryview, str], name: str = "data") -> bytes:
+    """bytes as they are, str encoded as UTF-8; anything else is a TypeError."""
+    if isinstance(data, str):
+        return data.encode("utf-8")
+    if isinstance(data, (bytes, bytearray, memoryview)):
+        return bytes(data)
+    raise TypeError(f"{name} must be bytes or str, not {type(data).__name__}")
+
+
+def command_read_timeout(timeout: Optional[Seconds], client_timeout: Optional[float]) -> Optional[float]:
+    """Read timeout of a call that waits for a command: its timeout plus the client's
+    timeout as slack, or unlimited when the command has none (it may run for hours)."""
+    t = seconds(timeout, "timeout")
+    if t is not None and t > 0:
+        return t + (client_timeout if client_timeout is not None else 60.0)
+    return None
+
+
+def exec_(
+    sandbox_id: str,
+    cmd: Command,
+    *,
+    timeout: Optional[Seconds],
+    env: Optional[Mapping[str, str]],
+    cwd: Optional[str],
+    user: Optional[int],
+    stdin: Optional[Union[bytes, str]],
+    max_output_bytes: Optional[int],
+    stream: bool,
+    client_timeout: Optional[float],
+) -> Request:
+    """POST /v1/sandboxes/{id}/exec."""
+    body = exec_body(cmd, timeout=timeout, env=env, cwd=cwd, user=user, stdin=stdin,
+                     max_output_bytes=max_output_bytes)
     if stream:
         body["stream"] = True
-    read_timeout: Optional[float] = None
-    if t is not None and t > 0:
-        read_timeout = t + (client_timeout if client_timeout is not None else 60.0)
-    req = json_request("POST", sandbox_path(sandbox_id, "/exec"), body, timeout=read_timeout)
+    req = json_request("POST", sandbox_path(sandbox_id, "/exec"), body,
+                       timeout=command_read_timeout(timeout, client_timeout))
     if stream:
         req.headers["Accept"] = "application/x-ndjson, application/json"
+    return req
+
+
+def process_start(
+    sandbox_id: str,
+    cmd: Command,
+    *,
+    timeout: Optional[Seconds],
+    env: Optional[Mapping[str, str]],
+    cwd: Optional[str],
+    user: Optional[int],
+    stdin: Optional[Union[bytes, str]],
+    max_output_bytes: Optional[int],
+    stdin_open: bool,
+) -> Request:
+    """POST /v1/sandboxes/{id}/processes: start a background process."""
+    body = exec_body(cmd, timeout=timeout, env=env, cwd=cwd, user=user, stdin=stdin,
+                     max_output_bytes=max_output_bytes)
+    if stdin_open:
+        body["stdin_open"] = True
+    return json_request("POST", sandbox_path(sandbox_id, "/processes"), body)
+
+
+def _pid_path(sandbox_id: str, pid: int, suffix: str = "") -> str:
+    if isinstance(pid, bool) or not isinstance(pid, int):
+        raise TypeError("pid must be an int")
+    return sandbox_path(sandbox_id, f"/processes/{pid}{suffix}")
+
+
+def process_list(sandbox_id: str) -> Request:
+    """GET /v1/sandboxes/{id}/processes."""
+    return Request("GET", sandbox_path(sandbox_id, "/processes"))
+
+
+def process_get(sandbox_id: str, pid: int) -> Request:
+    """GET /v1/sandboxes/{id}/processes/{pid}."""
+    return Request("GET", _pid_path(sandbox_id, pid))
+
+
+def process_wait(sandbox_id: str, pid: int, timeout: Optional[Seconds], client_timeout: Optional[float]) -> Request:
+    """POST /v1/sandboxes/{id}/processes/{pid}/wait[?timeout=s]."""
+    query: List[Tuple[str, str]] = []
+    t = seconds(timeout, "timeout")
+    if t is not None:
+        query.append(("timeout", repr(float(t))))
+    return Request("POST", _pid_path(sandbox_id, pid, "/wait"), query=query,
+                   timeout=command_read_timeout(timeout, client_timeout))
+
+
+def process_stdin(sandbox_id: str, pid: int, data: Union[bytes, bytearray, memoryview, str], eof: bool) -> Request:
+    """POST /v1/sandboxes/{id}/processes/{pid}/stdin[?eof=true] with the raw bytes."""
+    query: List[Tuple[str, str]] = [("eof", "true")] if eof else []
+    return Request("POST", _pid_path(sandbox_id, pid, "/stdin"), query=query,
+                   body=to_bytes(data), content_type="application/octet-stream")
+
+
+def process_signal(sandbox_id: str, pid: int, signal: int) -> Request:
+    """POST /v1/sandboxes/{id}/processes/{pid}/signal."""
+    return json_request("POST", _pid_path(sandbox_id, pid, "/signal"), {"signal": int(signal)})
+
+
+def tar_put(sandbox_id: str, path: str, archive: bytes, timeout: Any = DEFAULT) -> Request:
+    """PUT /v1/sandboxes/{id}/files/tar?path=...: unpack ``archive`` under ``path``."""
+    return Request("PUT", sandbox_path(sandbox_id, "/files/tar"), query=_path_query(path),
+                   body=archive, content_type="application/x-tar", timeout=timeout)
+
+
+def tar_get(sandbox_id: str, path: str, timeout: Any = DEFAULT) -> Request:
+    """GET /v1/sandboxes/{id}/files/tar?path=...: the tree under ``path`` as one tar."""
+    req = Request("GET", sandbox_path(sandbox_id, "/files/tar"), query=_path_query(path), timeout=timeout)
+    req.headers["Accept"] = "application/x-tar, application/json"
     return req
 
 
@@ -174,12 +285,7 @@ def _path_query(path: str) -> List[Tuple[str, str]]:
 
 def file_write(sandbox_id: str, path: str, data: Union[bytes, bytearray, memoryview, str], mode: Optional[int]) -> Request:
     """PUT /v1/sandboxes/{id}/files?path=...&mode=<octal>."""
-    if isinstance(data, str):
-        body = data.encode("utf-8")
-    elif isinstance(data, (bytes, bytearray, memoryview)):
-        body = bytes(data)
-    else:
-        raise TypeError(f"data must be bytes or str, not {type(data).__name__}")
+    body = to_bytes(data)
     query = _path_query(path)
     if mode is not None:
         query.append(("mode", format(int(mode), "o")))

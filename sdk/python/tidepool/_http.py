@@ -1,18 +1,21 @@
 """HTTP transport of the synchronous client (internal).
 
 Requests are described by :class:`Request` values built in ``_api.py`` and executed here
-with ``http.client``, so the asyncio client can reuse the same request building and
-response parsing with its own transport.
+with ``http.client``; the asyncio transport (``_aio.py``) sends the same values and both
+parse answers with the same code.
 
 Connections: each thread keeps a small stack of idle keep-alive connections; a call takes
 one, and gives it back when the response was read completely and the server did not ask
 to close. A streaming call holds its connection until the stream is exhausted or closed,
 so other calls from the same thread meanwhile get their own connection.
 
-Retries: a kept-alive connection may have been closed by the server while idle. Before
-reuse the socket is polled for EOF; if a reused connection still fails before any byte of
-the answer arrived, the request is sent once more on a fresh connection, but only for
-idempotent methods (GET, PUT, DELETE), so a command is never run twice.
+Retries (policy in ``_retry.py``): every state-changing request carries an
+``Idempotency-Key`` header, the same on every attempt of one call. A connection refused,
+reset or closed before the whole answer arrived, and an answer of 503, are retried with
+exponential backoff and jitter; requests that are neither GETs nor keyed are never
+re-sent after they may have reached the daemon. A kept-alive connection the server
+closed while idle is detected before reuse; if a reused connection still fails before
+any byte of the answer arrived, the request goes again at once on a fresh connection.
 
 Thread rules: one :class:`SyncTransport` may be shared by any number of threads.
 """
@@ -23,13 +26,15 @@ import json
 import select
 import socket
 import threading
+import time
 import urllib.parse
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
+from ._retry import DEFAULT_RETRY, IDEMPOTENCY_HEADER, MUTATING_METHODS, RetryPolicy, new_idempotency_key
 from .errors import SandboxError, TidepoolError, Timeout, Unavailable, error_from_response
 
-__all__ = ["Request", "Response", "SyncTransport", "DEFAULT", "error_for"]
+__all__ = ["Request", "Response", "SyncTransport", "DEFAULT", "error_for", "prepare", "Failure"]
 
 
 class _Default:
@@ -41,7 +46,7 @@ class _Default:
 
 DEFAULT: Any = _Default()
 
-_IDEMPOTENT = frozenset({"GET", "HEAD", "PUT", "DELETE", "OPTIONS"})
+_SAFE = frozenset({"GET", "HEAD", "OPTIONS"})
 _MAX_IDLE_PER_THREAD = 4
 
 
@@ -49,8 +54,8 @@ _MAX_IDLE_PER_THREAD = 4
 class Request:
     """One HTTP request, independent of the transport that sends it.
 
-    ``timeout`` is the socket read timeout in seconds, ``None`` to wait forever, or
-    ``DEFAULT`` for the client's timeout.
+    ``timeout`` is the read timeout in seconds, ``None`` to wait forever, or ``DEFAULT``
+    for the client's timeout.
     """
 
     method: str
@@ -62,9 +67,10 @@ class Request:
     headers: Dict[str, str] = field(default_factory=dict)
 
     @property
-    def idempotent(self) -> bool:
-        """True when sending the request twice has the effect of sending it once."""
-        return self.method.upper() in _IDEMPOTENT
+    def retryable(self) -> bool:
+        """True when sending the request again cannot run anything twice: it changes
+        nothing, or it carries an idempotency key the daemon recognises on a repeat."""
+        return self.method.upper() in _SAFE or IDEMPOTENCY_HEADER in self.headers
 
     def target(self, base_path: str = "") -> str:
         """Path plus encoded query string."""
@@ -72,6 +78,18 @@ class Request:
         if self.query:
             path += "?" + urllib.parse.urlencode(self.query, quote_via=urllib.parse.quote, safe="/")
         return path
+
+
+def prepare(req: Request, idempotency_key: Optional[str] = None) -> Request:
+    """Gives a state-changing request its idempotency key (the caller's, else a uuid4).
+
+    Called once per logical call, before the first attempt, so every retry repeats the key.
+    """
+    if req.method.upper() in MUTATING_METHODS and IDEMPOTENCY_HEADER not in req.headers:
+        req.headers[IDEMPOTENCY_HEADER] = idempotency_key or new_idempotency_key()
+    elif idempotency_key:
+        req.headers[IDEMPOTENCY_HEADER] = idempotency_key
+    return req
 
 
 def json_request(method: str, path: str, obj: Any, **kwargs: Any) -> Request:
@@ -112,14 +130,44 @@ def error_for(status: int, body: bytes) -> TidepoolError:
     return error_from_response(status, code, message)
 
 
-class _Retry(Exception):
-    """Internal: the reused connection was stale; send again on a fresh one."""
+def retry_after(headers: Dict[str, str]) -> Optional[float]:
+    """The ``Retry-After`` header in seconds, when present and numeric."""
+    value = headers.get("retry-after")
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        return None
+
+
+class Failure(Exception):
+    """Internal: one attempt failed.
+
+    ``error`` is what the caller sees if no retry follows; ``sent`` is False when the
+    request certainly did not reach the daemon (so any request may go again); ``stale``
+    marks a reused keep-alive connection that failed before any answer byte (retried at
+    once, without backoff); ``retry_after`` is the server's hint in seconds.
+    """
+
+    def __init__(self, error: TidepoolError, sent: bool, stale: bool = False,
+                 retry_after: Optional[float] = None) -> None:
+        super().__init__(str(error))
+        self.error = error
+        self.sent = sent
+        self.stale = stale
+        self.retry_after = retry_after
+
+    def may_retry(self, req: Request) -> bool:
+        """True when this failure allows sending ``req`` again (policy permitting)."""
+        return not self.sent or req.retryable
 
 
 class SyncTransport:
     """Sends :class:`Request` values over keep-alive ``http.client`` connections."""
 
-    def __init__(self, url: str, api_key: Optional[str], timeout: Optional[float], user_agent: str) -> None:
+    def __init__(self, url: str, api_key: Optional[str], timeout: Optional[float], user_agent: str,
+                 retry: RetryPolicy = DEFAULT_RETRY) -> None:
         parsed = urllib.parse.urlsplit(url)
         if parsed.scheme not in ("http", "https") or not parsed.hostname:
             raise ValueError(f"unsupported Tidepool URL {url!r}: expected http://HOST:PORT")
@@ -129,6 +177,7 @@ class SyncTransport:
         self._port = parsed.port or (443 if self._https else 80)
         self._base_path = parsed.path.rstrip("/")
         self._timeout = timeout
+        self.retry = retry
         self._headers = {"User-Agent": user_agent, "Accept": "application/json"}
         if api_key:
             self._headers["Authorization"] = f"Bearer {api_key}"
@@ -136,6 +185,8 @@ class SyncTransport:
         self._lock = threading.Lock()
         self._all: "set[http.client.HTTPConnection]" = set()
         self._closed = False
+        #: When set to a list, every attempt appends ``(method, path)`` (for tests and tracing).
+        self.trace: Optional[List[Tuple[str, str]]] = None
 
     # -- connections -------------------------------------------------------------
 
@@ -201,46 +252,41 @@ class SyncTransport:
             except OSError:
                 pass
 
-    # -- requests ----------------------------------------------------------------
+    # -- one attempt -------------------------------------------------------------
 
     def _read_timeout(self, req: Request) -> Optional[float]:
         return self._timeout if req.timeout is DEFAULT else req.timeout
 
-    def _send(self, conn: http.client.HTTPConnection, req: Request, reused: bool) -> http.client.HTTPResponse:
+    def _send(self, req: Request) -> Tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
+        """Sends one attempt and reads the status line and headers; raises :class:`Failure`."""
+        conn, reused = self._acquire()
         headers = dict(self._headers)
         headers.update(req.headers)
         if req.content_type:
             headers["Content-Type"] = req.content_type
+        connected = conn.sock is not None
         try:
             if conn.sock is None:
                 conn.connect()
+                connected = True
             conn.sock.settimeout(self._read_timeout(req))
+            if self.trace is not None:
+                self.trace.append((req.method, req.path))
             conn.request(req.method, req.target(self._base_path), body=req.body, headers=headers)
-            return conn.getresponse()
-        except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError, ConnectionAbortedError) as e:
-            self._discard(conn)
-            if reused and req.idempotent:
-                raise _Retry() from e
-            raise Unavailable("unavailable", f"connection to {self.url} lost: {e}", None) from None
+            return conn, conn.getresponse()
         except socket.timeout:
             self._discard(conn)
+            if not connected:
+                raise Failure(Unavailable("unavailable", f"cannot connect to {self.url}: timed out", None), sent=False) from None
             raise Timeout("deadline_exceeded", f"no answer from {self.url} for {req.method} {req.path} in time", None) from None
         except (ConnectionRefusedError, socket.gaierror) as e:
             self._discard(conn)
-            raise Unavailable("unavailable", f"cannot connect to {self.url}: {e}", None) from None
+            raise Failure(Unavailable("unavailable", f"cannot connect to {self.url}: {e}", None), sent=False) from None
         except (OSError, http.client.HTTPException) as e:
             self._discard(conn)
-            raise Unavailable("unavailable", f"{req.method} {req.path} to {self.url} failed: {e}", None) from None
-
-    def _open(self, req: Request) -> Tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
-        for _ in range(2):
-            conn, reused = self._acquire()
-            try:
-                return conn, self._send(conn, req, reused)
-            except _Retry:
-                continue
-        conn = self._new_connection()
-        return conn, self._send(conn, req, False)
+            err = Unavailable("unavailable", f"connection to {self.url} lost during {req.method} {req.path}: {e}", None)
+            # A reused idle connection the server closed meanwhile: not a daemon failure.
+            raise Failure(err, sent=connected, stale=reused) from None
 
     def _read_all(self, conn: http.client.HTTPConnection, resp: http.client.HTTPResponse, req: Request) -> bytes:
         try:
@@ -250,31 +296,70 @@ class SyncTransport:
             raise Timeout("deadline_exceeded", f"answer to {req.method} {req.path} stalled", None) from None
         except (OSError, http.client.HTTPException) as e:
             self._discard(conn)
-            raise Unavailable("unavailable", f"answer to {req.method} {req.path} cut: {e}", None) from None
+            raise Failure(Unavailable("unavailable", f"answer to {req.method} {req.path} cut: {e}", None), sent=True) from None
         if resp.will_close:
             self._discard(conn)
         else:
             self._release(conn)
         return body
 
-    def request(self, req: Request) -> Response:
-        """Sends ``req`` and returns the answer; statuses >= 400 raise the matching error."""
-        conn, resp = self._open(req)
+    def _attempt(self, req: Request) -> Response:
+        conn, resp = self._send(req)
         body = self._read_all(conn, resp, req)
+        headers = {k.lower(): v for k, v in resp.getheaders()}
+        if resp.status == 503:
+            raise Failure(error_for(resp.status, body), sent=True, retry_after=retry_after(headers))
         if resp.status >= 400:
             raise error_for(resp.status, body)
-        return Response(resp.status, {k.lower(): v for k, v in resp.getheaders()}, body)
+        return Response(resp.status, headers, body)
+
+    # -- calls -------------------------------------------------------------------
+
+    def _with_retries(self, req: Request, attempt_fn: Any) -> Any:
+        prepare(req)
+        attempt = 0
+        stale_retries = 0
+        while True:
+            attempt += 1
+            try:
+                return attempt_fn(req)
+            except Failure as f:
+                if not f.may_retry(req):
+                    raise f.error from None
+                if f.stale and stale_retries < 2:
+                    # Not counted: the server closed an idle connection, nothing is wrong.
+                    stale_retries += 1
+                    attempt -= 1
+                    continue
+                if not self.retry.allows(attempt):
+                    raise f.error from None
+                time.sleep(self.retry.delay(attempt - 1, f.retry_after))
+
+    def request(self, req: Request) -> Response:
+        """Sends ``req`` (retrying transient failures) and returns the answer; statuses
+        >= 400 raise the matching error."""
+        return self._with_retries(req, self._attempt)
 
     def stream_lines(self, req: Request) -> "LineStream":
         """Sends ``req`` and returns its answer as a stream of lines (NDJSON).
 
-        An error status raises before any line is returned.
+        An error status raises before any line is returned. Failures before the answer's
+        headers are retried like :meth:`request`; a stream cut later is not.
         """
-        conn, resp = self._open(req)
-        if resp.status >= 400:
-            body = self._read_all(conn, resp, req)
-            raise error_for(resp.status, body)
-        return LineStream(self, conn, resp, req)
+        def attempt(r: Request) -> LineStream:
+            conn, resp = self._send(r)
+            if resp.status >= 400:
+                body = self._read_all(conn, resp, r)
+                if resp.status == 503:
+                    raise Failure(error_for(resp.status, body), sent=True,
+                                  retry_after=retry_after({k.lower(): v for k, v in resp.getheaders()}))
+                raise error_for(resp.status, body)
+            return LineStream(self, conn, resp, r)
+
+        try:
+            return self._with_retries(req, attempt)
+        except Failure as f:  # pragma: no cover - _with_retries converts every Failure
+            raise f.error from None
 
 
 class LineStream:
@@ -317,7 +402,10 @@ class LineStream:
         if self._conn is None:
             return b""
         conn, self._conn = self._conn, None
-        return self._transport._read_all(conn, self._resp, self._req)
+        try:
+            return self._transport._read_all(conn, self._resp, self._req)
+        except Failure as f:
+            raise f.error from None
 
     def _finish(self) -> None:
         conn, self._conn = self._conn, None
@@ -339,6 +427,3 @@ class LineStream:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
-
-
-Body = Union[bytes, bytearray, memoryview, str]

@@ -18,15 +18,25 @@ from __future__ import annotations
 import base64
 import json
 import os
-from typing import Any, Dict, Iterator, List, Mapping, Optional, Union
+from typing import Any, Dict, Iterator, List, Literal, Mapping, Optional, Union, overload
 
-from . import _api
-from ._http import Request, SyncTransport
-from .errors import CommandFailed, NotFound, SandboxError, TidepoolError, error_from_response
-from .models import ExecResult, FileEntry, OutputChunk, SandboxInfo, parse_entries
+from . import _api, _tar
+from ._http import Request, SyncTransport, prepare
+from ._retry import DEFAULT_RETRY, RetryPolicy
+from .errors import CommandFailed, NotFound, SandboxError, TidepoolError, Timeout, error_from_response
+from .models import (
+    BatchResult,
+    ExecResult,
+    FileEntry,
+    OutputChunk,
+    ProcessInfo,
+    SandboxInfo,
+    parse_batch_errors,
+    parse_entries,
+)
 from .version import __version__
 
-__all__ = ["Client", "Sandbox", "Files", "DEFAULT_URL"]
+__all__ = ["Client", "Sandbox", "Files", "ProcessHandle", "DEFAULT_URL"]
 
 #: Where the client looks for the daemon when neither ``url`` nor ``TIDEPOOL_URL`` is given.
 DEFAULT_URL = "http://127.0.0.1:7070"
@@ -43,18 +53,32 @@ class Client:
         timeout: seconds to wait for connecting and for each answer of ordinary calls
             (``None`` waits forever). Command calls wait for the command's own timeout
             plus this much; without a command timeout they wait as long as it runs.
+        retry: how transient failures (connection refused or reset, HTTP 503) are
+            retried; see :class:`RetryPolicy`. State-changing calls carry an
+            ``Idempotency-Key`` so that a retry never runs anything twice.
     """
 
-    def __init__(self, url: Optional[str] = None, api_key: Optional[str] = None, timeout: Optional[float] = 60.0) -> None:
+    def __init__(
+        self,
+        url: Optional[str] = None,
+        api_key: Optional[str] = None,
+        timeout: Optional[float] = 60.0,
+        retry: Optional[RetryPolicy] = None,
+    ) -> None:
         self.url: str = (url or os.environ.get("TIDEPOOL_URL") or DEFAULT_URL).rstrip("/")
         self.timeout: Optional[float] = timeout
         key = api_key if api_key is not None else os.environ.get("TIDEPOOL_API_KEY") or None
-        self._transport = SyncTransport(self.url, key, timeout, f"tidepool-python/{__version__}")
+        self._transport = SyncTransport(self.url, key, timeout, f"tidepool-python/{__version__}",
+                                        retry or DEFAULT_RETRY)
 
     # -- plumbing ----------------------------------------------------------------
 
-    def _call(self, req: Request) -> Any:
-        return self._transport.request(req).json()
+    def _call(self, req: Request, idempotency_key: Optional[str] = None) -> Any:
+        return self._transport.request(prepare(req, idempotency_key)).json()
+
+    def _create_timeout(self) -> Optional[float]:
+        # Creating includes building the root and starting the agent: allow for a slow host.
+        return None if self.timeout is None else max(self.timeout, 120.0)
 
     def close(self) -> None:
         """Closes the client's connections. Sandboxes stay alive; kill them first if needed."""
@@ -99,6 +123,7 @@ class Client:
         env: Optional[Mapping[str, str]] = None,
         disk_mb: Optional[int] = None,
         pids: Optional[int] = None,
+        idempotency_key: Optional[str] = None,
     ) -> "Sandbox":
         """Creates a sandbox and returns it once it runs.
 
@@ -113,6 +138,8 @@ class Client:
             env: environment variables for every command in the sandbox.
             disk_mb: size limit of the sandbox's writable layer in MiB.
             pids: maximum number of processes in the sandbox.
+            idempotency_key: key of this call (default: a fresh uuid4); a repeat with the
+                same key returns the same sandbox instead of creating another.
 
         Raises:
             InvalidArgument: a value is below its minimum or the image is unknown.
@@ -120,10 +147,40 @@ class Client:
         """
         req = _api.create(image=image, tier=tier, memory_mb=memory_mb, cpus=cpus, ttl=ttl,
                           idle_timeout=idle_timeout, labels=labels, env=env, disk_mb=disk_mb,
-                          pids=pids)
-        # Creating includes building the root and starting the agent: allow for a slow host.
-        req.timeout = None if self.timeout is None else max(self.timeout, 120.0)
-        return Sandbox(self, SandboxInfo.from_json(self._call(req)))
+                          pids=pids, timeout=self._create_timeout())
+        return Sandbox(self, SandboxInfo.from_json(self._call(req, idempotency_key)))
+
+    def create_batch(
+        self,
+        count: int,
+        image: str = "host",
+        tier: str = "container",
+        memory_mb: Optional[int] = None,
+        cpus: Optional[float] = None,
+        ttl: Optional[_api.Seconds] = None,
+        idle_timeout: Optional[_api.Seconds] = None,
+        labels: Optional[Mapping[str, str]] = None,
+        env: Optional[Mapping[str, str]] = None,
+        disk_mb: Optional[int] = None,
+        pids: Optional[int] = None,
+        idempotency_key: Optional[str] = None,
+    ) -> "BatchResult[Sandbox]":
+        """Creates ``count`` sandboxes alike in one request (the daemon starts them concurrently).
+
+        Returns a :class:`BatchResult`: ``.sandboxes`` that run and, per failed item,
+        ``.errors`` entries ``(index, code, message)``. A partial failure is not an
+        exception. Use it as a context manager to kill them all at the end. Other
+        arguments are those of :meth:`create`.
+
+        Raises:
+            InvalidArgument: ``count`` is outside 1..1000 or a value is invalid.
+        """
+        req = _api.create_batch(count, image=image, tier=tier, memory_mb=memory_mb, cpus=cpus, ttl=ttl,
+                                idle_timeout=idle_timeout, labels=labels, env=env, disk_mb=disk_mb,
+                                pids=pids, timeout=self._create_timeout())
+        obj = self._call(req, idempotency_key)
+        return BatchResult([Sandbox(self, SandboxInfo.from_json(s)) for s in obj.get("sandboxes") or []],
+                           parse_batch_errors(obj))
 
     def get(self, sandbox_id: str) -> "Sandbox":
         """Returns the sandbox with this id (also ended ones, until the daemon forgets them).
@@ -167,16 +224,19 @@ class Files:
     def __init__(self, sandbox: "Sandbox") -> None:
         self._sb = sandbox
 
-    def write(self, path: str, data: Data, mode: Optional[int] = None) -> FileEntry:
+    def write(self, path: str, data: Data, mode: Optional[int] = None,
+              idempotency_key: Optional[str] = None) -> FileEntry:
         """Writes ``data`` (bytes, or str encoded as UTF-8) to ``path``, creating parents.
 
         Args:
             mode: permission bits such as ``0o755``; the server's default is ``0o644``.
+            idempotency_key: key of this write (default: a fresh uuid4 per call).
 
         Raises:
             PayloadTooLarge / InsufficientStorage: the data does not fit the sandbox's disk.
         """
-        return FileEntry.from_json(self._sb._client._call(_api.file_write(self._sb.id, path, data, mode)))
+        req = _api.file_write(self._sb.id, path, data, mode)
+        return FileEntry.from_json(self._sb._client._call(req, idempotency_key))
 
     def read(self, path: str) -> bytes:
         """Returns the content of the file at ``path``.
@@ -217,6 +277,34 @@ class Files:
     def mkdir(self, path: str, parents: bool = False) -> FileEntry:
         """Creates a directory; with ``parents=True`` also missing parents (and no error if it exists)."""
         return FileEntry.from_json(self._sb._client._call(_api.file_mkdir(self._sb.id, path, parents)))
+
+    def upload_dir(self, local_dir: str, remote_dir: str) -> int:
+        """Copies the tree under ``local_dir`` to ``remote_dir`` (created if missing) in one
+        request: the tree travels as one tar archive. Returns the archive's size in bytes.
+
+        Raises:
+            NotADirectoryError: ``local_dir`` is not a directory.
+            PayloadTooLarge / InsufficientStorage: the tree does not fit the sandbox's disk.
+        """
+        archive = _tar.pack_dir(local_dir)
+        client = self._sb._client
+        client._call(_api.tar_put(self._sb.id, remote_dir, archive, timeout=client._create_timeout()))
+        return len(archive)
+
+    def download_dir(self, remote_dir: str, local_dir: str) -> List[str]:
+        """Copies the tree under ``remote_dir`` into ``local_dir`` (created if missing) in one
+        request; returns the relative names written.
+
+        Entries that would land outside ``local_dir`` (absolute names, ``..``, links
+        pointing out) or special files are refused with :class:`InvalidArgument`.
+
+        Raises:
+            NotFound: ``remote_dir`` does not exist.
+        """
+        client = self._sb._client
+        req = _api.tar_get(self._sb.id, remote_dir, timeout=client._create_timeout())
+        archive = client._transport.request(req).body
+        return _tar.unpack_into(archive, local_dir)
 
 
 class Sandbox:
@@ -298,6 +386,18 @@ class Sandbox:
 
     # -- commands ----------------------------------------------------------------
 
+    @overload
+    def exec(self, cmd: _api.Command, timeout: Optional[_api.Seconds] = ..., env: Optional[Mapping[str, str]] = ...,
+             cwd: Optional[str] = ..., user: Optional[int] = ..., stdin: Optional[Union[bytes, str]] = ...,
+             check: bool = ..., max_output_bytes: Optional[int] = ..., *, background: Literal[False] = ...,
+             idempotency_key: Optional[str] = ...) -> ExecResult: ...
+
+    @overload
+    def exec(self, cmd: _api.Command, timeout: Optional[_api.Seconds] = ..., env: Optional[Mapping[str, str]] = ...,
+             cwd: Optional[str] = ..., user: Optional[int] = ..., stdin: Optional[Union[bytes, str]] = ...,
+             check: bool = ..., max_output_bytes: Optional[int] = ..., *, background: Literal[True],
+             idempotency_key: Optional[str] = ...) -> "ProcessHandle": ...
+
     def exec(
         self,
         cmd: _api.Command,
@@ -308,7 +408,10 @@ class Sandbox:
         stdin: Optional[Union[bytes, str]] = None,
         check: bool = False,
         max_output_bytes: Optional[int] = None,
-    ) -> ExecResult:
+        *,
+        background: bool = False,
+        idempotency_key: Optional[str] = None,
+    ) -> Union[ExecResult, "ProcessHandle"]:
         """Runs a command and returns its result once it ends.
 
         Args:
@@ -321,16 +424,25 @@ class Sandbox:
             stdin: data fed to the command's standard input.
             check: raise :class:`CommandFailed` unless the command exits with 0.
             max_output_bytes: cap per output stream (server default 16 MiB).
+            background: start the command and return a :class:`ProcessHandle` at once
+                instead of waiting (same as :meth:`start`).
+            idempotency_key: key of this step, e.g. ``f"{trajectory}/{step}"``; a repeat
+                with the same key returns the recorded result without running the
+                command again (default: a fresh uuid4, which still makes the SDK's own
+                retries safe).
 
         Raises:
             Conflict: the sandbox is not running.
             NotFound: the sandbox does not exist.
             CommandFailed: ``check=True`` and the command failed.
         """
+        if background:
+            return self.start(cmd, timeout=timeout, env=env, cwd=cwd, user=user, stdin=stdin,
+                              max_output_bytes=max_output_bytes, idempotency_key=idempotency_key)
         req = _api.exec_(self.id, cmd, timeout=timeout, env=env, cwd=cwd, user=user, stdin=stdin,
                          max_output_bytes=max_output_bytes, stream=False,
                          client_timeout=self._client.timeout)
-        result = ExecResult.from_json(self._client._call(req))
+        result = ExecResult.from_json(self._client._call(req, idempotency_key))
         if check and not result.ok:
             raise CommandFailed(result)
         return result
@@ -345,6 +457,8 @@ class Sandbox:
         stdin: Optional[Union[bytes, str]] = None,
         check: bool = False,
         max_output_bytes: Optional[int] = None,
+        *,
+        idempotency_key: Optional[str] = None,
     ) -> Iterator[Union[OutputChunk, ExecResult]]:
         """Runs a command and yields its output as it is produced.
 
@@ -360,57 +474,188 @@ class Sandbox:
         req = _api.exec_(self.id, cmd, timeout=timeout, env=env, cwd=cwd, user=user, stdin=stdin,
                          max_output_bytes=max_output_bytes, stream=True,
                          client_timeout=self._client.timeout)
-        stream = self._client._transport.stream_lines(req)
+        stream = self._client._transport.stream_lines(prepare(req, idempotency_key))
         with stream:
             if stream.content_type == "application/json":
-                # A daemon may answer a stream request all at once; accept it.
-                body = stream.read_rest()
-                try:
-                    obj = json.loads(body.decode("utf-8"))
-                except ValueError as e:
-                    raise SandboxError("internal", f"malformed exec answer: {e}") from None
-                result = ExecResult.from_json(obj)
-                if result.stdout_bytes:
-                    yield OutputChunk("stdout", result.stdout_bytes)
-                if result.stderr_bytes:
-                    yield OutputChunk("stderr", result.stderr_bytes)
+                # A daemon may answer a stream request all at once (e.g. a replayed key).
+                result = parse_exec_json(stream.read_rest())
+                yield from _chunks_of(result)
             else:
                 result = yield from _parse_ndjson(stream)
         if check and not result.ok:
             raise CommandFailed(result)
         yield result
 
+    # -- background processes ------------------------------------------------------
 
-def _parse_ndjson(lines: Iterator[bytes]) -> Iterator[OutputChunk]:
-    """Turns the NDJSON exec events into chunks; returns the final ExecResult."""
-    out: List[bytes] = []
-    err: List[bytes] = []
-    pid: Optional[int] = None
-    for line in lines:
+    def start(
+        self,
+        cmd: _api.Command,
+        timeout: Optional[_api.Seconds] = None,
+        env: Optional[Mapping[str, str]] = None,
+        cwd: Optional[str] = None,
+        user: Optional[int] = None,
+        stdin: Optional[Union[bytes, str]] = None,
+        max_output_bytes: Optional[int] = None,
+        *,
+        stdin_open: bool = False,
+        idempotency_key: Optional[str] = None,
+    ) -> "ProcessHandle":
+        """Starts a command in the background and returns its :class:`ProcessHandle` at once.
+
+        Output is kept by the daemon (up to ``max_output_bytes`` per stream) until the
+        process is waited for. With ``stdin_open=True`` its standard input stays open for
+        :meth:`ProcessHandle.send_stdin`. Other arguments are those of :meth:`exec`.
+        """
+        req = _api.process_start(self.id, cmd, timeout=timeout, env=env, cwd=cwd, user=user, stdin=stdin,
+                                 max_output_bytes=max_output_bytes, stdin_open=stdin_open)
+        info = ProcessInfo.from_json(self._client._call(req, idempotency_key))
+        return ProcessHandle(self, info.pid, info)
+
+    def processes(self) -> List[ProcessInfo]:
+        """The sandbox's background processes (running, and exited ones not yet waited for)."""
+        obj = self._client._call(_api.process_list(self.id))
+        return [ProcessInfo.from_json(p) for p in obj.get("processes") or []]
+
+    def process(self, pid: int) -> "ProcessHandle":
+        """A handle for the background process ``pid`` (e.g. one listed by :meth:`processes`)."""
+        return ProcessHandle(self, pid)
+
+
+class ProcessHandle:
+    """A background command started by :meth:`Sandbox.start` or ``exec(..., background=True)``.
+
+    Attributes:
+        sandbox: the sandbox it runs in.
+        pid: its handle inside the sandbox.
+        info: the last description received (see :meth:`refresh`).
+    """
+
+    def __init__(self, sandbox: Sandbox, pid: int, info: Optional[ProcessInfo] = None) -> None:
+        self.sandbox = sandbox
+        self.pid: int = pid
+        self.info: Optional[ProcessInfo] = info
+
+    def __repr__(self) -> str:
+        state = self.info.state if self.info else "?"
+        return f"ProcessHandle(sandbox={self.sandbox.id!r}, pid={self.pid}, state={state!r})"
+
+    def refresh(self) -> ProcessInfo:
+        """Fetches the process's current state (and result once it exited)."""
+        self.info = ProcessInfo.from_json(self.sandbox._client._call(_api.process_get(self.sandbox.id, self.pid)))
+        return self.info
+
+    def poll(self) -> Optional[ExecResult]:
+        """The result if the process exited, else None (does not wait)."""
+        return self.refresh().result
+
+    def wait(self, timeout: Optional[_api.Seconds] = None, check: bool = False) -> ExecResult:
+        """Waits until the process exits and returns its result with all its output.
+
+        Args:
+            timeout: seconds to wait at most; None waits as long as it runs.
+            check: raise :class:`CommandFailed` unless it exited with 0.
+
+        Raises:
+            Timeout: it still runs after ``timeout`` seconds (it keeps running; its output
+                so far is in ``self.info``).
+        """
+        client = self.sandbox._client
+        req = _api.process_wait(self.sandbox.id, self.pid, timeout, client.timeout)
+        return _wait_result(self, ProcessInfo.from_json(client._call(req)), timeout, check)
+
+    def kill(self, signal: int = 9) -> None:
+        """Sends ``signal`` to every process of the command (9, the default, kills its whole tree)."""
+        self.sandbox._client._call(_api.process_signal(self.sandbox.id, self.pid, signal))
+
+    def send_stdin(self, data: Union[bytes, str], eof: bool = False) -> None:
+        """Writes ``data`` to the process's standard input (it must have been started with
+        ``stdin_open=True``); ``eof=True`` closes its input afterwards."""
+        self.sandbox._client._call(_api.process_stdin(self.sandbox.id, self.pid, data, eof))
+
+    def close_stdin(self) -> None:
+        """Closes the process's standard input (it then reads end of file)."""
+        self.send_stdin(b"", eof=True)
+
+
+def _wait_result(handle: Any, info: ProcessInfo, timeout: Optional[_api.Seconds], check: bool) -> ExecResult:
+    """Shared by the sync and asyncio handles: the result of a wait answer, or Timeout."""
+    handle.info = info
+    if info.result is None:
+        raise Timeout("deadline_exceeded", f"process {info.pid or handle.pid} still running after {timeout}s", None)
+    if check and not info.result.ok:
+        raise CommandFailed(info.result)
+    return info.result
+
+
+def parse_exec_json(body: bytes) -> ExecResult:
+    """An ExecResult from a plain JSON exec answer."""
+    try:
+        obj = json.loads(body.decode("utf-8"))
+    except (ValueError, UnicodeDecodeError) as e:
+        raise SandboxError("internal", f"malformed exec answer: {e}") from None
+    return ExecResult.from_json(obj)
+
+
+def _chunks_of(result: ExecResult) -> Iterator[OutputChunk]:
+    if result.stdout_bytes:
+        yield OutputChunk("stdout", result.stdout_bytes)
+    if result.stderr_bytes:
+        yield OutputChunk("stderr", result.stderr_bytes)
+
+
+class StreamParser:
+    """Turns NDJSON exec events into chunks and the final result (shared by both clients).
+
+    Feed lines with :meth:`feed`; it returns an :class:`OutputChunk`, an
+    :class:`ExecResult` (the end), or None for events that carry nothing to yield.
+    """
+
+    def __init__(self) -> None:
+        self.out: List[bytes] = []
+        self.err: List[bytes] = []
+        self.pid: Optional[int] = None
+
+    def feed(self, line: bytes) -> Union[OutputChunk, ExecResult, None]:
+        """Parses one line; raises the daemon's error for an ``error`` event."""
         line = line.strip()
         if not line:
-            continue
+            return None
         try:
             ev = json.loads(line.decode("utf-8"))
-        except ValueError as e:
+        except (ValueError, UnicodeDecodeError) as e:
             raise SandboxError("internal", f"malformed stream event {line[:200]!r}: {e}") from None
         kind = ev.get("type")
         if kind in ("stdout", "stderr"):
             data = base64.b64decode(ev.get("data") or "")
             if not data:
-                continue
-            (out if kind == "stdout" else err).append(data)
-            yield OutputChunk(kind, data)
-        elif kind == "started":
-            pid = ev.get("pid")
-        elif kind == "exit":
-            if pid is not None and "pid" not in ev:
-                ev = dict(ev, pid=pid)
+                return None
+            (self.out if kind == "stdout" else self.err).append(data)
+            return OutputChunk(kind, data)
+        if kind == "started":
+            self.pid = ev.get("pid")
+            return None
+        if kind == "exit":
+            if self.pid is not None and "pid" not in ev:
+                ev = dict(ev, pid=self.pid)
+            return ExecResult.from_json(ev, stdout=b"".join(self.out), stderr=b"".join(self.err))
+        if kind == "error":
+            raise error_from_response(None, ev.get("code"), str(ev.get("message", "")))
+        # Unknown event types from newer daemons are ignored.
+        return None
+
+
+def _parse_ndjson(lines: Iterator[bytes]) -> Iterator[OutputChunk]:
+    """Turns the NDJSON exec events into chunks; returns the final ExecResult."""
+    parser = StreamParser()
+    for line in lines:
+        item = parser.feed(line)
+        if item is None:
+            continue
+        if isinstance(item, ExecResult):
             # Read the end of the body so the connection can be reused.
             for _ in lines:
                 pass
-            return ExecResult.from_json(ev, stdout=b"".join(out), stderr=b"".join(err))
-        elif kind == "error":
-            raise error_from_response(None, ev.get("code"), str(ev.get("message", "")))
-        # Unknown event types from newer daemons are ignored.
+            return item
+        yield item
     raise SandboxError("internal", "exec stream ended without an exit status")

@@ -5,6 +5,22 @@ fitting HTTP status (see ``api/openapi.yaml``). The SDK turns it into one except
 per code so callers can ``except tidepool.NotFound`` instead of comparing strings.
 Transport failures map onto the same classes: a refused or reset connection is
 :class:`Unavailable`, a client-side timeout is :class:`Timeout`.
+
+The hierarchy::
+
+    TidepoolError                 .code, .message, .status
+    ├── InvalidArgument           400 invalid_argument
+    │   └── PayloadTooLarge       413 payload_too_large
+    ├── Unauthenticated           401 unauthenticated
+    ├── PermissionDenied          403 permission_denied
+    ├── NotFound                  404 not_found
+    ├── Conflict                  409 conflict
+    ├── QuotaExceeded             429 resource_exhausted
+    │   └── InsufficientStorage   507 insufficient_storage
+    ├── SandboxError              500 internal (and unexpected statuses)
+    ├── Unavailable               503 unavailable, connection refused/reset
+    ├── Timeout                   504 deadline_exceeded, client-side timeout
+    └── CommandFailed             exec(..., check=True) and the command failed
 """
 from __future__ import annotations
 
@@ -88,8 +104,9 @@ class Conflict(TidepoolError):
     default_code = "conflict"
 
 
-class PayloadTooLarge(TidepoolError):
-    """The request body is larger than the server accepts (HTTP 413)."""
+class PayloadTooLarge(InvalidArgument):
+    """The request body is larger than the server accepts (HTTP 413); a kind of
+    :class:`InvalidArgument`."""
 
     default_code = "payload_too_large"
 
@@ -118,8 +135,8 @@ class Timeout(TidepoolError):
     default_code = "deadline_exceeded"
 
 
-class InsufficientStorage(TidepoolError):
-    """The sandbox's disk limit is reached (HTTP 507)."""
+class InsufficientStorage(QuotaExceeded):
+    """The sandbox's disk limit is reached (HTTP 507); a kind of :class:`QuotaExceeded`."""
 
     default_code = "insufficient_storage"
 

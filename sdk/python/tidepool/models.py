@@ -10,9 +10,12 @@ from __future__ import annotations
 import base64
 import datetime as _dt
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Optional
+from typing import Any, Dict, Generic, List, Mapping, NamedTuple, Optional, TypeVar
 
-__all__ = ["SandboxInfo", "ExecResult", "OutputChunk", "FileEntry"]
+__all__ = ["SandboxInfo", "ExecResult", "OutputChunk", "FileEntry", "ProcessInfo", "BatchError",
+           "BatchResult", "parse_entries"]
+
+S = TypeVar("S")
 
 
 def _decode(data: bytes) -> str:
@@ -292,3 +295,166 @@ class FileEntry:
 def parse_entries(obj: Mapping[str, Any]) -> List[FileEntry]:
     """Parses the ``{"entries": [...]}`` answer of a directory listing."""
     return [FileEntry.from_json(e) for e in obj.get("entries") or []]
+
+
+@dataclass
+class ProcessInfo:
+    """A background process as the daemon describes it (schema ``Process``).
+
+    Attributes:
+        pid: handle of the process in its sandbox.
+        cmd: the argv it runs.
+        state: ``"running"`` or ``"exited"``.
+        started_at: when it started, or ``None``.
+        stdout_bytes / stderr_bytes: output so far (only answers to a wait carry it).
+        result: the command's result once it exited, else ``None``; its output fields
+            hold everything the process printed.
+    """
+
+    pid: int
+    cmd: List[str] = field(default_factory=list)
+    state: str = "running"
+    started_at: Optional[_dt.datetime] = None
+    stdout_bytes: bytes = b""
+    stderr_bytes: bytes = b""
+    result: Optional[ExecResult] = None
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def running(self) -> bool:
+        """True while the process has not exited."""
+        return self.state != "exited" and self.result is None
+
+    @classmethod
+    def from_json(cls, obj: Mapping[str, Any]) -> "ProcessInfo":
+        """Builds a ProcessInfo from the daemon's JSON object."""
+        out = _b64(obj.get("stdout"))
+        err = _b64(obj.get("stderr"))
+        result: Optional[ExecResult] = None
+        res = obj.get("result")
+        if isinstance(res, Mapping):
+            # The result may carry the output itself, or leave it to the process fields.
+            r_out = _b64(res.get("stdout")) or out
+            r_err = _b64(res.get("stderr")) or err
+            result = ExecResult.from_json(res, stdout=r_out, stderr=r_err)
+            if result.pid is None:
+                result.pid = _int(obj.get("pid"))
+        cmd = obj.get("cmd")
+        if isinstance(cmd, str):
+            cmd_list = [cmd]
+        else:
+            cmd_list = [str(a) for a in (cmd or [])]
+        return cls(
+            pid=_int(obj.get("pid"), 0) or 0,
+            cmd=cmd_list,
+            state=str(obj.get("state") or ("exited" if result is not None else "running")),
+            started_at=_parse_time(obj.get("started_at")),
+            stdout_bytes=out,
+            stderr_bytes=err,
+            result=result,
+            raw=dict(obj),
+        )
+
+
+class BatchError(NamedTuple):
+    """Why one item of a batch creation failed; unpacks as ``(index, code, message)``.
+
+    Attributes:
+        index: position of the item in the batch (0-based).
+        code: the server's error code, e.g. ``"resource_exhausted"``.
+        message: human-readable explanation.
+    """
+
+    index: int
+    code: str
+    message: str
+
+
+def parse_batch_errors(obj: Mapping[str, Any]) -> List[BatchError]:
+    """Parses the ``errors`` list of a batch answer."""
+    out = []
+    for e in obj.get("errors") or []:
+        idx = _int(e.get("index"), -1)
+        out.append(BatchError(-1 if idx is None else idx, str(e.get("code") or "internal"),
+                              str(e.get("message") or "")))
+    return out
+
+
+@dataclass
+class BatchResult(Generic[S]):
+    """Outcome of ``create_batch``: the sandboxes that started, and why the others did not.
+
+    Attributes:
+        sandboxes: handles of the sandboxes that run (``Sandbox`` or ``AsyncSandbox``).
+        errors: one :class:`BatchError` per item that failed.
+
+    Iterating yields the sandboxes; ``len()`` counts them. As a context manager
+    (``with`` for the sync client, ``async with`` for the asyncio one) every sandbox is
+    killed on exit.
+    """
+
+    sandboxes: List[S] = field(default_factory=list)
+    errors: List[BatchError] = field(default_factory=list)
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        return iter(self.sandboxes)
+
+    def __len__(self) -> int:
+        return len(self.sandboxes)
+
+    def __getitem__(self, i: int) -> S:
+        return self.sandboxes[i]
+
+    @property
+    def ok(self) -> bool:
+        """True when every requested sandbox started."""
+        return not self.errors
+
+    def kill_all(self) -> None:
+        """Kills every sandbox of the batch (sync client); errors are ignored."""
+        for sb in self.sandboxes:
+            try:
+                sb.kill()  # type: ignore[attr-defined]
+            except Exception:  # noqa: BLE001 - best-effort cleanup
+                pass
+
+    async def akill_all(self) -> None:
+        """Kills every sandbox of the batch concurrently (asyncio client); errors are ignored."""
+        import asyncio
+
+        await asyncio.gather(*(sb.kill() for sb in self.sandboxes), return_exceptions=True)  # type: ignore[attr-defined]
+
+    def __enter__(self) -> "BatchResult[S]":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.kill_all()
+
+    async def __aenter__(self) -> "BatchResult[S]":
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        import asyncio
+
+        task = asyncio.ensure_future(self.akill_all())
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError:
+            # Cancelled while cleaning up: finish the cleanup anyway, then propagate.
+            await _finish(task)
+            raise
+
+
+async def _finish(task: Any) -> None:
+    """Waits for ``task`` to end even if the waiter is cancelled again meanwhile."""
+    import asyncio
+
+    while not task.done():
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError:
+            continue
+        except Exception:  # noqa: BLE001 - the task's own error is reported by the caller
+            break
+    if not task.cancelled():
+        task.exception()  # mark retrieved

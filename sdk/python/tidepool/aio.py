@@ -1,0 +1,529 @@
+"""asyncio client: :class:`AsyncClient`, :class:`AsyncSandbox`, :class:`AsyncFiles`,
+:class:`AsyncProcessHandle`. The same methods as the sync client, as coroutines.
+
+Example::
+
+    import asyncio, tidepool
+
+    async def main():
+        async with tidepool.AsyncClient() as client:
+            async with await client.create(ttl=600) as sb:
+                r = await sb.exec("echo hi")
+                print(r.stdout)
+            batch = await client.create_batch(8, ttl=600)
+            async with batch:                       # kills all 8 at the end
+                results = await asyncio.gather(*(sb.exec("uname -n") for sb in batch))
+
+    asyncio.run(main())
+
+Cancellation: a call whose task is cancelled closes its connection, which makes the
+daemon stop the command it was running. ``async with sandbox`` kills the sandbox on exit
+even when the body was cancelled: the kill is shielded and completes before the
+cancellation propagates.
+
+Thread rules: share a client freely between the tasks of one event loop (one connection
+pool of ``max_connections``); do not use it from several threads. Reusing it from a later
+event loop (another ``asyncio.run``) works: it then starts a fresh pool.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+from typing import Any, AsyncIterator, Dict, List, Mapping, Optional, Union
+
+from . import _api, _tar
+from ._aio import AsyncTransport
+from ._http import Request, prepare
+from ._retry import DEFAULT_RETRY, RetryPolicy
+from .client import DEFAULT_URL, StreamParser, _wait_result, parse_exec_json
+from .errors import CommandFailed, NotFound, SandboxError, TidepoolError
+from .models import (
+    BatchResult,
+    ExecResult,
+    FileEntry,
+    OutputChunk,
+    ProcessInfo,
+    SandboxInfo,
+    _finish,
+    parse_batch_errors,
+    parse_entries,
+)
+from .version import __version__
+
+__all__ = ["AsyncClient", "AsyncSandbox", "AsyncFiles", "AsyncProcessHandle"]
+
+Data = Union[bytes, bytearray, memoryview, str]
+
+
+class AsyncClient:
+    """asyncio connection pool to a Tidepool daemon; every method is a coroutine.
+
+    Args:
+        url: base URL of the daemon; default ``$TIDEPOOL_URL``, else ``http://127.0.0.1:7070``.
+        api_key: sent as ``Authorization: Bearer``; default ``$TIDEPOOL_API_KEY`` when set.
+        timeout: seconds for connecting and for each answer of ordinary calls (``None``
+            waits forever); command calls wait for the command's timeout plus this much.
+        retry: how transient failures are retried (see :class:`RetryPolicy`).
+        max_connections: most requests in flight at once; more calls wait for a slot.
+    """
+
+    def __init__(
+        self,
+        url: Optional[str] = None,
+        api_key: Optional[str] = None,
+        timeout: Optional[float] = 60.0,
+        retry: Optional[RetryPolicy] = None,
+        max_connections: int = 256,
+    ) -> None:
+        self.url: str = (url or os.environ.get("TIDEPOOL_URL") or DEFAULT_URL).rstrip("/")
+        self.timeout: Optional[float] = timeout
+        key = api_key if api_key is not None else os.environ.get("TIDEPOOL_API_KEY") or None
+        self._transport = AsyncTransport(self.url, key, timeout, f"tidepool-python/{__version__}",
+                                         retry or DEFAULT_RETRY, max_connections)
+
+    # -- plumbing ----------------------------------------------------------------
+
+    async def _call(self, req: Request, idempotency_key: Optional[str] = None) -> Any:
+        return (await self._transport.request(prepare(req, idempotency_key))).json()
+
+    def _create_timeout(self) -> Optional[float]:
+        return None if self.timeout is None else max(self.timeout, 120.0)
+
+    async def close(self) -> None:
+        """Closes the client's connections. Sandboxes stay alive; kill them first if needed."""
+        await self._transport.close()
+
+    async def __aenter__(self) -> "AsyncClient":
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.close()
+
+    def __repr__(self) -> str:
+        return f"AsyncClient(url={self.url!r})"
+
+    # -- daemon ------------------------------------------------------------------
+
+    async def health(self) -> Dict[str, Any]:
+        """GET /health: ``{"status": "ok"}`` when the daemon serves."""
+        return await self._call(Request("GET", "/health"))
+
+    async def version(self) -> Dict[str, Any]:
+        """GET /version: daemon version, API version and the tiers it offers."""
+        return await self._call(Request("GET", "/version"))
+
+    async def metrics(self) -> str:
+        """GET /metrics: the Prometheus text exposition."""
+        req = Request("GET", "/metrics")
+        req.headers["Accept"] = "text/plain"
+        return (await self._transport.request(req)).body.decode("utf-8", errors="replace")
+
+    # -- sandboxes ---------------------------------------------------------------
+
+    async def create(
+        self,
+        image: str = "host",
+        tier: str = "container",
+        memory_mb: Optional[int] = None,
+        cpus: Optional[float] = None,
+        ttl: Optional[_api.Seconds] = None,
+        idle_timeout: Optional[_api.Seconds] = None,
+        labels: Optional[Mapping[str, str]] = None,
+        env: Optional[Mapping[str, str]] = None,
+        disk_mb: Optional[int] = None,
+        pids: Optional[int] = None,
+        idempotency_key: Optional[str] = None,
+    ) -> "AsyncSandbox":
+        """Creates a sandbox and returns it once it runs (arguments as :meth:`tidepool.Client.create`).
+
+        If the call is cancelled after the daemon created the sandbox, the sandbox is
+        killed before the cancellation propagates, so nothing is left running unseen.
+        """
+        req = _api.create(image=image, tier=tier, memory_mb=memory_mb, cpus=cpus, ttl=ttl,
+                          idle_timeout=idle_timeout, labels=labels, env=env, disk_mb=disk_mb,
+                          pids=pids, timeout=self._create_timeout())
+        return AsyncSandbox(self, SandboxInfo.from_json(await self._create_call(req, idempotency_key)))
+
+    async def _create_call(self, req: Request, idempotency_key: Optional[str]) -> Any:
+        """Sends a create request; if cancelled meanwhile, finds out what was created (by
+        repeating the request with the same idempotency key, which only replays the
+        recorded answer) and kills it before the cancellation propagates."""
+        prepare(req, idempotency_key)
+        try:
+            return await self._call(req)
+        except asyncio.CancelledError:
+            task = asyncio.ensure_future(self._undo_create(req))
+            await _finish(task)
+            raise
+
+    async def _undo_create(self, req: Request) -> None:
+        try:
+            obj = await self._call(req)
+        except TidepoolError:
+            return  # nothing was created, or it cannot be learned: the TTL reclaims it
+        ids = [s.get("id") for s in obj.get("sandboxes") or []] if "sandboxes" in obj else [obj.get("id")]
+        await asyncio.gather(*(self.kill(i) for i in ids if i), return_exceptions=True)
+
+    async def create_batch(
+        self,
+        count: int,
+        image: str = "host",
+        tier: str = "container",
+        memory_mb: Optional[int] = None,
+        cpus: Optional[float] = None,
+        ttl: Optional[_api.Seconds] = None,
+        idle_timeout: Optional[_api.Seconds] = None,
+        labels: Optional[Mapping[str, str]] = None,
+        env: Optional[Mapping[str, str]] = None,
+        disk_mb: Optional[int] = None,
+        pids: Optional[int] = None,
+        idempotency_key: Optional[str] = None,
+    ) -> "BatchResult[AsyncSandbox]":
+        """Creates ``count`` sandboxes alike in one request; see :meth:`tidepool.Client.create_batch`.
+
+        ``async with`` the result kills them all at the end.
+        """
+        req = _api.create_batch(count, image=image, tier=tier, memory_mb=memory_mb, cpus=cpus, ttl=ttl,
+                                idle_timeout=idle_timeout, labels=labels, env=env, disk_mb=disk_mb,
+                                pids=pids, timeout=self._create_timeout())
+        obj = await self._create_call(req, idempotency_key)
+        return BatchResult([AsyncSandbox(self, SandboxInfo.from_json(s)) for s in obj.get("sandboxes") or []],
+                           parse_batch_errors(obj))
+
+    async def get(self, sandbox_id: str) -> "AsyncSandbox":
+        """Returns the sandbox with this id (also ended ones, until the daemon forgets them).
+
+        Raises:
+            NotFound: no such sandbox.
+        """
+        return AsyncSandbox(self, SandboxInfo.from_json(await self._call(_api.get(sandbox_id))))
+
+    async def list(
+        self,
+        labels: Optional[Mapping[str, str]] = None,
+        state: Optional[str] = None,
+        all: bool = False,
+    ) -> List["AsyncSandbox"]:
+        """Lists sandboxes (filters as :meth:`tidepool.Client.list`)."""
+        obj = await self._call(_api.list_(labels, state, all))
+        return [AsyncSandbox(self, SandboxInfo.from_json(s)) for s in obj.get("sandboxes") or []]
+
+    async def kill(self, sandbox_id: str) -> Optional[SandboxInfo]:
+        """Destroys a sandbox by id; returns its final description, None if it was unknown."""
+        try:
+            return SandboxInfo.from_json(await self._call(_api.delete(sandbox_id)))
+        except NotFound:
+            return None
+
+
+class AsyncFiles:
+    """File operations inside one sandbox (``sandbox.files``), as coroutines."""
+
+    def __init__(self, sandbox: "AsyncSandbox") -> None:
+        self._sb = sandbox
+
+    async def write(self, path: str, data: Data, mode: Optional[int] = None,
+                    idempotency_key: Optional[str] = None) -> FileEntry:
+        """Writes ``data`` (bytes, or str as UTF-8) to ``path``, creating parents; see :meth:`tidepool.Files.write`."""
+        req = _api.file_write(self._sb.id, path, data, mode)
+        return FileEntry.from_json(await self._sb._client._call(req, idempotency_key))
+
+    async def read(self, path: str) -> bytes:
+        """Returns the content of the file at ``path``.
+
+        Raises:
+            NotFound: no such file.
+        """
+        return (await self._sb._client._transport.request(_api.file_read(self._sb.id, path))).body
+
+    async def read_text(self, path: str, encoding: str = "utf-8") -> str:
+        """Returns the content of ``path`` decoded as text (invalid bytes replaced)."""
+        return (await self.read(path)).decode(encoding, errors="replace")
+
+    async def list(self, path: str) -> List[FileEntry]:
+        """Lists the directory at ``path``."""
+        return parse_entries(await self._sb._client._call(_api.file_list(self._sb.id, path)))
+
+    async def stat(self, path: str) -> FileEntry:
+        """Describes ``path`` without following a final symlink.
+
+        Raises:
+            NotFound: no such path.
+        """
+        return FileEntry.from_json(await self._sb._client._call(_api.file_stat(self._sb.id, path)))
+
+    async def exists(self, path: str) -> bool:
+        """True when ``path`` exists (a dangling symlink counts)."""
+        try:
+            await self.stat(path)
+            return True
+        except NotFound:
+            return False
+
+    async def remove(self, path: str, recursive: bool = False) -> None:
+        """Removes a file, or with ``recursive=True`` a whole directory tree."""
+        await self._sb._client._transport.request(_api.file_remove(self._sb.id, path, recursive))
+
+    async def mkdir(self, path: str, parents: bool = False) -> FileEntry:
+        """Creates a directory; with ``parents=True`` also missing parents."""
+        return FileEntry.from_json(await self._sb._client._call(_api.file_mkdir(self._sb.id, path, parents)))
+
+    async def upload_dir(self, local_dir: str, remote_dir: str) -> int:
+        """Copies the tree under ``local_dir`` to ``remote_dir`` in one request (one tar);
+        returns the archive's size. See :meth:`tidepool.Files.upload_dir`."""
+        loop = asyncio.get_running_loop()
+        archive = await loop.run_in_executor(None, _tar.pack_dir, local_dir)
+        client = self._sb._client
+        await client._call(_api.tar_put(self._sb.id, remote_dir, archive, timeout=client._create_timeout()))
+        return len(archive)
+
+    async def download_dir(self, remote_dir: str, local_dir: str) -> List[str]:
+        """Copies the tree under ``remote_dir`` into ``local_dir`` in one request; returns
+        the relative names written. See :meth:`tidepool.Files.download_dir`."""
+        client = self._sb._client
+        req = _api.tar_get(self._sb.id, remote_dir, timeout=client._create_timeout())
+        archive = (await client._transport.request(req)).body
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(None, _tar.unpack_into, archive, local_dir)
+
+
+class AsyncSandbox:
+    """Handle of one sandbox for the asyncio client.
+
+    ``async with sandbox:`` kills it on exit, also when the body raises or is cancelled.
+
+    Attributes:
+        info: the last description received from the daemon (see :meth:`refresh`).
+        files: file operations, see :class:`AsyncFiles`.
+    """
+
+    def __init__(self, client: AsyncClient, info: SandboxInfo) -> None:
+        self._client = client
+        self.info: SandboxInfo = info
+        self.files: AsyncFiles = AsyncFiles(self)
+
+    @property
+    def id(self) -> str:
+        """The sandbox id (also its hostname)."""
+        return self.info.id
+
+    @property
+    def state(self) -> str:
+        """State at the last answer: creating, running, paused, stopped or lost."""
+        return self.info.state
+
+    @property
+    def client(self) -> AsyncClient:
+        """The client this handle talks through."""
+        return self._client
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_") or name in ("info", "files"):
+            raise AttributeError(name)
+        try:
+            return getattr(self.info, name)
+        except AttributeError:
+            raise AttributeError(f"{type(self).__name__!s} has no attribute {name!r}") from None
+
+    def __repr__(self) -> str:
+        return f"AsyncSandbox(id={self.id!r}, state={self.state!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, AsyncSandbox) and other.id == self.id
+
+    def __hash__(self) -> int:
+        return hash(self.id)
+
+    async def refresh(self) -> "AsyncSandbox":
+        """Fetches the current description from the daemon; returns self."""
+        self.info = SandboxInfo.from_json(await self._client._call(_api.get(self.id)))
+        return self
+
+    async def kill(self) -> None:
+        """Destroys the sandbox; killing one that is already gone is not an error."""
+        info = await self._client.kill(self.id)
+        if info is not None:
+            self.info = info
+        elif self.info.live:
+            self.info.state = "stopped"
+
+    async def __aenter__(self) -> "AsyncSandbox":
+        return self
+
+    async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        # Shielded: a cancellation of the body (or of this cleanup) must not leave the
+        # sandbox running. The kill completes, then the cancellation propagates.
+        task = asyncio.ensure_future(self.kill())
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError:
+            await _finish(task)
+            raise
+        except TidepoolError:
+            if exc_type is None:
+                raise
+
+    # -- commands ----------------------------------------------------------------
+
+    async def exec(
+        self,
+        cmd: _api.Command,
+        timeout: Optional[_api.Seconds] = None,
+        env: Optional[Mapping[str, str]] = None,
+        cwd: Optional[str] = None,
+        user: Optional[int] = None,
+        stdin: Optional[Union[bytes, str]] = None,
+        check: bool = False,
+        max_output_bytes: Optional[int] = None,
+        *,
+        background: bool = False,
+        idempotency_key: Optional[str] = None,
+    ) -> Any:
+        """Runs a command and returns its :class:`ExecResult`; with ``background=True`` returns
+        an :class:`AsyncProcessHandle` at once. Arguments as :meth:`tidepool.Sandbox.exec`.
+
+        Cancelling the awaiting task closes the connection, and the daemon kills the command.
+        """
+        if background:
+            return await self.start(cmd, timeout=timeout, env=env, cwd=cwd, user=user, stdin=stdin,
+                                    max_output_bytes=max_output_bytes, idempotency_key=idempotency_key)
+        req = _api.exec_(self.id, cmd, timeout=timeout, env=env, cwd=cwd, user=user, stdin=stdin,
+                         max_output_bytes=max_output_bytes, stream=False,
+                         client_timeout=self._client.timeout)
+        result = ExecResult.from_json(await self._client._call(req, idempotency_key))
+        if check and not result.ok:
+            raise CommandFailed(result)
+        return result
+
+    async def exec_stream(
+        self,
+        cmd: _api.Command,
+        timeout: Optional[_api.Seconds] = None,
+        env: Optional[Mapping[str, str]] = None,
+        cwd: Optional[str] = None,
+        user: Optional[int] = None,
+        stdin: Optional[Union[bytes, str]] = None,
+        check: bool = False,
+        max_output_bytes: Optional[int] = None,
+        *,
+        idempotency_key: Optional[str] = None,
+    ) -> AsyncIterator[Union[OutputChunk, ExecResult]]:
+        """Runs a command and yields :class:`OutputChunk` values as output is produced, then
+        one :class:`ExecResult`; use ``async for``. See :meth:`tidepool.Sandbox.exec_stream`.
+
+        Leaving the loop early (or ``aclose()``) drops the connection; the daemon then
+        stops the command.
+        """
+        req = _api.exec_(self.id, cmd, timeout=timeout, env=env, cwd=cwd, user=user, stdin=stdin,
+                         max_output_bytes=max_output_bytes, stream=True,
+                         client_timeout=self._client.timeout)
+        stream = await self._client._transport.stream_lines(prepare(req, idempotency_key))
+        result: Optional[ExecResult] = None
+        try:
+            if stream.content_type == "application/json":
+                result = parse_exec_json(await stream.read_rest())
+                if result.stdout_bytes:
+                    yield OutputChunk("stdout", result.stdout_bytes)
+                if result.stderr_bytes:
+                    yield OutputChunk("stderr", result.stderr_bytes)
+            else:
+                parser = StreamParser()
+                async for line in stream:
+                    item = parser.feed(line)
+                    if item is None:
+                        continue
+                    if isinstance(item, ExecResult):
+                        result = item
+                        async for _ in stream:  # drain so the connection is reused
+                            pass
+                        break
+                    yield item
+                if result is None:
+                    raise SandboxError("internal", "exec stream ended without an exit status")
+        finally:
+            stream.close()
+        if check and not result.ok:
+            raise CommandFailed(result)
+        yield result
+
+    # -- background processes ------------------------------------------------------
+
+    async def start(
+        self,
+        cmd: _api.Command,
+        timeout: Optional[_api.Seconds] = None,
+        env: Optional[Mapping[str, str]] = None,
+        cwd: Optional[str] = None,
+        user: Optional[int] = None,
+        stdin: Optional[Union[bytes, str]] = None,
+        max_output_bytes: Optional[int] = None,
+        *,
+        stdin_open: bool = False,
+        idempotency_key: Optional[str] = None,
+    ) -> "AsyncProcessHandle":
+        """Starts a background command; returns its :class:`AsyncProcessHandle` at once.
+        See :meth:`tidepool.Sandbox.start`."""
+        req = _api.process_start(self.id, cmd, timeout=timeout, env=env, cwd=cwd, user=user, stdin=stdin,
+                                 max_output_bytes=max_output_bytes, stdin_open=stdin_open)
+        info = ProcessInfo.from_json(await self._client._call(req, idempotency_key))
+        return AsyncProcessHandle(self, info.pid, info)
+
+    async def processes(self) -> List[ProcessInfo]:
+        """The sandbox's background processes."""
+        obj = await self._client._call(_api.process_list(self.id))
+        return [ProcessInfo.from_json(p) for p in obj.get("processes") or []]
+
+    def process(self, pid: int) -> "AsyncProcessHandle":
+        """A handle for the background process ``pid``."""
+        return AsyncProcessHandle(self, pid)
+
+
+class AsyncProcessHandle:
+    """A background command of an :class:`AsyncSandbox`; see :class:`tidepool.ProcessHandle`.
+
+    Attributes:
+        sandbox: the sandbox it runs in.
+        pid: its handle inside the sandbox.
+        info: the last description received.
+    """
+
+    def __init__(self, sandbox: AsyncSandbox, pid: int, info: Optional[ProcessInfo] = None) -> None:
+        self.sandbox = sandbox
+        self.pid: int = pid
+        self.info: Optional[ProcessInfo] = info
+
+    def __repr__(self) -> str:
+        state = self.info.state if self.info else "?"
+        return f"AsyncProcessHandle(sandbox={self.sandbox.id!r}, pid={self.pid}, state={state!r})"
+
+    async def refresh(self) -> ProcessInfo:
+        """Fetches the process's current state (and result once it exited)."""
+        obj = await self.sandbox._client._call(_api.process_get(self.sandbox.id, self.pid))
+        self.info = ProcessInfo.from_json(obj)
+        return self.info
+
+    async def poll(self) -> Optional[ExecResult]:
+        """The result if the process exited, else None (does not wait)."""
+        return (await self.refresh()).result
+
+    async def wait(self, timeout: Optional[_api.Seconds] = None, check: bool = False) -> ExecResult:
+        """Waits until the process exits; returns its result with all its output.
+
+        Raises:
+            Timeout: it still runs after ``timeout`` seconds.
+        """
+        client = self.sandbox._client
+        req = _api.process_wait(self.sandbox.id, self.pid, timeout, client.timeout)
+        return _wait_result(self, ProcessInfo.from_json(await client._call(req)), timeout, check)
+
+    async def kill(self, signal: int = 9) -> None:
+        """Sends ``signal`` to every process of the command (9 kills its whole tree)."""
+        await self.sandbox._client._call(_api.process_signal(self.sandbox.id, self.pid, signal))
+
+    async def send_stdin(self, data: Union[bytes, str], eof: bool = False) -> None:
+        """Writes ``data`` to the process's standard input; ``eof=True`` closes it afterwards."""
+        await self.sandbox._client._call(_api.process_stdin(self.sandbox.id, self.pid, data, eof))
+
+    async def close_stdin(self) -> None:
+        """Closes the process's standard input."""
+        await self.send_stdin(b"", eof=True)

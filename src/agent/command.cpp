@@ -1,0 +1,402 @@
+#include "agent/command.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <grp.h>
+#include <linux/capability.h>
+#include <poll.h>
+#include <sched.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/signalfd.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+
+namespace tp::agent {
+namespace {
+
+uint64_t mono_us() {
+  timespec ts{};
+  ::clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<uint64_t>(ts.tv_sec) * 1000000ull + static_cast<uint64_t>(ts.tv_nsec) / 1000;
+}
+
+// Everything the forked processes need, prepared before forking.
+struct Prepared {
+  std::vector<std::string> candidates;
+  std::vector<char*> argv;
+  std::vector<char*> envp;
+  const ExecSpec* spec = nullptr;
+};
+
+[[noreturn]] void report_failure(int exec_w, const char* what, const std::string& arg, int err) {
+  ExecFailure f;
+  f.err = err;
+  std::snprintf(f.what, sizeof(f.what), "%s %s", what, arg.c_str());
+  (void)::send(exec_w, &f, sizeof(f), MSG_NOSIGNAL);
+  ::_exit(127);
+}
+
+void send_hello(int exec_w) {
+  ExecHello h;
+  iovec iov{&h, sizeof(h)};
+  union {
+    cmsghdr align;
+    char buf[CMSG_SPACE(sizeof(ucred))];
+  } control{};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control.buf;
+  msg.msg_controllen = sizeof(control.buf);
+  cmsghdr* c = CMSG_FIRSTHDR(&msg);
+  c->cmsg_level = SOL_SOCKET;
+  c->cmsg_type = SCM_CREDENTIALS;
+  c->cmsg_len = CMSG_LEN(sizeof(ucred));
+  ucred cred{::getpid(), ::getuid(), ::getgid()};
+  std::memcpy(CMSG_DATA(c), &cred, sizeof(cred));
+  (void)::sendmsg(exec_w, &msg, MSG_NOSIGNAL);
+}
+
+// Removes CAP_SYS_PTRACE from the effective, permitted and inheritable sets.
+void drop_ptrace_cap() {
+  __user_cap_header_struct hdr{_LINUX_CAPABILITY_VERSION_3, 0};
+  __user_cap_data_struct data[2]{};
+  if (::syscall(SYS_capget, &hdr, data) != 0) return;
+  const uint32_t bit = 1u << (CAP_SYS_PTRACE % 32);
+  const int idx = CAP_SYS_PTRACE / 32;
+  data[idx].effective &= ~bit;
+  data[idx].permitted &= ~bit;
+  data[idx].inheritable &= ~bit;
+  (void)::syscall(SYS_capset, &hdr, data);
+}
+
+// The command's process, forked by the command init. Never returns.
+[[noreturn]] void run_command(const Prepared& p, int stdin_r, int stdout_w, int stderr_w,
+                              int exec_w) {
+  const ExecSpec& spec = *p.spec;
+  send_hello(exec_w);
+  ::setsid();
+  // The pipe ends are >= 3 (the agent keeps 0..2 open), so dup2 cannot clobber them.
+  if (::dup2(stdin_r, 0) < 0 || ::dup2(stdout_w, 1) < 0 || ::dup2(stderr_w, 2) < 0)
+    report_failure(exec_w, "dup2", "stdio", errno);
+  // Every other fd closes at execve; exec_w stays usable to report failures.
+  if (::syscall(SYS_close_range, 3u, ~0u, 4u /* CLOSE_RANGE_CLOEXEC */) != 0) {
+    for (int fd = 3; fd < 1024; ++fd) ::fcntl(fd, F_SETFD, FD_CLOEXEC);
+  }
+  struct sigaction dfl {};
+  dfl.sa_handler = SIG_DFL;
+  for (int s = 1; s < NSIG; ++s) ::sigaction(s, &dfl, nullptr);
+  sigset_t none;
+  sigemptyset(&none);
+  ::sigprocmask(SIG_SETMASK, &none, nullptr);
+  ::umask(022);
+  // Without CAP_SETPCAP (unprivileged test runs) this fails; nothing to drop then.
+  (void)::prctl(PR_CAPBSET_DROP, CAP_SYS_PTRACE, 0, 0, 0);
+  bool change = spec.uid != ::geteuid() || spec.gid != ::getegid();
+  // An unprivileged agent (unit tests on a host) cannot switch identity; the
+  // default ids (0) then mean "the agent's own", other ids still fail below.
+  if (::geteuid() != 0 && (spec.uid == 0 || spec.uid == ::geteuid()) &&
+      (spec.gid == 0 || spec.gid == ::getegid()))
+    change = false;
+  if (::setgroups(0, nullptr) != 0 && change) report_failure(exec_w, "setgroups", "0", errno);
+  if (change) {
+    if (::setresgid(spec.gid, spec.gid, spec.gid) != 0)
+      report_failure(exec_w, "setresgid", std::to_string(spec.gid), errno);
+    if (::setresuid(spec.uid, spec.uid, spec.uid) != 0)
+      report_failure(exec_w, "setresuid", std::to_string(spec.uid), errno);
+  }
+  drop_ptrace_cap();
+  (void)::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0);
+  if (::chdir(spec.cwd.c_str()) != 0) report_failure(exec_w, "chdir", spec.cwd, errno);
+  int err = ENOENT;
+  bool saw_eacces = false;
+  for (const auto& c : p.candidates) {
+    ::execve(c.c_str(), p.argv.data(), p.envp.data());
+    err = errno;
+    if (err == EACCES) saw_eacces = true;
+    // Keep searching PATH only for "not here" errors, as execvp does.
+    if (err != ENOENT && err != ENOTDIR && err != EACCES) break;
+  }
+  if (saw_eacces && (err == ENOENT || err == ENOTDIR)) err = EACCES;
+  report_failure(exec_w, "execve", spec.argv.empty() ? std::string() : spec.argv[0], err);
+}
+
+// Pids whose parent is `self`, from /proc (the fallback mode's sweep).
+std::vector<pid_t> children_of(pid_t self) {
+  std::vector<pid_t> out;
+  char path[64];
+  std::snprintf(path, sizeof(path), "/proc/%d/task/%d/children", self, self);
+  if (FILE* f = std::fopen(path, "re")) {
+    int pid;
+    while (std::fscanf(f, "%d", &pid) == 1) out.push_back(pid);
+    std::fclose(f);
+    return out;
+  }
+  DIR* d = ::opendir("/proc");
+  if (!d) return out;
+  while (dirent* de = ::readdir(d)) {
+    char* end = nullptr;
+    long pid = std::strtol(de->d_name, &end, 10);
+    if (pid <= 0 || *end != '\0') continue;
+    std::snprintf(path, sizeof(path), "/proc/%ld/stat", pid);
+    int fd = ::open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) continue;
+    char buf[512];
+    ssize_t n = ::read(fd, buf, sizeof(buf) - 1);
+    ::close(fd);
+    if (n <= 0) continue;
+    buf[n] = '\0';
+    const char* rp = std::strrchr(buf, ')');  // comm may contain spaces and parens
+    char state;
+    int ppid;
+    if (rp && std::sscanf(rp + 1, " %c %d", &state, &ppid) == 2 && ppid == self)
+      out.push_back(static_cast<pid_t>(pid));
+  }
+  ::closedir(d);
+  return out;
+}
+
+struct InitState {
+  bool pid_ns = false;
+  pid_t main_pid = -1;
+  bool main_done = false;
+  int main_status = 0;
+  uint64_t start_us = 0;
+  uint64_t end_us = 0;
+};
+
+void note_reaped(InitState* s, pid_t pid, int status) {
+  if (pid == s->main_pid && !s->main_done) {
+    s->main_done = true;
+    s->main_status = status;
+    s->end_us = mono_us();
+  }
+}
+
+void reap_nonblocking(InitState* s) {
+  for (;;) {
+    int st = 0;
+    pid_t pid = ::waitpid(-1, &st, WNOHANG);
+    if (pid <= 0) return;
+    note_reaped(s, pid, st);
+  }
+}
+
+// Sends `sig` to every process of the command.
+void signal_all(InitState* s, int sig) {
+  if (s->pid_ns) {
+    // Inside its own pid namespace, kill(-1) reaches every process of the
+    // namespace except the init itself.
+    ::kill(-1, sig);
+    return;
+  }
+  bool group_alive = !s->main_done && ::kill(-s->main_pid, sig) == 0;
+  // Reparented orphans outside the command's process group (they left it
+  // with setsid); members of the group already got the signal once.
+  for (pid_t c : children_of(::getpid())) {
+    if (group_alive && ::getpgid(c) == s->main_pid) continue;
+    ::kill(c, sig);
+  }
+}
+
+// Kills every process of the command and reaps them all.
+void kill_all_and_reap(InitState* s) {
+  for (;;) {
+    signal_all(s, SIGKILL);
+    int st = 0;
+    pid_t pid = ::waitpid(-1, &st, 0);
+    if (pid < 0) {
+      if (errno == EINTR) continue;
+      return;  // ECHILD: nothing left
+    }
+    note_reaped(s, pid, st);
+  }
+}
+
+[[noreturn]] void finish_init(InitState* s, int init_w) {
+  kill_all_and_reap(s);
+  InitReport r;
+  r.wait_status = s->main_done ? s->main_status : (SIGKILL & 0x7f);
+  rusage ru{};
+  if (::getrusage(RUSAGE_CHILDREN, &ru) == 0) r.max_rss_kb = static_cast<uint64_t>(ru.ru_maxrss);
+  r.wall_us = (s->main_done ? s->end_us : mono_us()) - s->start_us;
+  (void)::send(init_w, &r, sizeof(r), MSG_NOSIGNAL);
+  ::_exit(0);
+}
+
+// Closes every fd >= 3 that is not in `keep`.
+void close_all_but(std::vector<int> keep) {
+  std::sort(keep.begin(), keep.end());
+  unsigned lo = 3;
+  for (int k : keep) {
+    if (k < static_cast<int>(lo)) continue;
+    if (static_cast<unsigned>(k) > lo) ::syscall(SYS_close_range, lo, static_cast<unsigned>(k - 1), 0u);
+    lo = static_cast<unsigned>(k) + 1;
+  }
+  ::syscall(SYS_close_range, lo, ~0u, 0u);
+}
+
+// The command init. Never returns.
+[[noreturn]] void run_init(const Prepared& p, bool pid_ns, int stdin_r, int stdout_w,
+                           int stderr_w, int exec_w, int init_w) {
+  // The agent's other fds (control socket, other commands' pipes) must not
+  // stay open in here: they would keep pipes from reaching EOF.
+  close_all_but({stdin_r, stdout_w, stderr_w, exec_w, init_w});
+  if (pid_ns) {
+    (void)::prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
+  } else {
+    (void)::prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
+  }
+  InitState s;
+  s.pid_ns = pid_ns;
+  // SIGCHLD stays blocked (inherited from the agent) and is read from a signalfd.
+  sigset_t chld;
+  sigemptyset(&chld);
+  sigaddset(&chld, SIGCHLD);
+  ::sigprocmask(SIG_BLOCK, &chld, nullptr);
+  int sfd = ::signalfd(-1, &chld, SFD_CLOEXEC | SFD_NONBLOCK);
+  s.start_us = mono_us();
+  pid_t pid = ::fork();
+  if (pid == 0) run_command(p, stdin_r, stdout_w, stderr_w, exec_w);
+  if (pid < 0) {
+    ExecFailure f;
+    f.err = errno;
+    std::snprintf(f.what, sizeof(f.what), "fork command");
+    (void)::send(exec_w, &f, sizeof(f), MSG_NOSIGNAL);
+    s.main_done = true;
+    s.main_status = 127 << 8;
+    s.end_us = mono_us();
+  }
+  s.main_pid = pid;
+  ::close(stdin_r);
+  ::close(stdout_w);
+  ::close(stderr_w);
+  ::close(exec_w);
+  while (!s.main_done) {
+    // Without a signalfd (never expected) the loop reaps by polling every 50 ms.
+    pollfd pfd[2] = {{sfd, POLLIN, 0}, {init_w, POLLIN, 0}};
+    int n = ::poll(pfd, 2, sfd >= 0 ? -1 : 50);
+    if (n < 0 && errno != EINTR) break;
+    if (sfd >= 0 && (pfd[0].revents & POLLIN)) {
+      signalfd_siginfo si;
+      while (::read(sfd, &si, sizeof(si)) == sizeof(si)) {
+      }
+    }
+    reap_nonblocking(&s);
+    if (pfd[1].revents & (POLLIN | POLLHUP | POLLERR)) {
+      InitRequest req;
+      ssize_t r = ::recv(init_w, &req, sizeof(req), MSG_DONTWAIT);
+      if (r == 0 || (r < 0 && errno != EAGAIN && errno != EINTR)) break;  // agent gone
+      if (r == static_cast<ssize_t>(sizeof(req))) {
+        if (req.op == 'K') break;
+        if (req.op == 'S' && req.signo > 0 && req.signo < NSIG) signal_all(&s, req.signo);
+      }
+    }
+  }
+  finish_init(&s, init_w);
+}
+
+std::unexpected<Error> sys_error(const char* call) { return sys_fail(call, errno); }
+
+}  // namespace
+
+std::vector<std::string> build_env(const std::vector<std::string>& given, uint32_t uid) {
+  std::vector<std::string> env;
+  if (given.empty()) {
+    env = {std::string("PATH=") + kDefaultPath, "LANG=C.UTF-8"};
+  } else {
+    env = given;
+  }
+  bool has_home = std::any_of(env.begin(), env.end(),
+                              [](const std::string& e) { return e.starts_with("HOME="); });
+  if (!has_home) env.push_back(uid == 0 ? "HOME=/root" : "HOME=/");
+  return env;
+}
+
+std::string path_of_env(const std::vector<std::string>& env) {
+  for (const auto& e : env)
+    if (e.starts_with("PATH=")) return e.substr(5);
+  return kDefaultPath;
+}
+
+std::vector<std::string> exec_candidates(std::string_view argv0, std::string_view path_var) {
+  if (argv0.empty()) return {};
+  if (argv0.find('/') != std::string_view::npos) return {std::string(argv0)};
+  std::vector<std::string> out;
+  size_t i = 0;
+  for (;;) {
+    size_t j = path_var.find(':', i);
+    std::string_view dir = path_var.substr(i, j == std::string_view::npos ? path_var.npos : j - i);
+    std::string d = dir.empty() ? std::string(".") : std::string(dir);
+    out.push_back(d.back() == '/' ? d + std::string(argv0) : d + "/" + std::string(argv0));
+    if (j == std::string_view::npos) break;
+    i = j + 1;
+  }
+  return out;
+}
+
+Result<Spawned> spawn_command(const ExecSpec& spec, bool try_pid_ns) {
+  if (spec.argv.empty()) return fail(Code::kInvalidArgument, "exec: empty argv");
+  Prepared p;
+  p.spec = &spec;
+  p.candidates = exec_candidates(spec.argv[0], path_of_env(spec.env));
+  for (const auto& a : spec.argv) p.argv.push_back(const_cast<char*>(a.c_str()));
+  p.argv.push_back(nullptr);
+  for (const auto& e : spec.env) p.envp.push_back(const_cast<char*>(e.c_str()));
+  p.envp.push_back(nullptr);
+
+  int in[2], out[2], err[2], ex[2], ic[2];
+  if (::pipe2(in, O_CLOEXEC) != 0) return sys_error("pipe2");
+  Fd in_r(in[0]), in_w(in[1]);
+  if (::pipe2(out, O_CLOEXEC) != 0) return sys_error("pipe2");
+  Fd out_r(out[0]), out_w(out[1]);
+  if (::pipe2(err, O_CLOEXEC) != 0) return sys_error("pipe2");
+  Fd err_r(err[0]), err_w(err[1]);
+  if (::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, ex) != 0) return sys_error("socketpair");
+  Fd ex_a(ex[0]), ex_c(ex[1]);
+  if (::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, ic) != 0) return sys_error("socketpair");
+  Fd ic_a(ic[0]), ic_c(ic[1]);
+  int one = 1;
+  if (::setsockopt(ex_a.get(), SOL_SOCKET, SO_PASSCRED, &one, sizeof(one)) != 0)
+    return sys_error("setsockopt SO_PASSCRED");
+
+  bool pid_ns = false;
+  pid_t pid = -1;
+  if (try_pid_ns) {
+    // A raw clone (fork semantics, no new stack) so that the child is PID 1 of
+    // a new pid namespace without changing the agent's own pid_ns_for_children.
+    // The agent is single-threaded, so no lock can be held across it.
+    pid = static_cast<pid_t>(::syscall(SYS_clone, CLONE_NEWPID | SIGCHLD, nullptr, nullptr,
+                                       nullptr, nullptr));
+    if (pid >= 0) pid_ns = true;
+  }
+  if (pid < 0) pid = ::fork();
+  if (pid < 0) return sys_error("fork");
+  if (pid == 0) {
+    run_init(p, pid_ns, in_r.get(), out_w.get(), err_w.get(), ex_c.get(), ic_c.get());
+  }
+  for (int fd : {in_w.get(), out_r.get(), err_r.get(), ex_a.get(), ic_a.get()})
+    ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
+  Spawned s;
+  s.init_pid = pid;
+  s.pid_ns = pid_ns;
+  s.stdin_w = std::move(in_w);
+  s.stdout_r = std::move(out_r);
+  s.stderr_r = std::move(err_r);
+  s.exec_chan = std::move(ex_a);
+  s.init_chan = std::move(ic_a);
+  return s;
+}
+
+}  // namespace tp::agent

@@ -1,0 +1,31 @@
+// Command line of tp-agent.
+//
+//   tp-agent [--fd N] [--root DIR] [--no-pid-ns] [--resolve auto|openat2|walk]
+//
+//   --fd N        the control stream (default 3)
+//   --root DIR    resolve file paths under DIR instead of "/" (tests; commands
+//                 still run in the agent's own root and cwd)
+//   --no-pid-ns   test-only: never start commands in their own pid namespace
+//                 (exercises the process-group fallback)
+//   --resolve M   test-only: force the path resolver (default auto)
+//
+// Thread rules: pure function.
+#pragma once
+
+#include <string>
+
+#include "agent/resolver.h"
+#include "common/result.h"
+
+namespace tp::agent {
+
+struct Options {
+  int fd = 3;
+  std::string root = "/";
+  bool pid_ns = true;
+  Resolver::Mode resolve = Resolver::Mode::kAuto;
+};
+
+Result<Options> parse_options(int argc, char** argv);
+
+}  // namespace tp::agent

@@ -1,0 +1,463 @@
+// AgentClient over boost::asio: one stream_descriptor on a dup of the agent's
+// fd, one strand that owns all state, a write queue, and a FrameReader.
+// See agent_client.h for the promises; src/protocol/README.md for the protocol.
+#include "node/agent_client.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <boost/asio/bind_executor.hpp>
+#include <boost/asio/buffer.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/posix/stream_descriptor.hpp>
+#include <boost/asio/strand.hpp>
+#include <boost/asio/write.hpp>
+#include <deque>
+
+#include "node/agent_client_codec.h"
+#include "protocol/wire.h"
+
+namespace tp::node {
+namespace {
+
+namespace asio = boost::asio;
+using proto::Message;
+using proto::MsgType;
+using proto::Tag;
+
+constexpr size_t kReadChunk = 64u << 10;
+
+class AgentClientImpl final : public AgentClient {
+ public:
+  AgentClientImpl(asio::io_context& io, int fd, std::string sandbox_id)
+      : strand_(asio::make_strand(io)), sd_(strand_), sandbox_id_(std::move(sandbox_id)) {
+    int d = ::fcntl(fd, F_DUPFD_CLOEXEC, 3);
+    if (d < 0) {
+      dup_errno_ = errno;
+      closed_ = true;
+      return;
+    }
+    boost::system::error_code ec;
+    sd_.assign(d, ec);
+    if (ec) {
+      ::close(d);
+      dup_errno_ = ec.value();
+      closed_ = true;
+    }
+  }
+
+  void start(std::function<void(Result<void>)> on_ready) override {
+    asio::post(strand_, [self = self(), cb = std::move(on_ready)]() mutable {
+      if (self->closed_) {
+        cb(std::unexpected(self->closed_error()));
+        return;
+      }
+      self->on_ready_ = std::move(cb);
+      self->do_read();
+    });
+  }
+
+  void set_on_closed(std::function<void(const Error&)> cb) override {
+    asio::post(strand_, [self = self(), cb = std::move(cb)]() mutable {
+      if (self->closed_ && !self->closed_notified_) {
+        self->closed_notified_ = true;
+        cb(self->closed_error());
+        return;
+      }
+      if (!self->closed_) self->on_closed_ = std::move(cb);
+    });
+  }
+
+  uint32_t exec(const ExecRequest& req, ExecHandlers handlers) override {
+    uint32_t id = new_id();
+    pending_count_.fetch_add(1);
+    asio::post(strand_, [self = self(), id, req, h = std::move(handlers)]() mutable {
+      auto frames = codec::exec_frames(req, id);
+      if (self->closed_ || !frames) {
+        self->pending_count_.fetch_sub(1);
+        h.on_done(std::unexpected(frames ? self->closed_error() : frames.error()));
+        return;
+      }
+      Pending p;
+      p.is_exec = true;
+      p.exec = std::move(h);
+      self->pending_.emplace(id, std::move(p));
+      for (auto& f : *frames) self->send(std::move(f));
+    });
+    return id;
+  }
+
+  void send_stdin(uint32_t exec_id, std::string data, bool eof) override {
+    asio::post(strand_, [self = self(), exec_id, data = std::move(data), eof] {
+      if (self->closed_) return;
+      for (auto& f : codec::stdin_frames(exec_id, data, eof)) self->send(std::move(f));
+    });
+  }
+
+  void signal(uint32_t exec_id, int signo) override {
+    asio::post(strand_, [self = self(), exec_id, signo] {
+      if (self->closed_) return;
+      Message m(MsgType::kSignal, exec_id);
+      m.add_u64(Tag::kSigno, static_cast<uint64_t>(signo));
+      self->send(proto::encode(m));
+    });
+  }
+
+  void write_file(std::string path, std::string data, uint32_t mode, bool parents,
+                  std::function<void(Result<uint64_t>)> cb) override {
+    pending_count_.fetch_add(1);
+    auto st = std::make_shared<WriteState>();
+    st->path = std::move(path);
+    st->data = std::move(data);
+    st->mode = mode;
+    st->parents = parents;
+    st->cb = std::move(cb);
+    asio::post(strand_, [self = self(), st] { self->write_step(st); });
+  }
+
+  void read_file(std::string path, uint64_t max_bytes,
+                 std::function<void(Result<std::string>)> cb) override {
+    pending_count_.fetch_add(1);
+    auto st = std::make_shared<ReadState>();
+    st->path = std::move(path);
+    st->max = max_bytes;
+    st->cb = std::move(cb);
+    asio::post(strand_, [self = self(), st] { self->read_step(st); });
+  }
+
+  void stat(std::string path, std::function<void(Result<FileEntry>)> cb) override {
+    Message m(MsgType::kFileStat, 0);
+    m.add(Tag::kPath, path);
+    simple(std::move(m), [path, cb = std::move(cb)](Result<Message> r) {
+      if (!r) return cb(std::unexpected(r.error()));
+      cb(codec::entry_from(r->fields, path));
+    });
+  }
+
+  void list(std::string path,
+            std::function<void(Result<std::vector<FileEntry>>)> cb) override {
+    Message m(MsgType::kFileList, 0);
+    m.add(Tag::kPath, path);
+    simple(std::move(m), [path, cb = std::move(cb)](Result<Message> r) {
+      if (!r) return cb(std::unexpected(r.error()));
+      std::vector<FileEntry> out;
+      std::string base = path;
+      while (base.size() > 1 && base.back() == '/') base.pop_back();
+      for (auto v : r->all(Tag::kEntry)) {
+        std::vector<std::pair<Tag, std::string>> fields;
+        if (!proto::decode_fields(v, &fields))
+          return cb(fail(Code::kInternal, "agent: malformed directory entry"));
+        Message e;
+        e.fields = fields;
+        std::string name = e.str(Tag::kName);
+        std::string fallback = base == "/" ? "/" + name : base + "/" + name;
+        out.push_back(codec::entry_from(fields, fallback));
+      }
+      cb(std::move(out));
+    });
+  }
+
+  void remove(std::string path, bool recursive, std::function<void(Result<void>)> cb) override {
+    Message m(MsgType::kFileRemove, 0);
+    m.add(Tag::kPath, path);
+    if (recursive) m.add_bool(Tag::kRecursive, true);
+    simple(std::move(m), void_answer(std::move(cb)));
+  }
+
+  void mkdir(std::string path, uint32_t mode, bool parents,
+             std::function<void(Result<void>)> cb) override {
+    Message m(MsgType::kMkdir, 0);
+    m.add(Tag::kPath, path);
+    if (mode) m.add_u64(Tag::kMode, mode);
+    if (parents) m.add_bool(Tag::kParents, true);
+    simple(std::move(m), void_answer(std::move(cb)));
+  }
+
+  void ping(std::function<void(Result<void>)> cb) override {
+    simple(Message(MsgType::kPing, 0), void_answer(std::move(cb)));
+  }
+
+  void close() override {
+    asio::post(strand_, [self = self()] {
+      self->fail_all(Error{Code::kUnavailable, 0, "agent connection closed by the node"});
+    });
+  }
+
+  size_t pending() const override { return pending_count_.load(); }
+
+ private:
+  using Reply = std::function<void(Result<Message>)>;
+  struct Pending {
+    bool is_exec = false;
+    ExecHandlers exec;
+    Reply reply;
+  };
+  struct WriteState {
+    std::string path, data;
+    uint32_t mode = 0;
+    bool parents = false;
+    size_t off = 0;
+    std::function<void(Result<uint64_t>)> cb;
+  };
+  struct ReadState {
+    std::string path, data;
+    uint64_t max = 0;
+    std::function<void(Result<std::string>)> cb;
+  };
+
+  std::shared_ptr<AgentClientImpl> self() {
+    return std::static_pointer_cast<AgentClientImpl>(shared_from_this());
+  }
+
+  uint32_t new_id() {
+    for (;;) {
+      uint32_t id = next_id_.fetch_add(1);
+      if (id != 0) return id;  // 0 is the agent's kReady
+    }
+  }
+
+  Error closed_error() const {
+    if (dup_errno_) return Error{Code::kUnavailable, dup_errno_, "agent fd of " + sandbox_id_};
+    return close_reason_.context.empty()
+               ? Error{Code::kUnavailable, 0, "agent connection of " + sandbox_id_ + " closed"}
+               : close_reason_;
+  }
+
+  static std::function<void(Result<Message>)> void_answer(std::function<void(Result<void>)> cb) {
+    return [cb = std::move(cb)](Result<Message> r) {
+      if (!r) return cb(std::unexpected(r.error()));
+      cb({});
+    };
+  }
+
+  // A request with one answer (kOk or kError); counted in pending() until answered.
+  void simple(Message m, Reply cb) {
+    pending_count_.fetch_add(1);
+    asio::post(strand_, [self = self(), m = std::move(m), cb = std::move(cb)]() mutable {
+      self->request(std::move(m), [self, cb = std::move(cb)](Result<Message> r) {
+        self->pending_count_.fetch_sub(1);
+        cb(std::move(r));
+      });
+    });
+  }
+
+  // On the strand: registers `cb` under a new id and sends `m`. The callback
+  // runs on the strand, exactly once (answer, or failure of the connection).
+  void request(Message m, Reply cb) {
+    if (closed_) return cb(std::unexpected(closed_error()));
+    m.id = new_id();
+    std::string bytes = proto::encode(m);
+    if (bytes.size() > proto::kMaxFrame)
+      return cb(fail(Code::kPayloadTooLarge, "request exceeds one frame"));
+    Pending p;
+    p.reply = std::move(cb);
+    pending_.emplace(m.id, std::move(p));
+    send(std::move(bytes));
+  }
+
+  void write_step(std::shared_ptr<WriteState> st) {
+    size_t n = std::min<size_t>(st->data.size() - st->off, proto::kMaxChunk);
+    Message m(MsgType::kFileWrite, 0);
+    m.add(Tag::kPath, st->path);
+    m.add(Tag::kData, std::string_view(st->data).substr(st->off, n));
+    if (st->mode) m.add_u64(Tag::kMode, st->mode);
+    if (st->off == 0) {
+      if (st->parents) m.add_bool(Tag::kParents, true);
+    } else {
+      m.add_bool(Tag::kAppend, true);
+    }
+    // Chunks go one at a time: an append after a failed chunk must not land.
+    request(std::move(m), [self = self(), st, n](Result<Message> r) {
+      if (!r) {
+        self->pending_count_.fetch_sub(1);
+        return st->cb(std::unexpected(r.error()));
+      }
+      st->off += n;
+      if (st->off >= st->data.size()) {
+        self->pending_count_.fetch_sub(1);
+        return st->cb(r->u64(Tag::kSize));
+      }
+      self->write_step(st);
+    });
+  }
+
+  void read_step(std::shared_ptr<ReadState> st) {
+    Message m(MsgType::kFileRead, 0);
+    m.add(Tag::kPath, st->path);
+    m.add_u64(Tag::kOffset, st->data.size());
+    m.add_u64(Tag::kLength, proto::kMaxChunk);
+    request(std::move(m), [self = self(), st](Result<Message> r) {
+      auto done = [&](Result<std::string> v) {
+        self->pending_count_.fetch_sub(1);
+        st->cb(std::move(v));
+      };
+      if (!r) return done(std::unexpected(r.error()));
+      uint64_t size = r->u64(Tag::kSize);
+      auto data = r->get(Tag::kData).value_or("");
+      if (size > st->max || st->data.size() + data.size() > st->max)
+        return done(fail(Code::kPayloadTooLarge,
+                         "file " + st->path + " exceeds " + std::to_string(st->max) + " bytes"));
+      st->data.append(data);
+      // Stop at EOF (a short or empty chunk) or at the size the agent reported;
+      // files that report size 0 but have content (/proc) are read to EOF.
+      bool eof = data.size() < proto::kMaxChunk || (size > 0 && st->data.size() >= size);
+      if (eof) return done(std::move(st->data));
+      self->read_step(st);
+    });
+  }
+
+  void send(std::string bytes) {
+    if (closed_) return;
+    wq_.push_back(std::move(bytes));
+    do_write();
+  }
+
+  void do_write() {
+    if (writing_ || wq_.empty() || closed_) return;
+    writing_ = true;
+    asio::async_write(sd_, asio::buffer(wq_.front()),
+                      asio::bind_executor(strand_, [self = self()](boost::system::error_code ec, size_t) {
+                        self->writing_ = false;
+                        if (ec) {
+                          if (!self->closed_)
+                            self->fail_all(Error{Code::kUnavailable, ec.value(),
+                                                 "write to agent of " + self->sandbox_id_});
+                          return;
+                        }
+                        self->wq_.pop_front();
+                        self->do_write();
+                      }));
+  }
+
+  void do_read() {
+    if (closed_) return;
+    if (rbuf_.empty()) rbuf_.resize(kReadChunk);
+    sd_.async_read_some(
+        asio::buffer(rbuf_),
+        asio::bind_executor(strand_, [self = self()](boost::system::error_code ec, size_t n) {
+          if (self->closed_) return;
+          if (ec) {
+            std::string what = ec == asio::error::eof ? "agent of " + self->sandbox_id_ + " closed the connection"
+                                                      : "read from agent of " + self->sandbox_id_;
+            self->fail_all(Error{Code::kUnavailable, ec == asio::error::eof ? 0 : ec.value(), what});
+            return;
+          }
+          self->reader_.feed(self->rbuf_.data(), n);
+          while (!self->closed_) {
+            auto m = self->reader_.next();
+            if (!m) break;
+            self->on_message(std::move(*m));
+          }
+          if (self->closed_) return;
+          if (self->reader_.failed()) {
+            self->fail_all(Error{Code::kUnavailable, 0,
+                                 "protocol error from agent of " + self->sandbox_id_ + ": " +
+                                     self->reader_.error()});
+            return;
+          }
+          self->do_read();
+        }));
+  }
+
+  void on_message(Message m) {
+    if (m.type == MsgType::kReady) {
+      if (!ready_) {
+        ready_ = true;
+        if (auto cb = std::exchange(on_ready_, nullptr)) cb({});
+      }
+      return;
+    }
+    auto it = pending_.find(m.id);
+    if (it == pending_.end()) return;  // abandoned or unknown: ignore
+    Pending& p = it->second;
+    if (p.is_exec) {
+      switch (m.type) {
+        case MsgType::kStarted:
+          if (p.exec.on_started) p.exec.on_started(static_cast<uint32_t>(m.u64(Tag::kPid)));
+          return;
+        case MsgType::kOutput:
+          if (p.exec.on_output)
+            p.exec.on_output(static_cast<int>(m.u64(Tag::kStream, 1)), m.get(Tag::kData).value_or(""));
+          return;
+        case MsgType::kExit:
+        case MsgType::kError: {
+          auto done = std::move(p.exec.on_done);
+          pending_.erase(it);
+          pending_count_.fetch_sub(1);
+          if (m.type == MsgType::kExit) {
+            done(codec::exec_result_from(m));
+          } else {
+            done(std::unexpected(codec::error_from(m)));
+          }
+          return;
+        }
+        default:
+          return;
+      }
+    }
+    if (m.type != MsgType::kOk && m.type != MsgType::kError) return;
+    auto reply = std::move(p.reply);
+    pending_.erase(it);
+    if (m.type == MsgType::kOk) {
+      reply(std::move(m));
+    } else {
+      reply(std::unexpected(codec::error_from(m)));
+    }
+  }
+
+  // Ends the connection: every pending request fails with `why` (kUnavailable),
+  // then on_ready (if still waiting) and on_closed are told.
+  void fail_all(Error why) {
+    if (closed_) return;
+    closed_ = true;
+    close_reason_ = why;
+    boost::system::error_code ignored;
+    sd_.close(ignored);
+    if (!writing_) wq_.clear();
+    auto pending = std::move(pending_);
+    pending_.clear();
+    for (auto& [id, p] : pending) {
+      if (p.is_exec) {
+        pending_count_.fetch_sub(1);
+        if (p.exec.on_done) p.exec.on_done(std::unexpected(why));
+      } else if (p.reply) {
+        p.reply(std::unexpected(why));
+      }
+    }
+    if (auto cb = std::exchange(on_ready_, nullptr)) cb(std::unexpected(why));
+    if (auto cb = std::exchange(on_closed_, nullptr)) {
+      closed_notified_ = true;
+      cb(why);
+    }
+  }
+
+  asio::strand<asio::io_context::executor_type> strand_;
+  asio::posix::stream_descriptor sd_;
+  std::string sandbox_id_;
+  int dup_errno_ = 0;
+  // Everything below is touched only on strand_.
+  proto::FrameReader reader_;
+  std::vector<char> rbuf_;
+  std::deque<std::string> wq_;
+  bool writing_ = false;
+  bool closed_ = false;
+  bool closed_notified_ = false;
+  bool ready_ = false;
+  Error close_reason_;
+  std::function<void(Result<void>)> on_ready_;
+  std::function<void(const Error&)> on_closed_;
+  std::map<uint32_t, Pending> pending_;
+  // Touched from any thread.
+  std::atomic<uint32_t> next_id_{1};
+  std::atomic<size_t> pending_count_{0};
+};
+
+}  // namespace
+
+std::shared_ptr<AgentClient> AgentClient::create(boost::asio::io_context& io, int fd,
+                                                 std::string sandbox_id) {
+  return std::make_shared<AgentClientImpl>(io, fd, std::move(sandbox_id));
+}
+
+}  // namespace tp::node

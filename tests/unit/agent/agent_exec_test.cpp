@@ -1,0 +1,304 @@
+// The real tp-agent, driven through AgentClient: commands.
+#include <signal.h>
+
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+#include "agent_harness.h"
+
+namespace tp::agent_test {
+namespace {
+
+std::string read_host_file(const std::string& p) {
+  std::ifstream f(p, std::ios::binary);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+// Parameter: true = commands in their own pid namespace, false = the
+// process-group fallback (--no-pid-ns).
+class AgentExecTest : public AgentTestBase, public ::testing::WithParamInterface<bool> {
+ protected:
+  void SetUp() override { start(AgentOptions{.pid_ns = GetParam()}); }
+};
+
+INSTANTIATE_TEST_SUITE_P(Modes, AgentExecTest, ::testing::Values(true, false),
+                         [](const auto& info) { return info.param ? "PidNs" : "ProcessGroup"; });
+
+TEST_P(AgentExecTest, PingAnswers) {
+  auto r = await<void>([&](auto cb) { client_->ping(cb); });
+  EXPECT_TRUE(r.has_value());
+}
+
+TEST_P(AgentExecTest, ExitCodeAndSeparateStreams) {
+  auto o = exec(sh("echo out; echo err >&2; exit 3"));
+  ASSERT_TRUE(o.result.has_value()) << o.result.error().message();
+  EXPECT_TRUE(o.started);
+  EXPECT_GT(o.pid, 0u);
+  EXPECT_EQ(o.result->exit_code, 3);
+  EXPECT_EQ(o.result->signal, 0);
+  EXPECT_EQ(o.out, "out\n");
+  EXPECT_EQ(o.err, "err\n");
+  EXPECT_FALSE(o.result->timed_out);
+  EXPECT_FALSE(o.result->stdout_truncated);
+  EXPECT_FALSE(o.result->stderr_truncated);
+  EXPECT_GT(o.result->max_rss_kb, 0u);
+}
+
+TEST_P(AgentExecTest, SignalDeathIsReported) {
+  auto o = exec(sh("kill -9 $$"));
+  ASSERT_TRUE(o.result.has_value());
+  EXPECT_EQ(o.result->exit_code, -1);
+  EXPECT_EQ(o.result->signal, SIGKILL);
+  EXPECT_FALSE(o.result->timed_out);
+}
+
+TEST_P(AgentExecTest, OutputIsBinarySafe) {
+  std::string fmt, want;
+  for (int i = 0; i < 256; ++i) {
+    char b[8];
+    std::snprintf(b, sizeof(b), "\\%03o", i);
+    fmt += b;
+    want.push_back(static_cast<char>(i));
+  }
+  auto o = exec(sh("printf '" + fmt + "'; printf '" + fmt + "' >&2"));
+  ASSERT_TRUE(o.result.has_value());
+  EXPECT_EQ(o.result->exit_code, 0);
+  EXPECT_EQ(o.out, want);
+  EXPECT_EQ(o.err, want);
+}
+
+TEST_P(AgentExecTest, OutputCapTruncatesAndReports) {
+  auto req = sh("head -c 300000 /dev/zero; echo tail >&2");
+  req.output_limit = 1000;
+  auto o = exec(req);
+  ASSERT_TRUE(o.result.has_value());
+  EXPECT_EQ(o.result->exit_code, 0);  // the pipe kept draining: head finished
+  EXPECT_EQ(o.out, std::string(1000, '\0'));
+  EXPECT_TRUE(o.result->stdout_truncated);
+  EXPECT_EQ(o.err, "tail\n");
+  EXPECT_FALSE(o.result->stderr_truncated);
+}
+
+TEST_P(AgentExecTest, LargeOutputArrivesWhole) {
+  auto o = exec(sh("head -c 5000000 /dev/zero | tr '\\0' x"));
+  ASSERT_TRUE(o.result.has_value());
+  EXPECT_EQ(o.out, std::string(5000000, 'x'));
+  EXPECT_FALSE(o.result->stdout_truncated);
+}
+
+TEST_P(AgentExecTest, StdinDataThenEof) {
+  auto req = sh("cat; echo done");
+  req.stdin_data = "hello\n";
+  auto o = exec(req);
+  ASSERT_TRUE(o.result.has_value());
+  EXPECT_EQ(o.out, "hello\ndone\n");
+}
+
+TEST_P(AgentExecTest, LargeStdinIsChunked) {
+  auto req = sh("wc -c");
+  req.stdin_data = std::string((5u << 20) / 2, 'a');  // 2.5 MiB: three frames
+  auto o = exec(req);
+  ASSERT_TRUE(o.result.has_value());
+  EXPECT_EQ(std::stoul(o.out), req.stdin_data.size());
+}
+
+TEST_P(AgentExecTest, StreamingStdin) {
+  auto req = sh("while read -r line; do echo \"got $line\"; done; echo bye");
+  req.stdin_open = true;
+  req.stdin_data = "one\n";
+  int step = 0;
+  auto o = exec(req, nullptr, [&](uint32_t id, ExecOutcome& o) {
+    // Each answer triggers the next line: proves stdin stays open between frames.
+    if (step == 0 && o.out == "got one\n") {
+      step = 1;
+      client_->send_stdin(id, "two\n", false);
+    } else if (step == 1 && o.out == "got one\ngot two\n") {
+      step = 2;
+      client_->send_stdin(id, "three\n", true);
+    }
+  });
+  ASSERT_TRUE(o.result.has_value());
+  EXPECT_EQ(o.out, "got one\ngot two\ngot three\nbye\n");
+}
+
+// A grandchild that leaves with setsid and records its pid (as the host sees
+// it: /proc is the host's in these tests) before the parent prints "ready".
+std::string daemon_script(const std::string& pidfile) {
+  return "setsid sh -c 'read -r p rest < /proc/self/stat; echo $p > " + pidfile +
+         ".tmp; mv " + pidfile + ".tmp " + pidfile + "; exec sleep 1000' </dev/null >/dev/null 2>&1 & "
+         "while [ ! -s " + pidfile + " ]; do sleep 0.01; done; echo ready; sleep 1000";
+}
+
+TEST_P(AgentExecTest, TimeoutKillsDaemonisedGrandchild) {
+  std::string pidfile = host_path("/daemon.pid");
+  auto req = sh(daemon_script(pidfile));
+  req.timeout_ms = 3000;
+  auto o = exec(req);
+  ASSERT_TRUE(o.result.has_value());
+  EXPECT_TRUE(o.result->timed_out);
+  EXPECT_EQ(o.result->exit_code, -1);
+  EXPECT_EQ(o.result->signal, SIGKILL);
+  EXPECT_EQ(o.out, "ready\n");
+  std::string pid = read_host_file(pidfile);
+  ASSERT_FALSE(pid.empty()) << "the grandchild did not start within the timeout";
+  EXPECT_TRUE(process_gone(std::stoi(pid))) << "grandchild " << pid << " survived";
+}
+
+TEST_P(AgentExecTest, SigkillKillsDaemonisedGrandchild) {
+  std::string pidfile = host_path("/daemon.pid");
+  auto o = exec(sh(daemon_script(pidfile)), nullptr, [&](uint32_t id, ExecOutcome& o) {
+    if (o.out == "ready\n") client_->signal(id, SIGKILL);
+  });
+  ASSERT_TRUE(o.result.has_value());
+  EXPECT_FALSE(o.result->timed_out);
+  EXPECT_EQ(o.result->signal, SIGKILL);
+  std::string pid = read_host_file(pidfile);
+  ASSERT_FALSE(pid.empty());
+  EXPECT_TRUE(process_gone(std::stoi(pid)));
+}
+
+TEST_P(AgentExecTest, MainExitEndsBackgroundProcesses) {
+  std::string pidfile = host_path("/bg.pid");
+  auto o = exec(sh("sh -c 'read -r p rest < /proc/self/stat; echo $p > " + pidfile +
+                   "; exec sleep 1000' & while [ ! -s " + pidfile + " ]; do sleep 0.01; done; exit 0"));
+  ASSERT_TRUE(o.result.has_value());
+  EXPECT_EQ(o.result->exit_code, 0);
+  std::string pid = read_host_file(pidfile);
+  ASSERT_FALSE(pid.empty());
+  EXPECT_TRUE(process_gone(std::stoi(pid)));
+}
+
+TEST_P(AgentExecTest, TermSignalIsForwarded) {
+  auto o = exec(sh("trap 'echo term; exit 7' TERM; echo ready; while :; do sleep 0.05; done"),
+                nullptr, [&](uint32_t id, ExecOutcome& o) {
+                  if (o.out == "ready\n") client_->signal(id, SIGTERM);
+                });
+  ASSERT_TRUE(o.result.has_value());
+  EXPECT_EQ(o.result->exit_code, 7);
+  EXPECT_EQ(o.out, "ready\nterm\n");
+}
+
+TEST_P(AgentExecTest, ConcurrentCommandsRunAtOnce) {
+  // Four cats wait on stdin; they are fed in reverse order only once all four
+  // started, so they must all be alive at the same time.
+  constexpr int kN = 4;
+  uint32_t ids[kN];
+  std::string outs[kN];
+  int started = 0, done = 0;
+  Result<node::ExecResult> results[kN];
+  for (int i = 0; i < kN; ++i) {
+    node::ExecRequest req;
+    req.argv = {"cat"};
+    req.stdin_open = true;
+    node::ExecHandlers h;
+    h.on_started = [&](uint32_t) { ++started; };
+    h.on_output = [&, i](int, std::string_view d) { outs[i].append(d); };
+    h.on_done = [&, i](Result<node::ExecResult> r) {
+      results[i] = std::move(r);
+      ++done;
+    };
+    ids[i] = client_->exec(req, std::move(h));
+  }
+  ASSERT_TRUE(run_until([&] { return started == kN; }));
+  for (int i = kN - 1; i >= 0; --i) client_->send_stdin(ids[i], "cmd" + std::to_string(i), true);
+  ASSERT_TRUE(run_until([&] { return done == kN; }));
+  for (int i = 0; i < kN; ++i) {
+    ASSERT_TRUE(results[i].has_value());
+    EXPECT_EQ(results[i]->exit_code, 0);
+    EXPECT_EQ(outs[i], "cmd" + std::to_string(i));
+  }
+}
+
+TEST_P(AgentExecTest, MissingCommandIsNotFound) {
+  node::ExecRequest req;
+  req.argv = {"tp-no-such-command-h2"};
+  auto o = exec(req);
+  ASSERT_FALSE(o.result.has_value());
+  EXPECT_EQ(o.result.error().code, Code::kNotFound);
+  EXPECT_FALSE(o.started);
+}
+
+TEST_P(AgentExecTest, BadCwdIsNotFound) {
+  auto req = sh("pwd");
+  req.cwd = "/tp-no-such-dir-h2";
+  auto o = exec(req);
+  ASSERT_FALSE(o.result.has_value());
+  EXPECT_EQ(o.result.error().code, Code::kNotFound);
+}
+
+TEST_P(AgentExecTest, EmptyArgvIsInvalid) {
+  auto o = exec(node::ExecRequest{});
+  ASSERT_FALSE(o.result.has_value());
+  EXPECT_EQ(o.result.error().code, Code::kInvalidArgument);
+}
+
+TEST_P(AgentExecTest, DefaultEnvironment) {
+  auto o = exec(sh("echo \"$HOME|$LANG|$PATH\""));
+  ASSERT_TRUE(o.result.has_value());
+  EXPECT_EQ(o.out, "/root|C.UTF-8|/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\n");
+}
+
+TEST_P(AgentExecTest, GivenEnvironmentReplacesDefault) {
+  auto req = sh("echo \"$FOO|$LANG|$HOME\"");
+  req.argv[0] = "/bin/sh";  // no PATH in the given environment
+  req.env = {"FOO=bar baz"};
+  auto o = exec(req);
+  ASSERT_TRUE(o.result.has_value());
+  EXPECT_EQ(o.out, "bar baz||/root\n");
+}
+
+TEST_P(AgentExecTest, CwdUidAndGid) {
+  auto req = sh("pwd; id -u; id -g; id -G; echo $HOME");
+  req.cwd = "/tmp";
+  req.uid = 65534;
+  req.gid = 65533;
+  auto o = exec(req);
+  ASSERT_TRUE(o.result.has_value()) << o.result.error().message();
+  EXPECT_EQ(o.out, "/tmp\n65534\n65533\n65533\n/\n");
+}
+
+TEST_P(AgentExecTest, CommandSeesOnlyItsStdioAndNoPtraceCap) {
+  // /proc/self: /proc here is the host's, where the shell's $$ (2 in its pid
+  // namespace) means another process. ls and grep inherit what sh has.
+  auto o = exec(sh("ls -l /proc/self/fd/; grep -E '^(Cap(Bnd|Eff|Prm)|NoNewPrivs):' /proc/self/status"));
+  ASSERT_TRUE(o.result.has_value());
+  // No socket (control stream, internal channels) reaches the command.
+  EXPECT_EQ(o.out.find("socket:"), std::string::npos) << o.out;
+  std::istringstream in(o.out);
+  std::string line;
+  int caps = 0;
+  while (std::getline(in, line)) {
+    if (!line.starts_with("Cap")) continue;
+    uint64_t v = std::stoull(line.substr(line.find(':') + 1), nullptr, 16);
+    EXPECT_EQ(v & (1ull << 19), 0u) << line;  // CAP_SYS_PTRACE
+    ++caps;
+  }
+  EXPECT_EQ(caps, 3);
+  EXPECT_NE(o.out.find("NoNewPrivs:\t1"), std::string::npos);
+}
+
+TEST_P(AgentExecTest, OrphanedZombiesAreReaped) {
+  // The shell leaves a child that exits after the shell; nothing stays behind
+  // and the agent keeps serving.
+  auto o = exec(sh("(sleep 0.05; exit 0) & exit 0"));
+  ASSERT_TRUE(o.result.has_value());
+  auto again = exec(sh("echo still"));
+  ASSERT_TRUE(again.result.has_value());
+  EXPECT_EQ(again.out, "still\n");
+}
+
+class AgentPidNsTest : public AgentTestBase {};
+
+TEST_F(AgentPidNsTest, CommandIsPidTwoOfItsOwnNamespace) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs CLONE_NEWPID";
+  start();
+  auto o = exec(sh("echo $$"));
+  ASSERT_TRUE(o.result.has_value());
+  EXPECT_EQ(o.out, "2\n");  // the command init is 1
+}
+
+}  // namespace
+}  // namespace tp::agent_test

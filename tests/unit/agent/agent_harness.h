@@ -1,0 +1,227 @@
+// Test harness: runs the real tp-agent binary as a plain child process over a
+// socketpair, with --root pointing at a fresh temp dir, and drives it through
+// AgentClient on an io_context run by the test thread. Everything it starts
+// (agent, temp dir) is gone when the fixture is destroyed.
+#pragma once
+
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <sched.h>
+#include <signal.h>
+#include <sys/mount.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <boost/asio/io_context.hpp>
+#include <cstdlib>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/result.h"
+#include "node/agent_client.h"
+
+namespace tp::agent_test {
+
+inline std::string agent_binary() {
+  if (const char* d = std::getenv("TP_BIN_DIR"); d && *d) return std::string(d) + "/tp-agent";
+  std::error_code ec;
+  auto exe = std::filesystem::read_symlink("/proc/self/exe", ec);
+  return (exe.parent_path() / "tp-agent").string();
+}
+
+class TempDir {
+ public:
+  TempDir() {
+    char tmpl[] = "/tmp/tp-agent-test-XXXXXX";
+    char* p = ::mkdtemp(tmpl);
+    if (p) path_ = p;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    if (!path_.empty()) std::filesystem::remove_all(path_, ec);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+struct AgentOptions {
+  bool pid_ns = true;          // false: --no-pid-ns (process-group fallback)
+  std::string resolve = "auto";
+  bool mount_proc = false;     // run the agent in a private mount ns with proc at <root>/proc
+};
+
+class AgentProcess {
+ public:
+  AgentProcess(const std::string& root, const AgentOptions& o) {
+    int sv[2];
+    if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) return;
+    std::string bin = agent_binary();
+    std::vector<std::string> args = {bin, "--fd", "3", "--root", root, "--resolve", o.resolve};
+    if (!o.pid_ns) args.push_back("--no-pid-ns");
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    std::string proc_dir = root + "/proc";
+    if (o.mount_proc) ::mkdir(proc_dir.c_str(), 0555);
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      if (o.mount_proc) {
+        if (::unshare(CLONE_NEWNS) != 0) ::_exit(120);
+        if (::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) ::_exit(121);
+        if (::mount("proc", proc_dir.c_str(), "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, nullptr) != 0)
+          ::_exit(122);
+      }
+      if (::dup2(sv[1], 3) < 0) ::_exit(123);
+      ::execv(argv[0], argv.data());
+      ::_exit(127);
+    }
+    ::close(sv[1]);
+    fd_ = sv[0];
+  }
+  ~AgentProcess() {
+    close_fd();
+    if (pid_ > 0 && !reaped_) {
+      // EOF on the control stream makes the agent kill its commands and exit.
+      wait_exit();
+    }
+  }
+  AgentProcess(const AgentProcess&) = delete;
+  AgentProcess& operator=(const AgentProcess&) = delete;
+
+  int fd() const { return fd_; }
+  pid_t pid() const { return pid_; }
+  void close_fd() {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = -1;
+  }
+  // Blocking waitpid; returns the raw wait status.
+  int wait_exit() {
+    if (reaped_) return status_;
+    while (::waitpid(pid_, &status_, 0) < 0 && errno == EINTR) {
+    }
+    reaped_ = true;
+    return status_;
+  }
+
+ private:
+  pid_t pid_ = -1;
+  int fd_ = -1;
+  bool reaped_ = false;
+  int status_ = 0;
+};
+
+struct ExecOutcome {
+  Result<node::ExecResult> result = std::unexpected(Error{});
+  std::string out, err;
+  uint32_t pid = 0;
+  bool started = false;
+};
+
+class AgentTestBase : public ::testing::Test {
+ protected:
+  void TearDown() override { stop(); }
+
+  // Starts the agent and waits for kReady.
+  void start(AgentOptions o = {}) {
+    ASSERT_FALSE(root_.path().empty());
+    agent_ = std::make_unique<AgentProcess>(root_.path(), o);
+    ASSERT_GE(agent_->fd(), 0);
+    client_ = node::AgentClient::create(io_, agent_->fd(), "sb-test");
+    client_->set_on_closed([this](const Error& e) {
+      closed_ = true;
+      closed_error_ = e;
+    });
+    auto r = await<void>([&](auto cb) { client_->start(cb); });
+    ASSERT_TRUE(r.has_value()) << r.error().message();
+  }
+
+  void stop() {
+    if (client_) {
+      client_->close();
+      io_.restart();
+      io_.run();
+      client_.reset();
+    }
+    agent_.reset();
+  }
+
+  // Runs the io_context until pred() holds; false if it ran out of work first.
+  // (An io_context stops by itself whenever it runs out of work, so it is
+  // restarted before each step.)
+  bool run_until(const std::function<bool()>& pred) {
+    int idle = 0;
+    while (!pred()) {
+      if (io_.stopped()) io_.restart();
+      if (io_.run_one() > 0) {
+        idle = 0;
+      } else if (++idle > 1) {
+        return pred();
+      }
+    }
+    return true;
+  }
+
+  template <class T, class Op>
+  Result<T> await(Op op) {
+    std::optional<Result<T>> out;
+    op([&out](Result<T> r) { out.emplace(std::move(r)); });
+    if (!run_until([&] { return out.has_value(); })) return fail(Code::kInternal, "io ran dry");
+    return std::move(*out);
+  }
+
+  // Runs one command to its end; on_started/on_output hooks are optional.
+  ExecOutcome exec(const node::ExecRequest& req,
+                   std::function<void(uint32_t id, ExecOutcome&)> on_started = nullptr,
+                   std::function<void(uint32_t id, ExecOutcome&)> on_output = nullptr) {
+    ExecOutcome o;
+    bool done = false;
+    uint32_t id = 0;
+    node::ExecHandlers h;
+    h.on_started = [&](uint32_t pid) {
+      o.started = true;
+      o.pid = pid;
+      if (on_started) on_started(id, o);
+    };
+    h.on_output = [&](int stream, std::string_view d) {
+      (stream == 1 ? o.out : o.err).append(d);
+      if (on_output) on_output(id, o);
+    };
+    h.on_done = [&](Result<node::ExecResult> r) {
+      o.result = std::move(r);
+      done = true;
+    };
+    id = client_->exec(req, std::move(h));
+    run_until([&] { return done; });
+    return o;
+  }
+
+  static node::ExecRequest sh(const std::string& script) {
+    node::ExecRequest r;
+    r.argv = {"sh", "-c", script};
+    return r;
+  }
+
+  std::string host_path(const std::string& p) const { return root_.path() + p; }
+
+  boost::asio::io_context io_;
+  TempDir root_;
+  std::unique_ptr<AgentProcess> agent_;
+  std::shared_ptr<node::AgentClient> client_;
+  bool closed_ = false;
+  Error closed_error_;
+};
+
+// True when `pid` no longer exists (zombies count as existing).
+inline bool process_gone(pid_t pid) { return ::kill(pid, 0) != 0 && errno == ESRCH; }
+
+}  // namespace tp::agent_test

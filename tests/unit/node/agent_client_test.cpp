@@ -1,0 +1,288 @@
+// AgentClient: against the real agent (death, malformed frames) and against a
+// scripted fake agent on a socketpair (error mapping, chunking, protocol errors).
+#include "node/agent_client.h"
+
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+
+#include <thread>
+
+#include "../agent/agent_harness.h"
+#include "node/agent_client_codec.h"
+#include "protocol/wire.h"
+
+namespace tp::agent_test {
+namespace {
+
+using proto::Message;
+using proto::MsgType;
+using proto::Tag;
+
+class AgentClientTest : public AgentTestBase {};
+
+TEST_F(AgentClientTest, AgentDeathFailsPendingRequests) {
+  start();
+  uint32_t pid = 0;
+  std::optional<Result<node::ExecResult>> done;
+  node::ExecRequest req;
+  req.argv = {"sleep", "1000"};
+  node::ExecHandlers h;
+  h.on_started = [&](uint32_t p) { pid = p; };
+  h.on_done = [&](Result<node::ExecResult> r) { done.emplace(std::move(r)); };
+  client_->exec(req, std::move(h));
+  ASSERT_TRUE(run_until([&] { return pid != 0; }));
+  EXPECT_EQ(client_->pending(), 1u);
+  ASSERT_EQ(::kill(agent_->pid(), SIGKILL), 0);
+  ASSERT_TRUE(run_until([&] { return done.has_value() && closed_; }));
+  ASSERT_FALSE(done->has_value());
+  EXPECT_EQ(done->error().code, Code::kUnavailable);
+  EXPECT_EQ(closed_error_.code, Code::kUnavailable);
+  EXPECT_EQ(client_->pending(), 0u);
+  // Requests after the end fail the same way, on the io thread.
+  bool called = false;
+  Result<void> ping;
+  client_->ping([&](Result<void> r) {
+    called = true;
+    ping = r;
+  });
+  EXPECT_FALSE(called);  // never inline
+  ASSERT_TRUE(run_until([&] { return called; }));
+  ASSERT_FALSE(ping.has_value());
+  EXPECT_EQ(ping.error().code, Code::kUnavailable);
+  agent_->wait_exit();
+  // The command dies with its agent (PDEATHSIG on the command init). This is
+  // the kernel's asynchronous work, so wait for it rather than assume it.
+  for (int i = 0; i < 1000 && !process_gone(static_cast<pid_t>(pid)); ++i) ::usleep(10000);
+  EXPECT_TRUE(process_gone(static_cast<pid_t>(pid)));
+}
+
+TEST_F(AgentClientTest, MalformedFrameClosesTheAgent) {
+  start();
+  uint32_t pid = 0;
+  std::optional<Result<node::ExecResult>> done;
+  node::ExecRequest req;
+  req.argv = {"sleep", "1000"};
+  node::ExecHandlers h;
+  h.on_started = [&](uint32_t p) { pid = p; };
+  h.on_done = [&](Result<node::ExecResult> r) { done.emplace(std::move(r)); };
+  client_->exec(req, std::move(h));
+  ASSERT_TRUE(run_until([&] { return pid != 0; }));
+  // A frame length below the header size, written around the client.
+  const char bad[] = {2, 0, 0, 0, 20, 0};
+  ASSERT_EQ(::write(agent_->fd(), bad, sizeof(bad)), static_cast<ssize_t>(sizeof(bad)));
+  ASSERT_TRUE(run_until([&] { return done.has_value(); }));
+  ASSERT_FALSE(done->has_value());
+  EXPECT_EQ(done->error().code, Code::kUnavailable);
+  int st = agent_->wait_exit();
+  ASSERT_TRUE(WIFEXITED(st));
+  EXPECT_EQ(WEXITSTATUS(st), 1);
+  // The agent killed its command before exiting.
+  EXPECT_TRUE(process_gone(static_cast<pid_t>(pid)));
+}
+
+TEST_F(AgentClientTest, BadFdFailsStart) {
+  auto c = node::AgentClient::create(io_, -1, "sb-bad");
+  auto r = await<void>([&](auto cb) { c->start(cb); });
+  ASSERT_FALSE(r.has_value());
+  EXPECT_EQ(r.error().code, Code::kUnavailable);
+}
+
+// A scripted agent on the other end of a socketpair, run on its own thread.
+class FakeAgent {
+ public:
+  explicit FakeAgent(std::function<void(FakeAgent&)> script) {
+    int sv[2];
+    EXPECT_EQ(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+    node_fd_ = sv[0];
+    fd_ = sv[1];
+    thread_ = std::thread([this, script = std::move(script)] {
+      script(*this);
+      ::shutdown(fd_, SHUT_RDWR);
+    });
+  }
+  ~FakeAgent() {
+    // Wakes the script if it still waits for the client.
+    ::shutdown(fd_, SHUT_RDWR);
+    thread_.join();
+    ::close(fd_);
+    ::close(node_fd_);
+  }
+  int node_fd() const { return node_fd_; }
+
+  void send(const Message& m) { send_raw(proto::encode(m)); }
+  void send_raw(const std::string& b) { ASSERT_EQ(::write(fd_, b.data(), b.size()), static_cast<ssize_t>(b.size())); }
+  std::optional<Message> recv() {
+    for (;;) {
+      if (auto m = reader_.next()) return m;
+      char buf[65536];
+      ssize_t n = ::read(fd_, buf, sizeof(buf));
+      if (n <= 0) return std::nullopt;
+      reader_.feed(buf, static_cast<size_t>(n));
+    }
+  }
+  void ready() { send(Message(MsgType::kReady, 0).add_u64(Tag::kVersion, proto::kVersion)); }
+
+ private:
+  int node_fd_ = -1, fd_ = -1;
+  proto::FrameReader reader_;
+  std::thread thread_;
+};
+
+class AgentClientFakeTest : public AgentTestBase {
+ protected:
+  void connect(FakeAgent& fake) {
+    client_ = node::AgentClient::create(io_, fake.node_fd(), "sb-fake");
+    client_->set_on_closed([this](const Error& e) {
+      closed_ = true;
+      closed_error_ = e;
+    });
+    auto r = await<void>([&](auto cb) { client_->start(cb); });
+    ASSERT_TRUE(r.has_value());
+  }
+};
+
+TEST_F(AgentClientFakeTest, AgentErrorsMapToCodes) {
+  FakeAgent fake([](FakeAgent& f) {
+    f.ready();
+    auto m = f.recv();
+    ASSERT_TRUE(m);
+    EXPECT_EQ(m->type, MsgType::kFileStat);
+    f.send(proto::make_error(m->id, "insufficient_storage", ENOSPC, "write /x"));
+    f.recv();  // until the client closes
+  });
+  connect(fake);
+  auto r = await<node::FileEntry>([&](auto cb) { client_->stat("/x", cb); });
+  ASSERT_FALSE(r.has_value());
+  EXPECT_EQ(r.error().code, Code::kInsufficientStorage);
+  EXPECT_EQ(r.error().sys_errno, ENOSPC);
+  EXPECT_NE(r.error().context.find("write /x"), std::string::npos);
+  stop();
+}
+
+TEST_F(AgentClientFakeTest, WriteFileSendsTruncateThenAppendChunks) {
+  std::vector<std::pair<size_t, bool>> chunks;  // (size, append)
+  {
+    FakeAgent fake([&](FakeAgent& f) {
+      f.ready();
+      uint64_t total = 0;
+      while (auto m = f.recv()) {
+        auto d = m->get(Tag::kData).value_or("");
+        chunks.emplace_back(d.size(), m->flag(Tag::kAppend));
+        total = m->flag(Tag::kAppend) ? total + d.size() : d.size();
+        f.send(Message(MsgType::kOk, m->id).add_u64(Tag::kSize, total));
+      }
+    });
+    connect(fake);
+    std::string data(2 * proto::kMaxChunk + 10, 'q');
+    auto r = await<uint64_t>([&](auto cb) { client_->write_file("/f", data, 0644, true, cb); });
+    ASSERT_TRUE(r.has_value());
+    EXPECT_EQ(*r, data.size());
+    stop();
+  }  // joins the fake's thread
+  ASSERT_EQ(chunks.size(), 3u);
+  EXPECT_EQ(chunks[0], std::make_pair(size_t{proto::kMaxChunk}, false));
+  EXPECT_EQ(chunks[1], std::make_pair(size_t{proto::kMaxChunk}, true));
+  EXPECT_EQ(chunks[2], std::make_pair(size_t{10}, true));
+}
+
+TEST_F(AgentClientFakeTest, MalformedFrameFromAgentClosesTheClient) {
+  FakeAgent fake([](FakeAgent& f) {
+    f.ready();
+    auto m = f.recv();  // the ping
+    ASSERT_TRUE(m);
+    f.send_raw(std::string("\xff\xff\xff\xff\x6e\0\0\0\0\0\0\0", 12));
+    f.recv();
+  });
+  connect(fake);
+  auto r = await<void>([&](auto cb) { client_->ping(cb); });
+  ASSERT_FALSE(r.has_value());
+  EXPECT_EQ(r.error().code, Code::kUnavailable);
+  ASSERT_TRUE(run_until([&] { return closed_; }));
+  EXPECT_NE(closed_error_.context.find("protocol error"), std::string::npos);
+  stop();
+}
+
+TEST_F(AgentClientFakeTest, AgentGoneBeforeReadyFailsStart) {
+  FakeAgent fake([](FakeAgent&) {});  // closes at once
+  client_ = node::AgentClient::create(io_, fake.node_fd(), "sb-fake");
+  auto r = await<void>([&](auto cb) { client_->start(cb); });
+  ASSERT_FALSE(r.has_value());
+  EXPECT_EQ(r.error().code, Code::kUnavailable);
+  stop();
+}
+
+// Pure codec tests.
+TEST(AgentClientCodec, ExecFramesSplitLargeStdin) {
+  node::ExecRequest req;
+  req.argv = {"cat"};
+  req.env = {"A=1"};
+  req.uid = 5;
+  req.gid = 6;
+  req.timeout_ms = 100;
+  req.stdin_data = std::string(proto::kMaxChunk + 5, 's');
+  auto frames = node::codec::exec_frames(req, 9);
+  ASSERT_TRUE(frames.has_value());
+  ASSERT_EQ(frames->size(), 2u);
+  proto::FrameReader r;
+  for (auto& f : *frames) r.feed(f.data(), f.size());
+  auto exec = r.next();
+  ASSERT_TRUE(exec);
+  EXPECT_EQ(exec->type, MsgType::kExec);
+  EXPECT_EQ(exec->id, 9u);
+  EXPECT_EQ(exec->str(Tag::kArg), "cat");
+  EXPECT_EQ(exec->str(Tag::kEnv), "A=1");
+  EXPECT_EQ(exec->u64(Tag::kUid), 5u);
+  EXPECT_EQ(exec->u64(Tag::kGid), 6u);
+  EXPECT_EQ(exec->u64(Tag::kTimeoutMs), 100u);
+  EXPECT_TRUE(exec->flag(Tag::kStdinOpen));  // more stdin follows
+  EXPECT_EQ(exec->get(Tag::kData)->size(), proto::kMaxChunk);
+  auto in = r.next();
+  ASSERT_TRUE(in);
+  EXPECT_EQ(in->type, MsgType::kStdin);
+  EXPECT_EQ(in->get(Tag::kData)->size(), 5u);
+  EXPECT_TRUE(in->flag(Tag::kEof));
+}
+
+TEST(AgentClientCodec, ExecFrameTooLargeIsRefused) {
+  node::ExecRequest req;
+  req.argv = {"echo", std::string(proto::kMaxFrame, 'a')};
+  auto frames = node::codec::exec_frames(req, 1);
+  ASSERT_FALSE(frames.has_value());
+  EXPECT_EQ(frames.error().code, Code::kPayloadTooLarge);
+}
+
+TEST(AgentClientCodec, StdinFramesAlwaysCarryEof) {
+  auto f = node::codec::stdin_frames(3, "", true);
+  ASSERT_EQ(f.size(), 1u);
+  proto::FrameReader r;
+  r.feed(f[0].data(), f[0].size());
+  auto m = r.next();
+  ASSERT_TRUE(m);
+  EXPECT_TRUE(m->flag(Tag::kEof));
+  EXPECT_FALSE(m->has(Tag::kData));
+}
+
+TEST(AgentClientCodec, ResultsAndEntries) {
+  Message x(MsgType::kExit, 1);
+  x.add_i64(Tag::kExitCode, -1).add_u64(Tag::kTermSignal, 9).add_bool(Tag::kTimedOut, true);
+  auto r = node::codec::exec_result_from(x);
+  EXPECT_EQ(r.exit_code, -1);
+  EXPECT_EQ(r.signal, 9);
+  EXPECT_TRUE(r.timed_out);
+  Message e;
+  e.add(Tag::kFileType, "symlink").add(Tag::kLinkTarget, "/t").add_u64(Tag::kMode, 0777);
+  auto fe = node::codec::entry_from(e.fields, "/a/b");
+  EXPECT_EQ(fe.path, "/a/b");
+  EXPECT_EQ(fe.name, "b");
+  EXPECT_EQ(fe.type, "symlink");
+  EXPECT_EQ(fe.link_target, "/t");
+  EXPECT_EQ(fe.mode, 0777u);
+  EXPECT_EQ(node::codec::base_name("/"), "/");
+  EXPECT_EQ(node::codec::base_name("/x/y/"), "y");
+  auto err = node::codec::error_from(proto::make_error(1, "no_such_code", 0, "m"));
+  EXPECT_EQ(err.code, Code::kInternal);
+}
+
+}  // namespace
+}  // namespace tp::agent_test
