@@ -296,8 +296,13 @@ void Agent::kill_command(Command& c) {
   r.op = 'K';
   if (!c.sp.init_chan ||
       ::send(c.sp.init_chan.get(), &r, sizeof(r), MSG_NOSIGNAL | MSG_DONTWAIT) != sizeof(r)) {
-    // No way to ask: in pid-namespace mode SIGKILL of the init kills everything.
-    if (c.sp.pid_ns) ::kill(c.sp.init_pid, SIGKILL);
+    // No way to ask: in pid-namespace mode SIGKILL of the init kills
+    // everything; otherwise EOF on its channel makes the init sweep and exit.
+    if (c.sp.pid_ns) {
+      ::kill(c.sp.init_pid, SIGKILL);
+    } else {
+      c.sp.init_chan.reset();
+    }
   }
 }
 
