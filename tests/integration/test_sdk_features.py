@@ -256,8 +256,6 @@ def test_key_reuse_on_another_route_is_refused_raw(sandbox, daemon):
     assert sandbox.files.read("/tmp/raw.txt") == b"v1"
 
 
-@pytest.mark.xfail(reason="daemon bug (src/api/idempotency.cpp): a replay does not carry the "
-                          "`Idempotent-Replayed: true` header that api/openapi.yaml promises", strict=False)
 def test_replay_is_marked_raw(sandbox, daemon):
     key = f"raw-{uuid.uuid4()}"
     path = f"/v1/sandboxes/{sandbox.id}/files"
