@@ -11,6 +11,10 @@
 // changes hit both alike, plus create + wait for kReady + destroy.
 //
 // Usage: raw_floor [--iterations N] [--json] [--agent PATH] [--no-backend]
+//                  [--rounds N] [--samples] [--rates W,W,...] [--rate-seconds S]
+// (--samples adds every floor time to the JSON; --rates lists the worker counts of
+// the floor's sustained runs, "none" for none; --rate-seconds makes each of those runs
+// last S seconds instead of a fixed count: what bench/run.sh uses.)
 // Needs root, /bin/busybox (busybox-static). No assertions: it reports.
 #include <fcntl.h>
 #include <linux/close_range.h>
@@ -34,6 +38,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <string>
 #include <thread>
 #include <vector>
@@ -217,9 +222,42 @@ double sustained(int workers, uint64_t per_worker, const std::function<bool(int,
   return static_cast<double>(per_worker * static_cast<uint64_t>(workers)) / secs;
 }
 
+// Runs `fn(worker, i)` on each of `workers` threads until `seconds` have passed; returns
+// sandboxes/s over the time until the last in-flight one finished.
+double sustained_for(int workers, double seconds, const std::function<bool(int, uint64_t)>& fn,
+                     size_t* failures) {
+  std::atomic<size_t> fails{0}, done{0};
+  auto t0 = Clock::now();
+  auto end = t0 + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
+  std::vector<std::thread> ts;
+  for (int w = 0; w < workers; ++w)
+    ts.emplace_back([&, w] {
+      for (uint64_t i = 0; Clock::now() < end; ++i) fn(w, 2000000 + i) ? ++done : ++fails;
+    });
+  for (auto& t : ts) t.join();
+  *failures = fails;
+  return static_cast<double>(done.load()) / std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
 std::string fake_agent_default() {
   auto exe = fs::read_symlink("/proc/self/exe");
   return (exe.parent_path().parent_path() / "payloads/fake_agent").string();
+}
+
+std::string join_rates(const std::map<int, double>& m) {
+  std::string out;
+  for (const auto& [w, r] : m) out += (out.empty() ? "" : ",") + ("\"" + std::to_string(w) + "\":" + std::to_string(r));
+  return out;
+}
+
+std::string join_samples(const std::vector<double>& v) {
+  std::string out;
+  char b[32];
+  for (double x : v) {
+    std::snprintf(b, sizeof b, "%s%.4f", out.empty() ? "" : ",", x);
+    out += b;
+  }
+  return out;
 }
 
 bool wait_ready(int fd) {
@@ -234,7 +272,10 @@ bool wait_ready(int fd) {
 
 int main(int argc, char** argv) {
   uint64_t iterations = 200;
-  bool json = false, with_backend = true;
+  bool json = false, with_backend = true, samples = false;
+  int rounds = 10;
+  double rate_seconds = 0;
+  std::vector<int> rates{1, 2};
   std::string agent = fake_agent_default();
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
@@ -242,8 +283,23 @@ int main(int argc, char** argv) {
     else if (a == "--json") json = true;
     else if (a == "--agent" && i + 1 < argc) agent = argv[++i];
     else if (a == "--no-backend") with_backend = false;
-    else {
-      std::fprintf(stderr, "usage: %s [--iterations N] [--json] [--agent PATH] [--no-backend]\n", argv[0]);
+    else if (a == "--samples") samples = true;
+    else if (a == "--rounds" && i + 1 < argc) rounds = std::max(1, std::stoi(argv[++i]));
+    else if (a == "--rate-seconds" && i + 1 < argc) rate_seconds = std::stod(argv[++i]);
+    else if (a == "--rates" && i + 1 < argc) {
+      rates.clear();
+      std::string l = argv[++i];
+      for (size_t p = 0; l != "none" && p < l.size();) {
+        size_t q = l.find(',', p);
+        if (q == std::string::npos) q = l.size();
+        rates.push_back(std::max(1, std::stoi(l.substr(p, q - p))));
+        p = q + 1;
+      }
+    } else {
+      std::fprintf(stderr,
+                   "usage: %s [--iterations N] [--json] [--agent PATH] [--no-backend] [--rounds N] [--samples]"
+                   " [--rates W,W,...|none] [--rate-seconds S]\n",
+                   argv[0]);
       return 2;
     }
   }
@@ -327,7 +383,7 @@ int main(int argc, char** argv) {
     }
     std::vector<double> t_floor, t_create, t_ready;
     size_t f_floor = 0, f_create = 0, f_ready = 0;
-    const int kRounds = 10;
+    const int kRounds = rounds;
     for (int round = 0; round < kRounds; ++round) {
       uint64_t n = iterations / kRounds + (static_cast<uint64_t>(round) < iterations % kRounds ? 1 : 0);
       for (uint64_t i = 0; i < n; ++i) {
@@ -356,8 +412,16 @@ int main(int argc, char** argv) {
     Stats s_co = summarize(t_create_only, 0), s_do = summarize(t_destroy_only, 0);
     size_t fail1 = 0, fail2 = 0, bfail1 = 0, bfail2 = 0;
     auto floor_fn = [&](int w, uint64_t i) { return floor.once(w, i); };
-    double floor_r1 = sustained(1, iterations, floor_fn, &fail1);
-    double floor_r2 = sustained(2, iterations / 2, floor_fn, &fail2);
+    std::map<int, double> floor_rates;
+    for (int w : rates) {
+      size_t f = 0;
+      floor_rates[w] = rate_seconds > 0 ? sustained_for(w, rate_seconds, floor_fn, &f)
+                                        : sustained(w, std::max<uint64_t>(1, iterations / static_cast<uint64_t>(w)),
+                                                    floor_fn, &f);
+      (w == 1 ? fail1 : fail2) += f;
+    }
+    double floor_r1 = floor_rates.count(1) ? floor_rates[1] : 0;
+    double floor_r2 = floor_rates.count(2) ? floor_rates[2] : 0;
     double be_r1 = 0, be_r2 = 0;
     if (with_backend) {
       be_r1 = sustained(1, iterations, backend_worker, &bfail1);
@@ -377,11 +441,12 @@ int main(int argc, char** argv) {
           "{\"iterations\":%llu,\"cgroup\":\"%s\",\"floor\":%s,\"floor_rate_1w\":%.1f,\"floor_rate_2w\":%.1f,"
           "\"backend_create_destroy\":%s,\"backend_create_ready_destroy\":%s,\"backend_rate_1w\":%.1f,"
           "\"backend_rate_2w\":%.1f,\"ratio_p50\":%.3f,\"ratio_ready_p50\":%.3f,\"agent\":\"%s\","
-          "\"backend_create_only\":%s,\"backend_destroy_only\":%s}\n",
+          "\"backend_create_only\":%s,\"backend_destroy_only\":%s,\"floor_rates\":{%s},"
+          "\"floor_samples_ms\":[%s]}\n",
           static_cast<unsigned long long>(iterations),
           layout->version == tp::sys::CgroupVersion::kV1 ? "v1" : "v2", st(sf).c_str(), floor_r1, floor_r2,
           st(sc).c_str(), st(sr).c_str(), be_r1, be_r2, ratio, ratio_ready, agent.c_str(), st(s_co).c_str(),
-          st(s_do).c_str());
+          st(s_do).c_str(), join_rates(floor_rates).c_str(), samples ? join_samples(t_floor).c_str() : "");
     } else {
       auto row = [](const char* name, const Stats& s) {
         std::printf("%-34s %8.2f %8.2f %8.2f %8.2f %6zu %5zu\n", name, s.p50_ms, s.p90_ms, s.p99_ms, s.mean_ms, s.n,

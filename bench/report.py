@@ -1,0 +1,334 @@
+#!/usr/bin/python3
+"""Turns bench/peers.py's JSON into bench/results/latest.md and PNG charts.
+
+    report.py RESULTS.json --out DIR [--readme README.md]
+
+--readme rewrites the part of README.md between the bench markers (adding a
+"## Benchmarks" section at the end the first time); nothing else in it changes.
+Charts need python3-matplotlib (Agg backend); without it only the markdown is written.
+"""
+import argparse
+import json
+import os
+import sys
+
+README_BEGIN = "<!-- bench:begin (written by bench/report.py from a `make bench` run) -->"
+README_END = "<!-- bench:end -->"
+
+# tool -> (label, how it is run, what it sets up)
+TOOLS = {
+    "tidepool-cli": ("**Tidepool** `tidepool run --image {image} -- true`", "whole process",
+                     "CLI -> HTTP -> daemon: user, mount, pid, uts, ipc, net, cgroup namespaces; cgroups "
+                     "(memory, cpu, pids); overlay root with a tmpfs upper; /proc; seccomp; dropped capabilities; "
+                     "no_new_privs; tp-agent as PID 1 runs `true` in a nested pid namespace; destroy"),
+    "bwrap": ("bwrap `--unshare-all --ro-bind ROOT / --proc --dev`", "whole process",
+              "user, mount, pid, uts, ipc, net, cgroup namespaces; read-only bind of the root (no overlay, no "
+              "writable layer); /proc; /dev; no cgroups or limits; no seccomp"),
+    "crun": ("crun `run`", "whole process",
+             "OCI bundle: pid, net, ipc, uts, mount, cgroup, user namespaces (root -> 100000); cgroups v1 with "
+             "memory, cpu, pids limits; read-only root (no overlay); /proc, /dev, /sys, masked paths; 3 "
+             "capabilities; no seccomp"),
+    "runc": ("runc `run`", "whole process", "the same OCI bundle as crun"),
+    "busybox-true": ("busybox `true` (no sandbox)", "whole process", "nothing: the process floor"),
+    "tidepool-api": ("**Tidepool** API client (`api_bench`)", "in process",
+                     "the same sandbox as the CLI row; HTTP create, exec `true`, delete from one persistent "
+                     "connection"),
+    "floor": ("raw kernel floor (`raw_floor`)", "in process",
+              "clone(CLONE_VM) with user, mount, pid, uts, ipc, net namespaces; uid maps; cgroups v1 memory+cpu+pids "
+              "(mkdir, limits, attach, rmdir); lo up; overlay over a 2-layer lower; /proc; pivot_root; exec "
+              "static busybox `true`; reap"),
+}
+ORDER = ["tidepool-cli", "bwrap", "crun", "runc", "busybox-true", "tidepool-api", "floor"]
+IDLE_LABEL = {"tidepool": "Tidepool (API create, agent idle)", "bwrap": "bwrap running `sleep`",
+              "crun": "crun `run -d`, `sleep`", "runc": "runc `run -d --no-new-keyring`, `sleep`",
+              "busybox-sleep": "busybox `sleep` (no sandbox)"}
+
+
+def pct(v, p):
+    if not v:
+        return None
+    s = sorted(v)
+    return s[min(len(s) - 1, int(round(p / 100.0 * (len(s) - 1))))]
+
+
+def fmt(x, nd=1):
+    return "–" if x is None else f"{x:.{nd}f}"
+
+
+def ratio(a, b):
+    return None if not a or not b else a / b
+
+
+def stats(res):
+    out = {}
+    for t in ORDER:
+        s = res["latency"].get(t, {}).get("samples", [])
+        out[t] = {"n": len(s), "p50": pct(s, 50), "p99": pct(s, 99), "errors": res["latency"].get(t, {}).get("errors", [])}
+    return out
+
+
+def machine_line(res):
+    m = res["machine"]
+    v = m["versions"]
+    return (f"{m['nproc']} × {m['model']}, kernel {m['kernel']}, {m['mem_total_mib'] / 1024:.0f} GiB RAM; "
+            f"load average {' '.join(m['loadavg_start'])} at the start, {' '.join(m.get('loadavg_end', ['?']))} at "
+            f"the end (other builds were running); {m['date']}. Tools: {v['crun']}, {v['runc']}, {v['bwrap']}, "
+            f"{v['hyperfine']}, {v['busybox'].split(' multi-call')[0]}.")
+
+
+def tables(res, for_readme=False):
+    st = stats(res)
+    cfg = res["config"]
+    img = res.get("image", "host")
+    floor = st["floor"]["p50"]
+    L = []
+    L.append(f"**Create + run `true` + destroy, cold** ({cfg['rounds']} interleaved rounds × {cfg['runs']} runs "
+             f"per tool, order rotated each round; whole processes timed by hyperfine `-N`, in-process rows time "
+             f"themselves). Ratios are p50 ÷ p50: against Tidepool's CLI for whole-process rows, against Tidepool's "
+             f"API client for in-process rows (>1: slower than Tidepool), and against the in-process kernel floor.")
+    L.append("")
+    L.append("| tool | run as | runs | p50 ms | p99 ms | ÷ Tidepool | ÷ floor |")
+    L.append("|---|---|---:|---:|---:|---:|---:|")
+    for t in ORDER:
+        s = st[t]
+        ref = st["tidepool-cli"]["p50"] if TOOLS[t][1] == "whole process" else st["tidepool-api"]["p50"]
+        label = TOOLS[t][0].format(image=img)
+        note = " (failed: see latest.json)" if s["errors"] and not s["n"] else ""
+        L.append(f"| {label}{note} | {TOOLS[t][1]} | {s['n']} | {fmt(s['p50'], 2)} | {fmt(s['p99'], 2)} | "
+                 f"{fmt(ratio(s['p50'], ref), 2)} | {fmt(ratio(s['p50'], floor), 2)} |")
+    L.append("| Tidepool from a warm pool | – | – | n/a (no pools yet) | | | |")
+    L.append("| function tier vs bare interpreter | – | – | n/a (no function tier yet) | | | |")
+    L.append("")
+    L.append(f"Tidepool's image: `{img}`. {res.get('image_note', '')}.")
+    L.append("")
+
+    # Targets.
+    cli, api = st["tidepool-cli"]["p50"], st["tidepool-api"]["p50"]
+    crun, runc, bwrap = st["crun"]["p50"], st["runc"]["p50"], st["bwrap"]["p50"]
+
+    def row(name, val, ok_if, unit="×"):
+        if val is None:
+            return f"| {name} | – | not measured |"
+        return f"| {name} | {val:.2f}{unit} | {'**met**' if ok_if(val) else '**missed**'} |"
+
+    L.append("**Targets** (issue 5; p50 against p50, same run):")
+    L.append("")
+    L.append("| target | measured | |")
+    L.append("|---|---:|---|")
+    L.append(row("CLI ≥ 3× faster than crun (crun ÷ Tidepool CLI)", ratio(crun, cli), lambda v: v >= 3))
+    L.append(row("CLI ≥ 6× faster than runc", ratio(runc, cli), lambda v: v >= 6))
+    L.append(row("CLI faster than bwrap", ratio(bwrap, cli), lambda v: v > 1))
+    L.append(row("in-process client ≥ 3× faster than crun (crun ÷ Tidepool API)", ratio(crun, api), lambda v: v >= 3))
+    L.append(row("in-process client ≥ 6× faster than runc", ratio(runc, api), lambda v: v >= 6))
+    L.append(row("in-process client faster than bwrap", ratio(bwrap, api), lambda v: v > 1))
+    L.append(row("within 3× of the raw kernel floor (Tidepool API ÷ floor)", ratio(api, floor), lambda v: v <= 3))
+    L.append("| warm pool ≥ 10× faster than crun | – | n/a (no pools yet) |")
+    L.append("")
+
+    # Throughput.
+    concs = [c for c in cfg["concurrency"].split(",") if c]
+    L.append(f"**Sustained sandboxes per second** (create + `true` + destroy, {cfg['rate_seconds']:g} s per tool and "
+             f"concurrency, tools rotated; whole-process tools from that many threads each spawning the tool in a "
+             f"loop, Tidepool's API client from that many client threads, the floor from that many threads):")
+    L.append("")
+    L.append("| tool | " + " | ".join(f"c={c}" for c in concs) + " |")
+    L.append("|---|" + "---:|" * len(concs))
+    for t in ORDER:
+        tp = res["throughput"].get(t, {})
+        cells = []
+        for c in concs:
+            r = tp.get(c)
+            cells.append("–" if r is None else (fmt(r["rate"], 0) + ("*" if r.get("failed") else "")))
+        L.append(f"| {TOOLS[t][0].format(image=img)} | " + " | ".join(cells) + " |")
+    L.append("")
+    if any(r.get("failed") for t in ORDER for r in res["throughput"].get(t, {}).values()):
+        L.append("\\* some runs failed at this concurrency (see latest.json); only completed ones count.")
+        L.append("")
+
+    # Idle memory.
+    idle = res.get("idle", {})
+    if idle:
+        L.append(f"**Idle memory per sandbox** ({cfg['idle']} requested per tool, started one after the other with a "
+                 f"{cfg['idle_cap_s']:g} s cap, measured 2 s after the last start). kernel = Δ(Slab + KernelStack + "
+                 f"PageTables + Percpu) from /proc/meminfo; PSS = the sandboxes' processes' proportional set size; "
+                 f"daemon = Δ PSS of tidepoold; total = their sum. meminfo user = Δ(AnonPages + Shmem), shown for "
+                 f"reference only: other processes on this shared machine move it by hundreds of MB.")
+        L.append("")
+        L.append("| tool | alive | kernel kB | PSS kB | daemon kB | **total kB** | meminfo user kB | start ms each |")
+        L.append("|---|---:|---:|---:|---:|---:|---:|---:|")
+        for name in ["tidepool", "bwrap", "crun", "runc", "busybox-sleep"]:
+            r = idle.get(name)
+            if r is None:
+                continue
+            alive = f"{r.get('alive', 0)}" + (" (time cap)" if r.get("capped") else "") + \
+                (" (failed)" if r.get("error") else "")
+            L.append(f"| {IDLE_LABEL[name]} | {alive} | {fmt(r.get('kernel_kb'), 0)} | {fmt(r.get('pss_kb'), 0)} | "
+                     f"{fmt(r.get('overhead_pss_kb'), 0)} | **{fmt(r.get('total_kb'), 0)}** | "
+                     f"{fmt(r.get('meminfo_user_kb'), 0)} | {fmt(r.get('start_ms_each'), 1)} |")
+        L.append("| raw kernel floor | – | | | | n/a (the floor loop holds no idle sandboxes) | | |")
+        L.append("")
+    L.append(f"Machine: {machine_line(res)} Whole run: {res.get('wall_seconds', 0) / 60:.1f} min.")
+    L.append("")
+    return L
+
+
+def setup_table():
+    L = ["**What each tool sets up** (all on the same static-busybox root built by the bench unless noted above):", "",
+         "| tool | isolation and resources |", "|---|---|"]
+    for t in ORDER:
+        L.append(f"| {TOOLS[t][0].format(image='IMAGE')} | {TOOLS[t][2]} |")
+    L.append("")
+    return L
+
+
+def write_md(res, out):
+    L = ["# Tidepool benchmarks: latest run", "",
+         "Produced by `make bench` (bench/run.sh → bench/peers.py → bench/report.py); raw numbers in latest.json.",
+         ""]
+    L += tables(res)
+    L += setup_table()
+    L += ["![latency distributions](latency.png)", "", "![throughput by concurrency](throughput.png)", "",
+          "![idle memory per sandbox](memory.png)", ""]
+    errs = [(t, e) for t in ORDER for e in res["latency"].get(t, {}).get("errors", [])]
+    if errs:
+        L.append("Errors during the run:")
+        L.append("")
+        for t, e in errs[:20]:
+            L.append(f"- {t}: `{e.splitlines()[-1] if e else ''}`")
+        L.append("")
+    with open(os.path.join(out, "latest.md"), "w") as f:
+        f.write("\n".join(L))
+
+
+def write_readme(res, path):
+    body = ["Reproduce with one command (root, Debian 12; installs crun, runc, bubblewrap, hyperfine and",
+            "matplotlib from Debian's archive, builds a static-busybox root shared by every tool, starts a",
+            "private `tidepoold`, and cleans up everything it made):", "",
+            "    make bench                  # ~10 min on 2 cores",
+            "    BENCH_QUICK=1 make bench    # ~2 min smoke run", "",
+            "It writes `bench/results/latest.md` (tables), `latest.json` (every sample) and PNG charts",
+            "(`latency.png`, `throughput.png`, `memory.png`). All tools run interleaved, round-robin with the",
+            "order rotated, so that machine noise hits everyone alike. Latest run on this machine:", ""]
+    body += tables(res, for_readme=True)
+    body += ["What each tool sets up, the charts and the errors: `bench/results/latest.md`.", ""]
+    block = README_BEGIN + "\n" + "\n".join(body) + README_END + "\n"
+    text = open(path).read()
+    if README_BEGIN in text and README_END in text:
+        a = text.index(README_BEGIN)
+        b = text.index(README_END) + len(README_END)
+        if text[b:b + 1] == "\n":
+            b += 1
+        text = text[:a] + block + text[b:]
+    else:
+        text = text.rstrip("\n") + "\n\n## Benchmarks\n\n" + block
+    with open(path, "w") as f:
+        f.write(text)
+
+
+def charts(res, out):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("report: matplotlib missing; no charts", file=sys.stderr)
+        return
+    img = res.get("image", "host")
+    names = {t: TOOLS[t][0].format(image=img).replace("**", "").replace("`", "") for t in ORDER}
+    short = {"tidepool-cli": "Tidepool CLI", "bwrap": "bwrap", "crun": "crun", "runc": "runc",
+             "busybox-true": "busybox true", "tidepool-api": "Tidepool API client", "floor": "kernel floor"}
+    colors = {"tidepool-cli": "#1f77b4", "tidepool-api": "#17becf", "bwrap": "#2ca02c", "crun": "#ff7f0e",
+              "runc": "#d62728", "busybox-true": "#7f7f7f", "floor": "#9467bd"}
+    m = res["machine"]
+    sub = (f"{m['nproc']} vCPU {m['model'][:40]}, kernel {m['kernel']}, load {m['loadavg_start'][0]}–"
+           f"{m.get('loadavg_end', ['?'])[0]}")
+
+    # Latency distributions.
+    tools = [t for t in ORDER if res["latency"].get(t, {}).get("samples")]
+    if tools:
+        fig, ax = plt.subplots(figsize=(9, 0.6 * len(tools) + 1.8))
+        data = [res["latency"][t]["samples"] for t in tools]
+        bp = ax.boxplot(data, vert=False, whis=(1, 99), showfliers=True, patch_artist=True,
+                        flierprops={"markersize": 2, "alpha": 0.4}, medianprops={"color": "black"})
+        for patch, t in zip(bp["boxes"], tools):
+            patch.set_facecolor(colors[t])
+            patch.set_alpha(0.6)
+        ax.set_yticks(range(1, len(tools) + 1))
+        ax.set_yticklabels([f"{short[t]} ({TOOLS[t][1]}, n={len(res['latency'][t]['samples'])})" for t in tools])
+        ax.set_xscale("log")
+        ax.set_xlabel("create + run true + destroy, ms (log scale; box = quartiles, whiskers = p1–p99)")
+        for i, t in enumerate(tools, 1):
+            s = res["latency"][t]["samples"]
+            ax.annotate(f"p50 {pct(s, 50):.1f} ms, p99 {pct(s, 99):.1f}", (max(s), i), xytext=(6, 0),
+                        textcoords="offset points", va="center", fontsize=7)
+        ax.set_xlim(right=max(max(d) for d in data) * 4)
+        ax.invert_yaxis()
+        ax.set_title(f"Cold sandbox latency, interleaved rounds\n{sub}", fontsize=9)
+        ax.grid(axis="x", which="both", alpha=0.3)
+        fig.tight_layout()
+        fig.savefig(os.path.join(out, "latency.png"), dpi=110)
+        plt.close(fig)
+
+    # Throughput by concurrency.
+    concs = [c for c in res["config"]["concurrency"].split(",") if c]
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for t in ORDER:
+        tp = res["throughput"].get(t, {})
+        xs = [int(c) for c in concs if c in tp]
+        ys = [tp[c]["rate"] for c in concs if c in tp]
+        if xs:
+            ax.plot(xs, ys, marker="o", label=f"{short[t]} ({TOOLS[t][1]})", color=colors[t])
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xticks([int(c) for c in concs])
+    ax.set_xticklabels(concs)
+    ax.set_xlabel("concurrency (client threads / parallel processes)")
+    ax.set_ylabel("sandboxes per second (create + true + destroy)")
+    ax.set_title(f"Sustained rate, {res['config']['rate_seconds']:g} s per point\n{sub}", fontsize=9)
+    ax.grid(which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(os.path.join(out, "throughput.png"), dpi=110)
+    plt.close(fig)
+
+    # Idle memory.
+    idle = {k: v for k, v in res.get("idle", {}).items() if v.get("total_kb") is not None}
+    if idle:
+        order = [n for n in ["tidepool", "bwrap", "crun", "runc", "busybox-sleep"] if n in idle]
+        fig, ax = plt.subplots(figsize=(8, 4))
+        left = [0.0] * len(order)
+        for key, label, col in (("kernel_kb", "kernel (slab, stacks, page tables, percpu)", "#9467bd"),
+                                ("pss_kb", "processes' PSS", "#1f77b4"), ("overhead_pss_kb", "daemon PSS", "#17becf")):
+            vals = [max(0.0, idle[n].get(key) or 0.0) for n in order]
+            ax.barh(range(len(order)), vals, left=left, label=label, color=col, alpha=0.8)
+            left = [a + b for a, b in zip(left, vals)]
+        ax.set_yticks(range(len(order)))
+        ax.set_yticklabels([f"{IDLE_LABEL[n].replace('`', '')} (n={idle[n]['alive']})" for n in order], fontsize=8)
+        ax.invert_yaxis()
+        ax.set_xlabel("kB per idle sandbox")
+        ax.set_title(f"Idle memory per sandbox\n{sub}", fontsize=9)
+        ax.legend(fontsize=8)
+        ax.grid(axis="x", alpha=0.3)
+        fig.tight_layout()
+        fig.savefig(os.path.join(out, "memory.png"), dpi=110)
+        plt.close(fig)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("results")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--readme")
+    a = ap.parse_args()
+    with open(a.results) as f:
+        res = json.load(f)
+    os.makedirs(a.out, exist_ok=True)
+    write_md(res, a.out)
+    charts(res, a.out)
+    if a.readme:
+        write_readme(res, a.readme)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,156 @@
+#!/bin/sh
+# make bench: Tidepool side by side with crun, runc, bwrap, the raw kernel floor and a
+# bare busybox `true`, interleaved, on one busybox root file system.
+#
+#   make bench                      ~10 min on 2 cores: 20 latency rounds x 30 runs per tool,
+#                                   5 s per tool and concurrency, 1,000 idle sandboxes per tool
+#   BENCH_QUICK=1 make bench        ~2-3 min smoke run (3 x 5 runs, 1.5 s, 100 idle)
+#   BENCH_UPDATE_README=1 ...       also rewrite README.md's "## Benchmarks" table
+#   BUILD=build-x / TP_BIN=DIR      binaries to measure (default build/bin)
+#
+# Writes bench/results/latest.md, latest.json and PNG charts. Everything it creates
+# (daemon, sandboxes, containers, cgroups, processes, the temp dir) is removed on exit,
+# also on failure or Ctrl-C.
+set -eu
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+BIN=${TP_BIN:-$ROOT/${BUILD:-build}/bin}
+PY=/usr/bin/python3
+OUT=$ROOT/bench/results
+UNIFIED=/sys/fs/cgroup/unified/cgroup.controllers
+
+if [ "${BENCH_QUICK:-0}" = 1 ]; then
+  ARGS="--rounds 3 --runs 5 --rate-seconds 1.5 --idle 100 --idle-cap 20"
+else
+  ARGS="--rounds 20 --runs 30 --rate-seconds 5 --idle 1000 --idle-cap 100"
+fi
+
+[ "$(id -u)" = 0 ] || { echo "bench: needs root (namespaces, cgroups, peers' containers)" >&2; exit 1; }
+sh "$ROOT/scripts/install-bench-deps.sh"
+for b in tidepoold tidepool tp-agent api_bench raw_floor; do
+  [ -x "$BIN/$b" ] || { echo "bench: $BIN/$b missing (make build)" >&2; exit 1; }
+done
+
+WORK=$(mktemp -d /tmp/tp-bench-XXXXXX)
+chmod 0711 "$WORK"  # the sandboxes' mapped root must traverse it to reach the root fs
+PREFIX=tpb$(od -An -N3 -tx1 /dev/urandom | tr -d ' \n')
+DPID=""
+CG_BEFORE="$WORK/cgroups.before"
+ls -d /sys/fs/cgroup/*/*/ 2>/dev/null | sort >"$CG_BEFORE" || true
+
+# Runs "$@" in a private mount namespace where crun 1.8.1 accepts this host's cgroup
+# layout: on hybrid hosts (v1 controllers plus a v2 mount listing some), crun refuses to
+# start unless the v2 mount lists none, so an empty file is bound over its list there.
+# Nothing outside that namespace sees it (reference/host-baselines.md, "crun").
+in_peer_ns() {
+  unshare -m --propagation private sh -c '
+    if mountpoint -q /sys/fs/cgroup/memory && [ -n "$(cat "$1" 2>/dev/null)" ]; then
+      mount --bind "$2" "$1"
+    fi
+    shift 2
+    exec "$@"' sh "$UNIFIED" "$WORK/empty" "$@"
+}
+
+cleanup() {
+  rc=$?
+  set +e
+  trap - EXIT INT TERM HUP
+  # Background sandboxes we spawned (bwrap, busybox sleep), by recorded pid, and only
+  # while that pid still runs something from our temp dir (a pid may have been reused).
+  if [ -f "$WORK/pids" ]; then
+    while read -r p; do
+      if grep -qa "$WORK" "/proc/$p/cmdline" 2>/dev/null; then
+        kill -KILL -- "-$p" 2>/dev/null || kill -KILL "$p" 2>/dev/null
+      fi
+    done <"$WORK/pids"
+  fi
+  # crun and runc containers named with this run's prefix.
+  in_peer_ns sh -c '
+    for rt in crun runc; do
+      for id in $($rt list -q 2>/dev/null | grep "^$1-"); do $rt delete -f "$id" >/dev/null 2>&1; done
+    done' sh "$PREFIX" 2>/dev/null
+  # The daemon removes its sandboxes when it stops.
+  if [ -n "$DPID" ] && kill -0 "$DPID" 2>/dev/null; then
+    kill -TERM "$DPID"
+    i=0
+    while kill -0 "$DPID" 2>/dev/null && [ $i -lt 300 ]; do sleep 0.1; i=$((i + 1)); done
+    kill -KILL "$DPID" 2>/dev/null
+    wait "$DPID" 2>/dev/null
+  fi
+  # Cgroups this run created and left (rmdir only removes empty ones), deepest first.
+  ls -d /sys/fs/cgroup/*/*/ /sys/fs/cgroup/*/*/*/ 2>/dev/null | sort >"$WORK/cgroups.after"
+  comm -13 "$CG_BEFORE" "$WORK/cgroups.after" | grep -E "/(tidepool-[0-9a-f]+|tp-floor-[0-9a-f]+|tp-bench-[0-9a-f]+|$PREFIX-[^/]+)/" |
+    sort -r | while read -r d; do rmdir "$d" 2>/dev/null; done
+  if grep -q " $WORK" /proc/self/mountinfo; then
+    echo "bench: mounts left under $WORK; not removing it" >&2
+  else
+    rm -rf "$WORK"
+  fi
+  exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM HUP
+
+: >"$WORK/empty"
+echo "bench: building the busybox root file system and OCI bundles in $WORK"
+"$PY" "$ROOT/bench/peers/prepare.py" "$WORK"
+
+# A private daemon on a free port, with room for 1,000 sandboxes' descriptors.
+PORT=$("$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+URL=http://127.0.0.1:$PORT
+(ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)"; exec "$BIN/tidepoold" --listen "127.0.0.1:$PORT" \
+  --data-dir "$WORK/data" --log-level warn) >"$WORK/daemon.log" 2>&1 &
+DPID=$!
+export TIDEPOOL_URL="$URL"
+"$PY" - "$URL" <<'EOF' || { echo "bench: tidepoold did not start:" >&2; cat "$WORK/daemon.log" >&2; exit 1; }
+import sys, time, urllib.request
+for _ in range(200):
+    try:
+        urllib.request.urlopen(sys.argv[1] + "/health", timeout=1).read()
+        sys.exit(0)
+    except OSError:
+        time.sleep(0.1)
+sys.exit(1)
+EOF
+
+# The same root for Tidepool: `tidepool image import` if the CLI has it, else the API's
+# import route; if neither works, the built-in `host` image (said in the table).
+IMAGE=host
+NOTE="Tidepool ran from its built-in host image (read-only binds of the host's /usr, /bin, ...): image import was not available"
+# (`tidepool image import --help` alone is no test: without the subcommand, CLI11 prints
+# the top-level help and exits 0.)
+if "$BIN/tidepool" --help 2>/dev/null | grep -q '^ *image ' &&
+  "$BIN/tidepool" image --help 2>/dev/null | grep -q '^ *import '; then
+  if "$BIN/tidepool" image import --name bench-busybox "$WORK/busybox.tar" >"$WORK/import.log" 2>&1; then
+    IMAGE=bench-busybox
+    NOTE="Tidepool ran from the same busybox root, imported with \`tidepool image import\`"
+  fi
+fi
+if [ "$IMAGE" = host ]; then
+  if "$PY" - "$URL" "$WORK/busybox.tar" >>"$WORK/import.log" 2>&1 <<'EOF'
+import sys, urllib.request
+req = urllib.request.Request(sys.argv[1] + "/v1/images/import?name=bench-busybox&kind=docker",
+                             data=open(sys.argv[2], "rb").read(), method="POST",
+                             headers={"Content-Type": "application/x-tar"})
+print(urllib.request.urlopen(req, timeout=120).read().decode())
+EOF
+  then
+    IMAGE=bench-busybox
+    NOTE="Tidepool ran from the same busybox root, imported through the API (POST /v1/images/import): the CLI has no \`image import\` yet"
+  fi
+fi
+if [ "$IMAGE" != host ] && ! "$BIN/tidepool" run --image "$IMAGE" -- true >>"$WORK/import.log" 2>&1; then
+  IMAGE=host
+  NOTE="Tidepool ran from its built-in host image: a sandbox of the imported busybox image failed ($(tail -1 "$WORK/import.log"))"
+fi
+echo "bench: tidepool image: $IMAGE"
+
+mkdir -p "$OUT"
+# shellcheck disable=SC2086
+in_peer_ns "$PY" "$ROOT/bench/peers.py" --work "$WORK" --bin "$BIN" --url "$URL" --daemon-pid "$DPID" \
+  --image "$IMAGE" --image-note "$NOTE" --prefix "$PREFIX" --out "$WORK/results.json" $ARGS
+cp "$WORK/results.json" "$OUT/latest.json"
+README_ARG=""
+[ "${BENCH_UPDATE_README:-0}" = 1 ] && README_ARG="--readme $ROOT/README.md"
+# shellcheck disable=SC2086
+"$PY" "$ROOT/bench/report.py" "$OUT/latest.json" --out "$OUT" $README_ARG
+echo "bench: wrote $OUT/latest.md"
