@@ -40,6 +40,8 @@ class AgentClientImpl final : public AgentClient {
     }
     boost::system::error_code ec;
     sd_.assign(d, ec);
+    boost::system::error_code nb_ec;
+    sd_.non_blocking(true, nb_ec);  // do_read() drains with read(2) until EAGAIN
     if (ec) {
       ::close(d);
       dup_errno_ = ec.value();
@@ -330,20 +332,35 @@ class AgentClientImpl final : public AgentClient {
                       }));
   }
 
+  // Waits for readability, then drains the socket into a per-thread buffer: an
+  // idle connection holds no read buffer of its own (thousands of idle sandboxes).
   void do_read() {
     if (closed_) return;
-    if (rbuf_.empty()) rbuf_.resize(kReadChunk);
-    sd_.async_read_some(
-        asio::buffer(rbuf_),
-        asio::bind_executor(strand_, [self = self()](boost::system::error_code ec, size_t n) {
+    sd_.async_wait(
+        asio::posix::stream_descriptor::wait_read,
+        asio::bind_executor(strand_, [self = self()](boost::system::error_code ec) {
           if (self->closed_) return;
           if (ec) {
-            std::string what = ec == asio::error::eof ? "agent of " + self->sandbox_id_ + " closed the connection"
-                                                      : "read from agent of " + self->sandbox_id_;
-            self->fail_all(Error{Code::kUnavailable, ec == asio::error::eof ? 0 : ec.value(), what});
+            self->fail_all(Error{Code::kUnavailable, ec.value(), "wait on agent of " + self->sandbox_id_});
             return;
           }
-          self->reader_.feed(self->rbuf_.data(), n);
+          thread_local std::vector<char> buf(kReadChunk);
+          for (;;) {
+            ssize_t n = ::read(self->sd_.native_handle(), buf.data(), buf.size());
+            if (n > 0) {
+              self->reader_.feed(buf.data(), static_cast<size_t>(n));
+              if (static_cast<size_t>(n) < buf.size()) break;
+              continue;
+            }
+            if (n < 0 && errno == EINTR) continue;
+            if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
+            Error e = n == 0 ? Error{Code::kUnavailable, 0, "agent of " + self->sandbox_id_ + " closed the connection"}
+                             : Error{Code::kUnavailable, errno, "read from agent of " + self->sandbox_id_};
+            // Deliver what arrived before the end, then fail the rest.
+            while (auto m = self->reader_.next()) self->on_message(std::move(*m));
+            if (!self->closed_) self->fail_all(e);
+            return;
+          }
           while (!self->closed_) {
             auto m = self->reader_.next();
             if (!m) break;
@@ -438,7 +455,6 @@ class AgentClientImpl final : public AgentClient {
   int dup_errno_ = 0;
   // Everything below is touched only on strand_.
   proto::FrameReader reader_;
-  std::vector<char> rbuf_;
   std::deque<std::string> wq_;
   bool writing_ = false;
   bool closed_ = false;

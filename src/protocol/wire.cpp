@@ -145,6 +145,12 @@ std::optional<Message> FrameReader::next() {
     return std::nullopt;
   }
   pos_ += 4 + len;
+  if (pos_ == buf_.size()) {
+    // Fully consumed: an idle connection keeps no large buffer.
+    buf_.clear();
+    pos_ = 0;
+    if (buf_.capacity() > (64u << 10)) buf_.shrink_to_fit();
+  }
   return m;
 }
 
