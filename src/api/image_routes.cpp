@@ -21,17 +21,6 @@ using image::ImageRecord;
 
 namespace {
 
-std::string rfc3339(int64_t ms) {
-  std::time_t t = static_cast<std::time_t>(ms / 1000);
-  std::tm tm{};
-  gmtime_r(&t, &tm);
-  char buf[40];
-  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%S", &tm);
-  char out[48];
-  std::snprintf(out, sizeof out, "%s.%03dZ", buf, static_cast<int>(ms % 1000));
-  return out;
-}
-
 json::object image_json(image::ImageStore& store, const ImageRecord& r) {
   json::object o;
   o["name"] = r.name;
@@ -64,7 +53,7 @@ json::object image_json(image::ImageStore& store, const ImageRecord& r) {
   o["defaults"] = std::move(d);
   o["size_bytes"] = size;
   o["source"] = r.source;
-  o["created_at"] = rfc3339(r.created_ms);
+  o["created_at"] = json_util::rfc3339(r.created_ms);
   return o;
 }
 
@@ -74,22 +63,10 @@ json::object layer_json(const image::LayerInfo& l) {
   o["size_bytes"] = l.bytes;
   o["entries"] = l.entries;
   o["source"] = l.source;
-  o["created_at"] = rfc3339(l.created_ms);
+  o["created_at"] = json_util::rfc3339(l.created_ms);
   o["image_refs"] = l.image_refs;
   o["pins"] = l.pins;
   return o;
-}
-
-Result<std::vector<std::string>> string_list(const json::object& o, const char* k) {
-  std::vector<std::string> out;
-  auto* v = o.if_contains(k);
-  if (!v || v->is_null()) return out;
-  if (!v->is_array()) return fail(Code::kInvalidArgument, std::string("field '") + k + "' must be a list of strings");
-  for (const auto& x : v->as_array()) {
-    if (!x.is_string()) return fail(Code::kInvalidArgument, std::string("field '") + k + "' must be a list of strings");
-    out.emplace_back(x.as_string());
-  }
-  return out;
 }
 
 // POST /v1/images body -> record (blocking: may store a directory layer).
@@ -104,8 +81,8 @@ Result<ImageRecord> create_image(image::ImageStore& store, const std::string& bo
   auto workdir = json_util::get_string(*o, "workdir", "");
   auto user = json_util::get_string(*o, "user", "");
   auto env = json_util::get_string_map(*o, "env");
-  auto parts = string_list(*o, "parts");
-  auto cmd = string_list(*o, "cmd");
+  auto parts = json_util::get_string_list(*o, "parts");
+  auto cmd = json_util::get_string_list(*o, "cmd");
   for (const Error* e : {name ? nullptr : &name.error(), version ? nullptr : &version.error(),
                          dir ? nullptr : &dir.error(), workdir ? nullptr : &workdir.error(),
                          user ? nullptr : &user.error(), env ? nullptr : &env.error(),

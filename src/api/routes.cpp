@@ -39,18 +39,6 @@ class CountingResponder : public Responder {
   Metrics& m_;
 };
 
-std::string rfc3339(int64_t ms) {
-  if (ms <= 0) return "";
-  std::time_t t = static_cast<std::time_t>(ms / 1000);
-  std::tm tm{};
-  gmtime_r(&t, &tm);
-  char buf[40];
-  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%S", &tm);
-  char out[48];
-  std::snprintf(out, sizeof out, "%s.%03dZ", buf, static_cast<int>(ms % 1000));
-  return out;
-}
-
 json::object to_json(const SandboxRecord& r) {
   json::object o;
   o["id"] = r.id;
@@ -69,10 +57,10 @@ json::object to_json(const SandboxRecord& r) {
   for (const auto& [k, v] : r.env) env[k] = v;
   o["labels"] = std::move(labels);
   o["env"] = std::move(env);
-  o["created_at"] = rfc3339(r.created_at_ms);
-  o["expires_at"] = rfc3339(r.expires_at_ms);
+  o["created_at"] = json_util::rfc3339(r.created_at_ms);
+  o["expires_at"] = json_util::rfc3339(r.expires_at_ms);
   if (r.ended_at_ms) {
-    o["ended_at"] = rfc3339(r.ended_at_ms);
+    o["ended_at"] = json_util::rfc3339(r.ended_at_ms);
     o["end_reason"] = r.end_reason;
   }
   return o;
@@ -333,7 +321,7 @@ json::object process_json(const node::ProcessInfo& i, bool with_output) {
   for (const auto& a : i.argv) cmd.push_back(json::string(a));
   j["cmd"] = std::move(cmd);
   j["state"] = i.exited ? "exited" : "running";
-  j["started_at"] = rfc3339(i.started_ms);
+  j["started_at"] = json_util::rfc3339(i.started_ms);
   if (with_output) {
     j["stdout"] = base64_encode(i.out);
     j["stderr"] = base64_encode(i.err);

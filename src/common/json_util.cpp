@@ -3,6 +3,8 @@
 #include <boost/beast/core/detail/base64.hpp>
 
 #include <cmath>
+#include <cstdio>
+#include <ctime>
 
 namespace tp::json_util {
 namespace json = boost::json;
@@ -93,6 +95,30 @@ Result<std::map<std::string, std::string>> get_string_map(const json::object& o,
     if (!kv.value().is_string()) return bad(key, "must be an object of strings");
     out[std::string(kv.key())] = std::string(kv.value().as_string());
   }
+  return out;
+}
+
+Result<std::vector<std::string>> get_string_list(const json::object& o, std::string_view key) {
+  std::vector<std::string> out;
+  const json::value* v = find(o, key);
+  if (!v) return out;
+  if (!v->is_array()) return bad(key, "must be a list of strings");
+  for (const auto& x : v->as_array()) {
+    if (!x.is_string()) return bad(key, "must be a list of strings");
+    out.emplace_back(x.as_string());
+  }
+  return out;
+}
+
+std::string rfc3339(int64_t ms) {
+  if (ms <= 0) return "";
+  std::time_t t = static_cast<std::time_t>(ms / 1000);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[40];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%S", &tm);
+  char out[48];
+  std::snprintf(out, sizeof out, "%s.%03dZ", buf, static_cast<int>(ms % 1000));
   return out;
 }
 

@@ -27,6 +27,10 @@ Result<std::string> get_string(const boost::json::object& o, std::string_view ke
 Result<bool> get_bool(const boost::json::object& o, std::string_view key, bool dflt);
 Result<std::map<std::string, std::string>> get_string_map(const boost::json::object& o,
                                                           std::string_view key);
+// A list of strings; missing or null = empty.
+Result<std::vector<std::string>> get_string_list(const boost::json::object& o, std::string_view key);
+// "2026-11-30T01:02:03.456Z" for Unix epoch milliseconds; "" for ms <= 0.
+std::string rfc3339(int64_t ms);
 // A command: a list of strings (argv) or one string (run by /bin/sh -c).
 Result<std::vector<std::string>> get_command(const boost::json::object& o, std::string_view key);
 

@@ -92,17 +92,7 @@ Result<BuildSpec> parse_build_spec(const std::string& text) {
     return fail(Code::kInvalidArgument, "field 'mirror' must be an http(s):// or file:// URL");
   if (s.mirror.find_first_of(" \t\n'\"") != std::string::npos)
     return fail(Code::kInvalidArgument, "field 'mirror' must not contain spaces or quotes");
-  auto arr = [&](const char* k) -> Result<std::vector<std::string>> {
-    std::vector<std::string> out;
-    auto* v = o->if_contains(k);
-    if (!v || v->is_null()) return out;
-    if (!v->is_array()) return fail(Code::kInvalidArgument, std::string("field '") + k + "' must be a list of strings");
-    for (const auto& x : v->as_array()) {
-      if (!x.is_string()) return fail(Code::kInvalidArgument, std::string("field '") + k + "' must be a list of strings");
-      out.emplace_back(x.as_string());
-    }
-    return out;
-  };
+  auto arr = [&](const char* k) { return json_util::get_string_list(*o, k); };
   auto pk = arr("packages");
   if (!pk) return std::unexpected(pk.error());
   for (const auto& p : *pk)
