@@ -27,7 +27,7 @@ integration: build
 
 test: build
 	cd $(BUILD) && ctest --output-on-failure
-	$(PY) -m pytest -q -p no:cacheprovider sdk/python/tests tests/integration
+	$(PY) -m pytest -q -p no:cacheprovider sdk/python/tests tests/integration tests/hostile
 
 bench: build
 	sh bench/run.sh

@@ -82,7 +82,7 @@ struct Command {
 
 class Agent {
  public:
-  Agent(Options opts, int ctl, Fd sigfd, FileService files)
+  Agent(Options opts, int ctl, sys::UniqueFd sigfd, FileService files)
       : opts_(std::move(opts)), ctl_(ctl), sigfd_(std::move(sigfd)), files_(std::move(files)) {}
 
   int run();
@@ -110,8 +110,8 @@ class Agent {
   void maybe_trim();
 
   Options opts_;
-  Fd ctl_;
-  Fd sigfd_;
+  sys::UniqueFd ctl_;
+  sys::UniqueFd sigfd_;
   FileService files_;
   std::optional<proto::FrameReader> reader_{std::in_place};
   size_t reader_fed_ = 0;  // bytes fed since the reader was last renewed
@@ -379,7 +379,7 @@ void Agent::on_init_chan(Command& c) {
 // Forwards what one pipe has. `final`: the command's processes are all gone,
 // so read until the pipe is empty even if some other process still holds it.
 void Agent::on_pipe(Command& c, int stream, bool final) {
-  Fd& fd = stream == 1 ? c.sp.stdout_r : c.sp.stderr_r;
+  sys::UniqueFd& fd = stream == 1 ? c.sp.stdout_r : c.sp.stderr_r;
   while (fd) {
     ssize_t n = ::read(fd.get(), g_buf, sizeof(g_buf));
     if (n < 0 && errno == EINTR) continue;
@@ -648,7 +648,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   int ctl = opts->fd;
-  Agent agent(std::move(*opts), ctl, Fd(sfd), FileService(std::move(*resolver)));
+  Agent agent(std::move(*opts), ctl, sys::UniqueFd(sfd), FileService(std::move(*resolver)));
   return agent.run();
 }
 

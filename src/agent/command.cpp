@@ -358,15 +358,15 @@ Result<Spawned> spawn_command(const ExecSpec& spec, bool try_pid_ns) {
 
   int in[2], out[2], err[2], ex[2], ic[2];
   if (::pipe2(in, O_CLOEXEC) != 0) return sys_error("pipe2");
-  Fd in_r(in[0]), in_w(in[1]);
+  sys::UniqueFd in_r(in[0]), in_w(in[1]);
   if (::pipe2(out, O_CLOEXEC) != 0) return sys_error("pipe2");
-  Fd out_r(out[0]), out_w(out[1]);
+  sys::UniqueFd out_r(out[0]), out_w(out[1]);
   if (::pipe2(err, O_CLOEXEC) != 0) return sys_error("pipe2");
-  Fd err_r(err[0]), err_w(err[1]);
+  sys::UniqueFd err_r(err[0]), err_w(err[1]);
   if (::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, ex) != 0) return sys_error("socketpair");
-  Fd ex_a(ex[0]), ex_c(ex[1]);
+  sys::UniqueFd ex_a(ex[0]), ex_c(ex[1]);
   if (::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, ic) != 0) return sys_error("socketpair");
-  Fd ic_a(ic[0]), ic_c(ic[1]);
+  sys::UniqueFd ic_a(ic[0]), ic_c(ic[1]);
   int one = 1;
   if (::setsockopt(ex_a.get(), SOL_SOCKET, SO_PASSCRED, &one, sizeof(one)) != 0)
     return sys_error("setsockopt SO_PASSCRED");

@@ -49,8 +49,8 @@
 #include <string_view>
 #include <vector>
 
-#include "agent/unique_fd.h"
 #include "common/result.h"
+#include "sys/fd.h"  // header-only, libc only: fine for the static agent
 
 namespace tp::agent {
 
@@ -100,11 +100,11 @@ struct InitReport {
 struct Spawned {
   pid_t init_pid = -1;  // in the agent's pid namespace
   bool pid_ns = false;  // the init leads its own pid namespace
-  Fd stdin_w;           // non-blocking
-  Fd stdout_r;          // non-blocking
-  Fd stderr_r;          // non-blocking
-  Fd exec_chan;         // agent end, SO_PASSCRED set
-  Fd init_chan;         // agent end
+  sys::UniqueFd stdin_w;    // non-blocking
+  sys::UniqueFd stdout_r;   // non-blocking
+  sys::UniqueFd stderr_r;   // non-blocking
+  sys::UniqueFd exec_chan;  // agent end, SO_PASSCRED set
+  sys::UniqueFd init_chan;  // agent end
 };
 
 // Starts the command init and the command. `try_pid_ns` false forces the

@@ -52,7 +52,7 @@ Result<void> write_all(int fd, std::string_view data, std::string_view path) {
 }
 
 // Names of a directory's entries (without "." and ".."), sorted. Takes `fd`.
-Result<std::vector<std::string>> read_names(Fd fd, std::string_view path) {
+Result<std::vector<std::string>> read_names(sys::UniqueFd fd, std::string_view path) {
   DIR* d = ::fdopendir(fd.get());
   if (!d) return call_error("fdopendir", path, errno);
   fd.release();
@@ -85,8 +85,8 @@ Result<void> remove_tree(int dirfd, const std::string& name, const std::string& 
   }
   int fd = ::openat(dirfd, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
   if (fd < 0) return call_error("openat", path, errno);
-  Fd dir(fd);
-  Fd list_fd(::dup(dir.get()));
+  sys::UniqueFd dir(fd);
+  sys::UniqueFd list_fd(::dup(dir.get()));
   if (!list_fd) return call_error("dup", path, errno);
   auto names = read_names(std::move(list_fd), path);
   if (!names) return std::unexpected(names.error());
@@ -249,7 +249,7 @@ Result<Message> FileService::list(const Message& req) {
   std::string path = req.str(Tag::kPath);
   auto fd = resolver_.open(path, O_RDONLY | O_DIRECTORY);
   if (!fd) return std::unexpected(fd.error());
-  Fd stat_fd(::dup(fd->get()));
+  sys::UniqueFd stat_fd(::dup(fd->get()));
   if (!stat_fd) return call_error("dup", path, errno);
   auto names = read_names(std::move(*fd), path);
   if (!names) return std::unexpected(names.error());

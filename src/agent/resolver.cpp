@@ -45,7 +45,7 @@ void push_components(std::string_view path, std::deque<std::string>* out, bool f
 Result<Resolver> Resolver::open_root(const std::string& root_dir, Mode mode) {
   int fd = ::open(root_dir.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC);
   if (fd < 0) return path_error("open", root_dir, errno);
-  Fd root(fd);
+  sys::UniqueFd root(fd);
   bool use = mode != Mode::kWalk;
   if (mode == Mode::kAuto) {
     open_how how{};
@@ -82,12 +82,12 @@ std::pair<std::string, std::string> Resolver::split_last(std::string_view path) 
   return {dir_end == 0 ? std::string("/") : std::string(p.substr(0, dir_end)), name};
 }
 
-Result<Fd> Resolver::open(std::string_view path, int flags, mode_t mode) const {
+Result<sys::UniqueFd> Resolver::open(std::string_view path, int flags, mode_t mode) const {
   TP_TRY(check_path(path));
   return use_openat2_ ? open_openat2(path, flags, mode) : open_walk(path, flags, mode);
 }
 
-Result<Fd> Resolver::open_openat2(std::string_view path, int flags, mode_t mode) const {
+Result<sys::UniqueFd> Resolver::open_openat2(std::string_view path, int flags, mode_t mode) const {
   std::string p(path);
   open_how how{};
   how.flags = static_cast<uint64_t>(flags | O_CLOEXEC);
@@ -95,7 +95,7 @@ Result<Fd> Resolver::open_openat2(std::string_view path, int flags, mode_t mode)
   how.resolve = RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS;
   for (;;) {
     long r = sys_openat2(root_.get(), p.c_str(), &how);
-    if (r >= 0) return Fd(static_cast<int>(r));
+    if (r >= 0) return sys::UniqueFd(static_cast<int>(r));
     // EAGAIN: a concurrent rename raced the in-root check; the kernel asks to retry.
     if (errno == EINTR || errno == EAGAIN) continue;
     return path_error("openat2", path, errno);
@@ -108,10 +108,10 @@ Result<Fd> Resolver::open_openat2(std::string_view path, int flags, mode_t mode)
 // targets restart at the root), ".." pops to the previous directory and stops
 // at the root. Magic links read as their text, which is then resolved inside
 // the root like any other symlink.
-Result<Fd> Resolver::open_walk(std::string_view path, int flags, mode_t mode) const {
+Result<sys::UniqueFd> Resolver::open_walk(std::string_view path, int flags, mode_t mode) const {
   std::deque<std::string> todo;
   push_components(path, &todo, false);
-  std::vector<Fd> stack;  // directories below the root; empty = at the root
+  std::vector<sys::UniqueFd> stack;  // directories below the root; empty = at the root
   int links = 0;
   auto cur = [&] { return stack.empty() ? root_.get() : stack.back().get(); };
   while (!todo.empty()) {
@@ -129,11 +129,11 @@ Result<Fd> Resolver::open_walk(std::string_view path, int flags, mode_t mode) co
       if (last && e == ENOENT && (flags & O_CREAT)) {
         int nfd = ::openat(cur(), c.c_str(), flags | O_NOFOLLOW | O_CLOEXEC, mode);
         if (nfd < 0) return path_error("openat", path, errno);
-        return Fd(nfd);
+        return sys::UniqueFd(nfd);
       }
       return path_error("openat", path, e);
     }
-    Fd f(fd);
+    sys::UniqueFd f(fd);
     struct stat st {};
     if (::fstat(f.get(), &st) != 0) return path_error("fstat", path, errno);
     if (S_ISLNK(st.st_mode)) {
@@ -152,7 +152,7 @@ Result<Fd> Resolver::open_walk(std::string_view path, int flags, mode_t mode) co
       if ((flags & O_PATH) && !(flags & O_DIRECTORY)) return f;
       int nfd = ::openat(cur(), c.c_str(), flags | O_NOFOLLOW | O_CLOEXEC, mode);
       if (nfd < 0) return path_error("openat", path, errno);
-      return Fd(nfd);
+      return sys::UniqueFd(nfd);
     }
     if (!S_ISDIR(st.st_mode)) return path_error("openat", path, ENOTDIR);
     stack.push_back(std::move(f));
@@ -160,7 +160,7 @@ Result<Fd> Resolver::open_walk(std::string_view path, int flags, mode_t mode) co
   // The path named a directory reached through "/", "." or "..".
   int nfd = ::openat(cur(), ".", (flags & ~(O_CREAT | O_EXCL | O_TRUNC)) | O_CLOEXEC, mode);
   if (nfd < 0) return path_error("openat", path, errno);
-  return Fd(nfd);
+  return sys::UniqueFd(nfd);
 }
 
 Result<Resolver::Parent> Resolver::parent(std::string_view path) const {

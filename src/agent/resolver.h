@@ -23,8 +23,8 @@
 #include <string_view>
 #include <utility>
 
-#include "agent/unique_fd.h"
 #include "common/result.h"
+#include "sys/fd.h"  // header-only, libc only: fine for the static agent
 
 namespace tp::agent {
 
@@ -46,13 +46,13 @@ class Resolver {
 
   // Opens `path` following symlinks inside the root; O_CLOEXEC is always added.
   // With O_CREAT, `mode` applies to a new file.
-  Result<Fd> open(std::string_view path, int flags, mode_t mode = 0) const;
+  Result<sys::UniqueFd> open(std::string_view path, int flags, mode_t mode = 0) const;
 
   // The directory that holds the last name of `path` (O_PATH fd) and that
   // name, for *at() calls that must not follow the last component. `name` is
   // empty in the cases split_last describes; `dir` is then the path itself.
   struct Parent {
-    Fd dir;
+    sys::UniqueFd dir;
     std::string name;
   };
   Result<Parent> parent(std::string_view path) const;
@@ -61,11 +61,11 @@ class Resolver {
   bool uses_openat2() const { return use_openat2_; }
 
  private:
-  Resolver(Fd root, bool use_openat2) : root_(std::move(root)), use_openat2_(use_openat2) {}
-  Result<Fd> open_openat2(std::string_view path, int flags, mode_t mode) const;
-  Result<Fd> open_walk(std::string_view path, int flags, mode_t mode) const;
+  Resolver(sys::UniqueFd root, bool use_openat2) : root_(std::move(root)), use_openat2_(use_openat2) {}
+  Result<sys::UniqueFd> open_openat2(std::string_view path, int flags, mode_t mode) const;
+  Result<sys::UniqueFd> open_walk(std::string_view path, int flags, mode_t mode) const;
 
-  Fd root_;
+  sys::UniqueFd root_;
   bool use_openat2_ = true;
 };
 

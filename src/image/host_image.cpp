@@ -19,8 +19,12 @@ constexpr const char* kMarker = ".tp-host-image-v1";
 
 Result<void> mkdir_owned(const std::string& p, mode_t mode, uint32_t uid) {
   if (::mkdir(p.c_str(), mode) != 0 && errno != EEXIST) return sys_fail("mkdir(" + p + ")");
-  if (::chmod(p.c_str(), mode) != 0) return sys_fail("chmod(" + p + ")");
-  if (::lchown(p.c_str(), uid, uid) != 0) return sys_fail("lchown(" + p + ", " + std::to_string(uid) + ")");
+  // Through an fd opened without following links: never chmod or chown what a
+  // symlink in the skeleton points at.
+  sys::UniqueFd fd(::open(p.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  if (!fd) return sys_fail("open(" + p + ", O_DIRECTORY|O_NOFOLLOW)");
+  if (::fchmod(fd.get(), mode) != 0) return sys_fail("fchmod(" + p + ")");
+  if (::fchown(fd.get(), uid, uid) != 0) return sys_fail("fchown(" + p + ", " + std::to_string(uid) + ")");
   return {};
 }
 

@@ -15,10 +15,15 @@ namespace tp::runtime::container {
 
 namespace raw = tp::sys::raw;
 
-// Same lists as docker/crun's defaults.
+// Same lists as docker/crun's defaults, plus kallsyms: with kptr_restrict=0 and
+// perf_event_paranoid<=1 it shows kernel addresses (a KASLR bypass) to anyone.
 const char* const kMaskedProcFiles[] = {
     "kcore", "keys", "latency_stats", "timer_list", "timer_stats", "sched_debug",
-    "kpagecgroup", "kpageflags", "kpagecount", "sysrq-trigger", "config.gz", nullptr};
+    "kpagecgroup", "kpageflags", "kpagecount", "sysrq-trigger", "config.gz", "kallsyms", nullptr};
+const char* const kBoundDevices[] = {"null", "zero", "full", "random", "urandom", "tty", nullptr};
+const UserNsLimit kUserNsLimits[] = {
+    {"max_inotify_instances", "32"}, {"max_inotify_watches", "16384"}, {"max_user_namespaces", "0"},
+    {nullptr, nullptr}};
 const char* const kMaskedProcDirs[] = {"acpi", "scsi", "asound", "firmware", nullptr};
 const char* const kReadOnlyProcDirs[] = {"bus", "fs", "irq", "sys", nullptr};
 
@@ -91,6 +96,23 @@ void ChildPlan::symlink(const std::string& target, const std::string& path) {
   ops.push_back(op);
 }
 
+void ChildPlan::write_file(const std::string& path, const std::string& data, bool ignore_missing) {
+  Op op{OpKind::kWriteFile};
+  op.ignore_missing = ignore_missing;
+  op.a = keep(path);
+  op.b = keep(data);
+  op.step = step("write(" + path + ", \"" + data + "\")");
+  ops.push_back(op);
+}
+
+void ChildPlan::set_rlimit(int resource, const std::string& name, uint64_t value) {
+  Op op{OpKind::kSetRlimit};
+  op.mode = static_cast<uint32_t>(resource);
+  op.flags = value;
+  op.step = step("setrlimit(" + name + ", " + std::to_string(value) + ")");
+  ops.push_back(op);
+}
+
 void ChildPlan::simple(OpKind k, const std::string& desc, const std::string& a, unsigned long flags) {
   Op op{k};
   op.a = a.empty() ? nullptr : keep(a);
@@ -114,6 +136,10 @@ void build_root_ops(const RootRecipe& r, ChildPlan* p) {
   const std::string root = m + "/root";
   p->simple(OpKind::kWaitSync, "read(sync pipe)");
   p->simple(OpKind::kBecomeRoot, "setresgid/setgroups/setresuid(0) in the user namespace");
+  // /proc/sys/user resolves to the writer's user namespace: these are the sandbox's own.
+  // Missing on older kernels (e.g. no inotify limits there before 5.11): skipped.
+  for (int i = 0; kUserNsLimits[i].name; ++i)
+    p->write_file(std::string("/proc/sys/user/") + kUserNsLimits[i].name, kUserNsLimits[i].value, true);
   // After the parent moved us into the sandbox cgroup, so that it is the cgroup ns root.
   p->simple(OpKind::kUnshare, "unshare(CLONE_NEWCGROUP)", "", CLONE_NEWCGROUP);
   p->simple(OpKind::kSethostname, "sethostname(" + r.id + ")", r.id);
@@ -149,9 +175,10 @@ void build_root_ops(const RootRecipe& r, ChildPlan* p) {
   // /dev: device nodes cannot be made in a user namespace, so bind the host's.
   const std::string dev = root + "/dev";
   p->mount("tmpfs", dev, "tmpfs", MS_NOSUID | MS_NOEXEC, "size=65536,mode=0755");
-  for (const char* d : {"null", "zero", "full", "random", "urandom", "tty"}) {
+  for (int i = 0; kBoundDevices[i]; ++i) {
+    const std::string d = kBoundDevices[i];
     p->touch(dev + "/" + d);
-    p->mount(std::string("/dev/") + d, dev + "/" + d, "", MS_BIND, "");
+    p->mount("/dev/" + d, dev + "/" + d, "", MS_BIND, "");
   }
   p->mkdir(dev + "/pts", 0755);
   p->mount("devpts", dev + "/pts", "devpts", MS_NOSUID | MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620,gid=5");
@@ -241,6 +268,21 @@ long run_op(const Op& op, const ChildPlan& p) {
     case OpKind::kChdir: return raw::call(SYS_chdir, op.a);
     case OpKind::kPivotRoot: return raw::call(SYS_pivot_root, ".", ".");
     case OpKind::kUmountDetach: return raw::call(SYS_umount2, op.a, MNT_DETACH);
+    case OpKind::kSetRlimit: {
+      struct {
+        uint64_t cur, max;
+      } lim{op.flags, op.flags};
+      return raw::call(SYS_prlimit64, 0, op.mode, &lim, nullptr);
+    }
+    case OpKind::kWriteFile: {
+      long fd = raw::call(SYS_openat, AT_FDCWD, op.a, O_WRONLY | O_CLOEXEC);
+      if (fd < 0) return fd;
+      size_t n = 0;
+      while (op.b[n]) ++n;
+      long w = raw::call(SYS_write, fd, op.b, n);
+      raw::call(SYS_close, fd);
+      return w < 0 ? w : (static_cast<size_t>(w) == n ? 0 : -EIO);
+    }
   }
   return -EINVAL;
 }

@@ -33,6 +33,8 @@ enum class OpKind : uint8_t {
   kChdir,        // chdir(a)
   kPivotRoot,    // pivot_root(".", ".")
   kUmountDetach, // umount2(a, MNT_DETACH)
+  kWriteFile,    // open(a, O_WRONLY) and write the string b (sysctls of the sandbox's namespaces)
+  kSetRlimit,    // prlimit64(0, resource=mode, {flags, flags}): soft = hard = flags
 };
 
 struct Op {
@@ -76,6 +78,8 @@ struct ChildPlan {
   void mkdir(const std::string& path, uint32_t mode);
   void touch(const std::string& path);
   void symlink(const std::string& target, const std::string& path);
+  void write_file(const std::string& path, const std::string& data, bool ignore_missing);
+  void set_rlimit(int resource, const std::string& name, uint64_t value);
   void simple(OpKind k, const std::string& desc, const std::string& a = {}, unsigned long flags = 0);
   // Appends the fixed step descriptions of the exec sequence; call last.
   void finish();
@@ -91,8 +95,22 @@ struct RootRecipe {
   uint64_t tmp_bytes = 0;
 };
 
+// Per-sandbox limits written into the sandbox's own user namespace
+// (/proc/sys/user/*, which the kernel also enforces up the namespace tree).
+// inotify: the counters are shared by every sandbox (one host uid owns all the
+// namespaces), so one sandbox may take only a slice. No nested user namespaces,
+// even through a path seccomp does not know about.
+struct UserNsLimit {
+  const char* name;
+  const char* value;
+};
+extern const UserNsLimit kUserNsLimits[];
+
 // Fills `plan->ops` with the container recipe (see container_backend.h).
 void build_root_ops(const RootRecipe& r, ChildPlan* plan);
+
+// Host device nodes bound into every sandbox's /dev (a user namespace cannot mknod).
+extern const char* const kBoundDevices[];
 
 // Host paths masked with /dev/null and directories masked with an empty read-only tmpfs in /proc.
 extern const char* const kMaskedProcFiles[];

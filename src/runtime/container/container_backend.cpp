@@ -5,6 +5,7 @@
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/mount.h>
+#include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -15,6 +16,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cstdlib>
 #include <set>
 
 #include "common/log.h"
@@ -23,6 +25,7 @@
 #include "sys/cgroup.h"
 #include "sys/fd.h"
 #include "sys/pidfd.h"
+#include "sys/raw_syscall.h"
 #include "sys/seccomp.h"
 #include "sys/userns.h"
 
@@ -68,6 +71,7 @@ struct Shared {
   image::HostImage host;
   std::vector<std::pair<std::string, unsigned long>> host_binds;
   std::string mnt_dir;
+  int dumpable = 1;  // the daemon's PR_GET_DUMPABLE at start
 };
 
 class ContainerInstance final : public SandboxInstance {
@@ -145,6 +149,32 @@ class SignalBlock {
   sigset_t old_;
 };
 
+// Runs the enclosed code with this thread's effective uid switched to `uid`.
+// The real and saved uids stay 0, so the permitted capabilities survive and
+// become effective again on restore.
+class ThreadEuid {
+ public:
+  // `dumpable`: the process's dumpable flag to restore (read once at start: with
+  // concurrent creations a value read here could be another thread's switch).
+  ThreadEuid(uid_t uid, int dumpable) : dumpable_(dumpable) {
+    // A raw syscall: glibc's setresuid() would switch every thread of the daemon.
+    rc_ = sys::raw::call(SYS_setresuid, -1, uid, -1);
+  }
+  ~ThreadEuid() {
+    // A thread left unprivileged would fail every later privileged call: a broken invariant.
+    if (rc_ == 0 && sys::raw::call(SYS_setresuid, -1, 0, -1) != 0) std::abort();
+    // An euid change makes the process non-dumpable; keep the daemon as it was.
+    if (dumpable_ >= 0) ::prctl(PR_SET_DUMPABLE, dumpable_, 0, 0, 0);
+  }
+  ThreadEuid(const ThreadEuid&) = delete;
+  ThreadEuid& operator=(const ThreadEuid&) = delete;
+  long result() const { return rc_; }
+
+ private:
+  int dumpable_;
+  long rc_ = -1;
+};
+
 class ContainerBackend final : public Backend {
  public:
   explicit ContainerBackend(std::shared_ptr<Shared> sh) : sh_(std::move(sh)) {}
@@ -218,6 +248,10 @@ Result<std::unique_ptr<SandboxInstance>> ContainerBackend::create_impl(const San
 
   ChildPlan plan;
   container::build_root_ops(recipe, &plan);
+  // Set by the child itself: the parent's prlimit() would need CAP_SYS_RESOURCE
+  // now that the child's euid (uid_base) differs from ours.
+  plan.set_rlimit(RLIMIT_NOFILE, "RLIMIT_NOFILE", spec.nofile);
+  plan.set_rlimit(RLIMIT_CORE, "RLIMIT_CORE", 0);
   plan.finish();
   plan.seccomp = sh_->seccomp.get();
   plan.exe_fd = sh_->agent_exe.get();
@@ -267,12 +301,27 @@ Result<std::unique_ptr<SandboxInstance>> ContainerBackend::create_impl(const San
 
   int pidfd = -1;
   pid_t pid;
+  int clone_errno = 0;
   {
     SignalBlock block;
-    pid = ::clone(container::run_child, static_cast<char*>(stack) + kChildStack, kCloneFlags, &plan, &pidfd);
+    // The kernel charges a user namespace's per-user counters (inotify instances
+    // and watches, POSIX mqueue bytes, pending signals, processes) to the owner
+    // of the namespace in the parent namespace too, and the owner is the
+    // creator's euid. Created as root, every sandbox drew on host root's budget:
+    // one sandbox holding 128 inotify instances left systemd and the daemon with
+    // none. So the namespace is created as uid_base, the host uid that is root
+    // inside anyway.
+    ThreadEuid as_sandbox_root(sh_->opts.uid_base, sh_->dumpable);
+    if (as_sandbox_root.result() != 0) {
+      pid = -1;
+      clone_errno = static_cast<int>(-as_sandbox_root.result());
+    } else {
+      pid = ::clone(container::run_child, static_cast<char*>(stack) + kChildStack, kCloneFlags, &plan, &pidfd);
+      if (pid < 0) clone_errno = errno;
+    }
   }
   if (pid < 0) {
-    int e = errno;
+    int e = clone_errno;
     drop_cgroup();
     return sys_fail("clone(CLONE_VM|CLONE_NEWUSER|NEWNS|NEWPID|NEWUTS|NEWIPC|NEWNET)", e);
   }
@@ -292,12 +341,6 @@ Result<std::unique_ptr<SandboxInstance>> ContainerBackend::create_impl(const San
 
   if (auto r = sys::write_id_maps(pid, sh_->opts.uid_base); !r) return abort_child(r.error());
   if (auto r = sh_->cgroups->attach(spec.id, pid); !r) return abort_child(r.error());
-  rlimit nofile{spec.nofile, spec.nofile};
-  if (::prlimit(pid, RLIMIT_NOFILE, &nofile, nullptr) != 0)
-    return abort_child(sys_fail("prlimit(" + std::to_string(pid) + ", RLIMIT_NOFILE, " + std::to_string(spec.nofile) + ")").error());
-  rlimit core{0, 0};
-  if (::prlimit(pid, RLIMIT_CORE, &core, nullptr) != 0)
-    return abort_child(sys_fail("prlimit(" + std::to_string(pid) + ", RLIMIT_CORE, 0)").error());
   char go = 1;
   if (::write(sync_wr.get(), &go, 1) != 1) return abort_child(sys_fail("write(sync pipe)").error());
   sync_wr.reset();
@@ -353,6 +396,7 @@ Result<std::unique_ptr<Backend>> make_container_backend(const ContainerOptions& 
   TP_TRY(sys::validate_id_base(opts.uid_base));
   auto sh = std::make_shared<Shared>();
   sh->opts = opts;
+  sh->dumpable = ::prctl(PR_GET_DUMPABLE, 0, 0, 0, 0);
   while (sh->opts.data_dir.size() > 1 && sh->opts.data_dir.back() == '/') sh->opts.data_dir.pop_back();
   const std::string& dd = sh->opts.data_dir;
   if (::mkdir(dd.c_str(), 0755) != 0 && errno != EEXIST) return sys_fail("mkdir(" + dd + ")");
@@ -368,6 +412,18 @@ Result<std::unique_ptr<Backend>> make_container_backend(const ContainerOptions& 
   if (::fstat(sh->agent_exe.get(), &st) != 0) return sys_fail("fstat(" + opts.agent_path + ")");
   if (!S_ISREG(st.st_mode) || (st.st_mode & S_IXOTH) == 0)
     return fail(Code::kInvalidArgument, "agent " + opts.agent_path + " must be a regular file executable by others");
+
+  // The sandboxes' /dev nodes are binds of the host's: a node owned by a host uid
+  // in the sandboxes' range could be chmod-ed by every sandbox (e.g. mode 000 on
+  // /dev/null breaks the host). Such a host is misconfigured; say so loudly.
+  for (int i = 0; container::kBoundDevices[i]; ++i) {
+    const std::string p = std::string("/dev/") + container::kBoundDevices[i];
+    struct stat ds {};
+    auto in_range = [&](uint32_t id) { return id >= opts.uid_base && id - opts.uid_base < sys::kIdMapCount; };
+    if (::stat(p.c_str(), &ds) == 0 && (in_range(ds.st_uid) || in_range(ds.st_gid)))
+      spdlog::error("{} is owned by {}:{}, inside the sandboxes' id range: every sandbox can change it "
+                    "(fix: chown root:root {})", p, ds.st_uid, ds.st_gid, p);
+  }
 
   auto layout = sys::detect_layout(sys::real_sys());
   if (!layout) return std::unexpected(layout.error());

@@ -6,8 +6,10 @@
 // string, the id maps and the seccomp program, then clone(CLONE_VM | new
 // namespaces) runs a child on its own mmap'd stack that makes only raw
 // syscalls (src/sys/raw_syscall.h). The child waits on a pipe while the parent
-// writes uid_map/gid_map (sandbox root = uid_base on the host, 65536 ids),
-// attaches it to its cgroups and sets rlimits; then it builds the root inside
+// writes uid_map/gid_map (sandbox root = uid_base on the host, 65536 ids) and
+// attaches it to its cgroups; then it sets its rlimits and the per-sandbox
+// limits of its user namespace (/proc/sys/user: inotify quota, no nested user
+// namespaces) and builds the root inside
 // its own mount namespace, so nothing is ever mounted on the host and every
 // mount vanishes with the namespace:
 //   / made rprivate; a tmpfs of spec.disk_bytes on <data_dir>/containers/mnt
@@ -27,6 +29,14 @@
 // defaults. Setup failures in the child come back through a CLOEXEC pipe as
 // (step, errno), so create() returns e.g. "mount(overlay, .../root, lowerdir=...): ..."
 // after unwinding everything.
+//
+// The clone runs with the calling thread's effective uid switched to uid_base
+// (raw setresuid, this thread only), so the user namespace is owned by
+// uid_base: the kernel charges a namespace's per-user counters (inotify,
+// mqueue, pending signals, processes) to its owner up the tree, and a
+// root-owned namespace would let a sandbox drain host root's budgets.
+// A host device node bound into /dev that is owned by an id in the sandboxes'
+// range is logged as an error at start (every sandbox could chmod it).
 //
 // Kernel: >= 5.11 (overlayfs in a user namespace; also uses CLONE_PIDFD,
 // waitid(P_PIDFD), close_range). Needs root (CAP_SYS_ADMIN, CAP_SETUID/GID to
