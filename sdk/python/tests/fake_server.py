@@ -494,3 +494,25 @@ class FakeDaemon:
 
 class _Streamed(Exception):
     """The answer was already written by a streaming handler."""
+
+
+#: Every error status of the contract with its code and the SDK's exception class name.
+ERROR_CASES: List[Tuple[int, str, str]] = [
+    (400, "invalid_argument", "InvalidArgument"),
+    (401, "unauthenticated", "Unauthenticated"),
+    (403, "permission_denied", "PermissionDenied"),
+    (404, "not_found", "NotFound"),
+    (409, "conflict", "Conflict"),
+    (413, "payload_too_large", "PayloadTooLarge"),
+    (429, "resource_exhausted", "QuotaExceeded"),
+    (500, "internal", "SandboxError"),
+    (503, "unavailable", "Unavailable"),
+    (504, "deadline_exceeded", "Timeout"),
+    (507, "insufficient_storage", "InsufficientStorage"),
+]
+
+
+def error_cases(module: Any) -> List[Tuple[int, str, Any]]:
+    """:data:`ERROR_CASES` with the class names resolved in ``module`` (``tidepool``), for
+    the sync and asyncio tests' parametrisation."""
+    return [(status, code, getattr(module, name)) for status, code, name in ERROR_CASES]

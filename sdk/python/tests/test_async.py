@@ -9,6 +9,7 @@ import threading
 import pytest
 
 import tidepool
+from fake_server import error_cases
 from tidepool._retry import RetryPolicy
 
 FAST = RetryPolicy(max_attempts=4, initial_backoff=0.001, max_backoff=0.01)
@@ -78,19 +79,7 @@ def test_exec_fields_and_check(fake):
     run(main())
 
 
-@pytest.mark.parametrize("status,code,cls", [
-    (400, "invalid_argument", tidepool.InvalidArgument),
-    (401, "unauthenticated", tidepool.Unauthenticated),
-    (403, "permission_denied", tidepool.PermissionDenied),
-    (404, "not_found", tidepool.NotFound),
-    (409, "conflict", tidepool.Conflict),
-    (413, "payload_too_large", tidepool.PayloadTooLarge),
-    (429, "resource_exhausted", tidepool.QuotaExceeded),
-    (500, "internal", tidepool.SandboxError),
-    (503, "unavailable", tidepool.Unavailable),
-    (504, "deadline_exceeded", tidepool.Timeout),
-    (507, "insufficient_storage", tidepool.InsufficientStorage),
-])
+@pytest.mark.parametrize("status,code,cls", error_cases(tidepool))
 def test_error_mapping(fake, status, code, cls):
     for _ in range(FAST.max_attempts if status == 503 else 1):
         fake.inject.append((status, json.dumps({"code": code, "message": "why"}).encode()))

@@ -7,6 +7,7 @@ import threading
 import pytest
 
 import tidepool
+from fake_server import error_cases
 
 
 # -- client and sandboxes ----------------------------------------------------------
@@ -105,20 +106,7 @@ def test_unknown_attribute_raises_attribute_error(client):
 # -- errors ------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("status,code,cls", [
-    (400, "invalid_argument", tidepool.InvalidArgument),
-    (401, "unauthenticated", tidepool.Unauthenticated),
-    (403, "permission_denied", tidepool.PermissionDenied),
-    (404, "not_found", tidepool.NotFound),
-    (409, "conflict", tidepool.Conflict),
-    (413, "payload_too_large", tidepool.PayloadTooLarge),
-    (429, "resource_exhausted", tidepool.QuotaExceeded),
-    (500, "internal", tidepool.SandboxError),
-    (503, "unavailable", tidepool.Unavailable),
-    (504, "deadline_exceeded", tidepool.Timeout),
-    (507, "insufficient_storage", tidepool.InsufficientStorage),
-    (418, "teapot", tidepool.SandboxError),
-])
+@pytest.mark.parametrize("status,code,cls", error_cases(tidepool) + [(418, "teapot", tidepool.SandboxError)])
 def test_error_mapping(client, fake, status, code, cls):
     # 503 is retried: make every attempt fail.
     for _ in range(tidepool.RetryPolicy().max_attempts if status == 503 else 1):

@@ -24,7 +24,7 @@ import socket
 import urllib.parse
 from typing import Any, Awaitable, Callable, Dict, List, Optional, Set, Tuple, TypeVar
 
-from ._http import DEFAULT, Failure, Request, Response, error_for, prepare, retry_after
+from ._http import DEFAULT, Failure, Request, Response, Retries, complete_answer
 from ._retry import DEFAULT_RETRY, RetryPolicy
 from .errors import SandboxError, Timeout, Unavailable
 
@@ -352,30 +352,18 @@ class AsyncTransport:
                     self._release(conn)
                 else:
                     self._discard(conn)
-        if head.status == 503:
-            raise Failure(error_for(head.status, body), sent=True, retry_after=retry_after(head.headers))
-        if head.status >= 400:
-            raise error_for(head.status, body)
-        return Response(head.status, head.headers, body)
+        return complete_answer(head.status, head.headers, body)
 
     async def _with_retries(self, req: Request, attempt_fn: Callable[[Request], Awaitable[T]]) -> T:
-        prepare(req)
-        attempt = 0
-        stale_retries = 0
+        retries = Retries(req, self.retry)
         while True:
-            attempt += 1
+            retries.start()
             try:
                 return await attempt_fn(req)
             except Failure as f:
-                if not f.may_retry(req):
-                    raise f.error from None
-                if f.stale and stale_retries < 2:
-                    stale_retries += 1
-                    attempt -= 1
-                    continue
-                if not self.retry.allows(attempt):
-                    raise f.error from None
-                await asyncio.sleep(self.retry.delay(attempt - 1, f.retry_after))
+                delay = retries.delay_after(f)
+            if delay is not None:
+                await asyncio.sleep(delay)
 
     async def request(self, req: Request) -> Response:
         """Sends ``req`` (retrying transient failures) and returns the answer; statuses
@@ -404,9 +392,7 @@ class AsyncTransport:
                     else:
                         self._discard(conn)
                     conn = None
-                    if head.status == 503:
-                        raise Failure(error_for(head.status, body), sent=True, retry_after=retry_after(head.headers))
-                    raise error_for(head.status, body)
+                    complete_answer(head.status, head.headers, body)  # raises: status >= 400
                 stream = AsyncLineStream(self, conn, head, r, slots)
                 handed_over = True
                 return stream

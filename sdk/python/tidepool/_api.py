@@ -105,6 +105,13 @@ def create_batch(count: int, timeout: Any = DEFAULT, **fields: Any) -> Request:
     return json_request("POST", SANDBOXES + "/batch", body, timeout=timeout)
 
 
+def metrics() -> Request:
+    """GET /metrics as Prometheus text."""
+    req = Request("GET", "/metrics")
+    req.headers["Accept"] = "text/plain"
+    return req
+
+
 def get(sandbox_id: str) -> Request:
     """GET /v1/sandboxes/{id}."""
     return Request("GET", sandbox_path(sandbox_id))
@@ -181,46 +188,21 @@ def command_read_timeout(timeout: Optional[Seconds], client_timeout: Optional[fl
     return None
 
 
-def exec_(
-    sandbox_id: str,
-    cmd: Command,
-    *,
-    timeout: Optional[Seconds],
-    env: Optional[Mapping[str, str]],
-    cwd: Optional[str],
-    user: Optional[int],
-    stdin: Optional[Union[bytes, str]],
-    max_output_bytes: Optional[int],
-    stream: bool,
-    client_timeout: Optional[float],
-) -> Request:
-    """POST /v1/sandboxes/{id}/exec."""
-    body = exec_body(cmd, timeout=timeout, env=env, cwd=cwd, user=user, stdin=stdin,
-                     max_output_bytes=max_output_bytes)
+def exec_(sandbox_id: str, cmd: Command, *, stream: bool, client_timeout: Optional[float], **opts: Any) -> Request:
+    """POST /v1/sandboxes/{id}/exec (``opts`` as the keywords of :func:`exec_body`)."""
+    body = exec_body(cmd, **opts)
     if stream:
         body["stream"] = True
     req = json_request("POST", sandbox_path(sandbox_id, "/exec"), body,
-                       timeout=command_read_timeout(timeout, client_timeout))
+                       timeout=command_read_timeout(opts["timeout"], client_timeout))
     if stream:
         req.headers["Accept"] = "application/x-ndjson, application/json"
     return req
 
 
-def process_start(
-    sandbox_id: str,
-    cmd: Command,
-    *,
-    timeout: Optional[Seconds],
-    env: Optional[Mapping[str, str]],
-    cwd: Optional[str],
-    user: Optional[int],
-    stdin: Optional[Union[bytes, str]],
-    max_output_bytes: Optional[int],
-    stdin_open: bool,
-) -> Request:
-    """POST /v1/sandboxes/{id}/processes: start a background process."""
-    body = exec_body(cmd, timeout=timeout, env=env, cwd=cwd, user=user, stdin=stdin,
-                     max_output_bytes=max_output_bytes)
+def process_start(sandbox_id: str, cmd: Command, *, stdin_open: bool, **opts: Any) -> Request:
+    """POST /v1/sandboxes/{id}/processes: start a background process (``opts`` as for :func:`exec_body`)."""
+    body = exec_body(cmd, **opts)
     if stdin_open:
         body["stdin_open"] = True
     return json_request("POST", sandbox_path(sandbox_id, "/processes"), body)

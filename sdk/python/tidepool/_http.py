@@ -163,6 +163,45 @@ class Failure(Exception):
         return not self.sent or req.retryable
 
 
+def complete_answer(status: int, headers: Dict[str, str], body: bytes) -> Response:
+    """The :class:`Response` of a whole answer; an error status raises its error (503 as a
+    retryable :class:`Failure`)."""
+    if status == 503:
+        raise Failure(error_for(status, body), sent=True, retry_after=retry_after(headers))
+    if status >= 400:
+        raise error_for(status, body)
+    return Response(status, headers, body)
+
+
+class Retries:
+    """The retry decisions of one logical call (no I/O, no sleeping: the transport waits)."""
+
+    def __init__(self, req: Request, policy: RetryPolicy) -> None:
+        prepare(req)
+        self._req = req
+        self._policy = policy
+        self._attempt = 0
+        self._stale_retries = 0
+
+    def start(self) -> None:
+        """Counts the attempt about to be made."""
+        self._attempt += 1
+
+    def delay_after(self, f: Failure) -> Optional[float]:
+        """Seconds to wait before trying again after ``f`` (None: retry at once, without
+        backoff); raises ``f.error`` when no retry follows."""
+        if not f.may_retry(self._req):
+            raise f.error from None
+        if f.stale and self._stale_retries < 2:
+            # Not counted: the server closed an idle connection, nothing is wrong.
+            self._stale_retries += 1
+            self._attempt -= 1
+            return None
+        if not self._policy.allows(self._attempt):
+            raise f.error from None
+        return self._policy.delay(self._attempt - 1, f.retry_after)
+
+
 class SyncTransport:
     """Sends :class:`Request` values over keep-alive ``http.client`` connections."""
 
@@ -306,34 +345,20 @@ class SyncTransport:
     def _attempt(self, req: Request) -> Response:
         conn, resp = self._send(req)
         body = self._read_all(conn, resp, req)
-        headers = {k.lower(): v for k, v in resp.getheaders()}
-        if resp.status == 503:
-            raise Failure(error_for(resp.status, body), sent=True, retry_after=retry_after(headers))
-        if resp.status >= 400:
-            raise error_for(resp.status, body)
-        return Response(resp.status, headers, body)
+        return complete_answer(resp.status, {k.lower(): v for k, v in resp.getheaders()}, body)
 
     # -- calls -------------------------------------------------------------------
 
     def _with_retries(self, req: Request, attempt_fn: Any) -> Any:
-        prepare(req)
-        attempt = 0
-        stale_retries = 0
+        retries = Retries(req, self.retry)
         while True:
-            attempt += 1
+            retries.start()
             try:
                 return attempt_fn(req)
             except Failure as f:
-                if not f.may_retry(req):
-                    raise f.error from None
-                if f.stale and stale_retries < 2:
-                    # Not counted: the server closed an idle connection, nothing is wrong.
-                    stale_retries += 1
-                    attempt -= 1
-                    continue
-                if not self.retry.allows(attempt):
-                    raise f.error from None
-                time.sleep(self.retry.delay(attempt - 1, f.retry_after))
+                delay = retries.delay_after(f)
+            if delay is not None:
+                time.sleep(delay)
 
     def request(self, req: Request) -> Response:
         """Sends ``req`` (retrying transient failures) and returns the answer; statuses
@@ -349,11 +374,8 @@ class SyncTransport:
         def attempt(r: Request) -> LineStream:
             conn, resp = self._send(r)
             if resp.status >= 400:
-                body = self._read_all(conn, resp, r)
-                if resp.status == 503:
-                    raise Failure(error_for(resp.status, body), sent=True,
-                                  retry_after=retry_after({k.lower(): v for k, v in resp.getheaders()}))
-                raise error_for(resp.status, body)
+                complete_answer(resp.status, {k.lower(): v for k, v in resp.getheaders()},
+                                self._read_all(conn, resp, r))
             return LineStream(self, conn, resp, r)
 
         try:

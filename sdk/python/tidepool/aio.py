@@ -28,34 +28,24 @@ event loop (another ``asyncio.run``) works: it then starts a fresh pool.
 from __future__ import annotations
 
 import asyncio
-import os
 from typing import Any, AsyncIterator, Dict, List, Mapping, Optional, Union
 
 from . import _api, _tar
 from ._aio import AsyncTransport
+from ._base import USER_AGENT, ClientBase, FilesBase, ProcessHandleBase, SandboxBase, command_opts, create_fields
 from ._http import Request, prepare
 from ._retry import DEFAULT_RETRY, RetryPolicy
-from .client import DEFAULT_URL, StreamParser, _wait_result, parse_exec_json
-from .errors import CommandFailed, NotFound, SandboxError, TidepoolError
-from .models import (
-    BatchResult,
-    ExecResult,
-    FileEntry,
-    OutputChunk,
-    ProcessInfo,
-    SandboxInfo,
-    _finish,
-    parse_batch_errors,
-    parse_entries,
-)
-from .version import __version__
+from .errors import NotFound, TidepoolError
+from .models import BatchResult, ExecResult, FileEntry, OutputChunk, ProcessInfo, SandboxInfo, StreamParser
+from .models import _finish, checked, chunks_of, parse_batch, parse_entries, parse_exec_json
+from .models import parse_processes, parse_sandboxes, run_shielded, wait_result
 
 __all__ = ["AsyncClient", "AsyncSandbox", "AsyncFiles", "AsyncProcessHandle"]
 
 Data = Union[bytes, bytearray, memoryview, str]
 
 
-class AsyncClient:
+class AsyncClient(ClientBase):
     """asyncio connection pool to a Tidepool daemon; every method is a coroutine.
 
     Args:
@@ -75,19 +65,13 @@ class AsyncClient:
         retry: Optional[RetryPolicy] = None,
         max_connections: int = 256,
     ) -> None:
-        self.url: str = (url or os.environ.get("TIDEPOOL_URL") or DEFAULT_URL).rstrip("/")
-        self.timeout: Optional[float] = timeout
-        key = api_key if api_key is not None else os.environ.get("TIDEPOOL_API_KEY") or None
-        self._transport = AsyncTransport(self.url, key, timeout, f"tidepool-python/{__version__}",
-                                         retry or DEFAULT_RETRY, max_connections)
+        key = self._configure(url, api_key, timeout)
+        self._transport = AsyncTransport(self.url, key, timeout, USER_AGENT, retry or DEFAULT_RETRY, max_connections)
 
     # -- plumbing ----------------------------------------------------------------
 
     async def _call(self, req: Request, idempotency_key: Optional[str] = None) -> Any:
         return (await self._transport.request(prepare(req, idempotency_key))).json()
-
-    def _create_timeout(self) -> Optional[float]:
-        return None if self.timeout is None else max(self.timeout, 120.0)
 
     async def close(self) -> None:
         """Closes the client's connections. Sandboxes stay alive; kill them first if needed."""
@@ -98,9 +82,6 @@ class AsyncClient:
 
     async def __aexit__(self, *exc: Any) -> None:
         await self.close()
-
-    def __repr__(self) -> str:
-        return f"AsyncClient(url={self.url!r})"
 
     # -- daemon ------------------------------------------------------------------
 
@@ -114,9 +95,7 @@ class AsyncClient:
 
     async def metrics(self) -> str:
         """GET /metrics: the Prometheus text exposition."""
-        req = Request("GET", "/metrics")
-        req.headers["Accept"] = "text/plain"
-        return (await self._transport.request(req)).body.decode("utf-8", errors="replace")
+        return (await self._transport.request(_api.metrics())).body.decode("utf-8", errors="replace")
 
     # -- sandboxes ---------------------------------------------------------------
 
@@ -139,10 +118,9 @@ class AsyncClient:
         If the call is cancelled after the daemon created the sandbox, the sandbox is
         killed before the cancellation propagates, so nothing is left running unseen.
         """
-        req = _api.create(image=image, tier=tier, memory_mb=memory_mb, cpus=cpus, ttl=ttl,
-                          idle_timeout=idle_timeout, labels=labels, env=env, disk_mb=disk_mb,
-                          pids=pids, timeout=self._create_timeout())
-        return AsyncSandbox(self, SandboxInfo.from_json(await self._create_call(req, idempotency_key)))
+        fields = create_fields(image, tier, memory_mb, cpus, ttl, idle_timeout, labels, env, disk_mb, pids)
+        obj = await self._create_call(self._create_request(None, fields), idempotency_key)
+        return AsyncSandbox(self, SandboxInfo.from_json(obj))
 
     async def _create_call(self, req: Request, idempotency_key: Optional[str]) -> Any:
         """Sends a create request; if cancelled meanwhile, finds out what was created (by
@@ -183,19 +161,15 @@ class AsyncClient:
 
         ``async with`` the result kills them all at the end.
         """
-        req = _api.create_batch(count, image=image, tier=tier, memory_mb=memory_mb, cpus=cpus, ttl=ttl,
-                                idle_timeout=idle_timeout, labels=labels, env=env, disk_mb=disk_mb,
-                                pids=pids, timeout=self._create_timeout())
-        obj = await self._create_call(req, idempotency_key)
-        return BatchResult([AsyncSandbox(self, SandboxInfo.from_json(s)) for s in obj.get("sandboxes") or []],
-                           parse_batch_errors(obj))
+        fields = create_fields(image, tier, memory_mb, cpus, ttl, idle_timeout, labels, env, disk_mb, pids)
+        return parse_batch(await self._create_call(self._create_request(count, fields), idempotency_key),
+                           self._sandbox)
+
+    def _sandbox(self, info: SandboxInfo) -> "AsyncSandbox":
+        return AsyncSandbox(self, info)
 
     async def get(self, sandbox_id: str) -> "AsyncSandbox":
-        """Returns the sandbox with this id (also ended ones, until the daemon forgets them).
-
-        Raises:
-            NotFound: no such sandbox.
-        """
+        """Returns the sandbox with this id; see :meth:`tidepool.Client.get` (raises NotFound)."""
         return AsyncSandbox(self, SandboxInfo.from_json(await self._call(_api.get(sandbox_id))))
 
     async def list(
@@ -205,8 +179,7 @@ class AsyncClient:
         all: bool = False,
     ) -> List["AsyncSandbox"]:
         """Lists sandboxes (filters as :meth:`tidepool.Client.list`)."""
-        obj = await self._call(_api.list_(labels, state, all))
-        return [AsyncSandbox(self, SandboxInfo.from_json(s)) for s in obj.get("sandboxes") or []]
+        return parse_sandboxes(await self._call(_api.list_(labels, state, all)), self._sandbox)
 
     async def kill(self, sandbox_id: str) -> Optional[SandboxInfo]:
         """Destroys a sandbox by id; returns its final description, None if it was unknown."""
@@ -216,11 +189,8 @@ class AsyncClient:
             return None
 
 
-class AsyncFiles:
+class AsyncFiles(FilesBase):
     """File operations inside one sandbox (``sandbox.files``), as coroutines."""
-
-    def __init__(self, sandbox: "AsyncSandbox") -> None:
-        self._sb = sandbox
 
     async def write(self, path: str, data: Data, mode: Optional[int] = None,
                     idempotency_key: Optional[str] = None) -> FileEntry:
@@ -229,11 +199,7 @@ class AsyncFiles:
         return FileEntry.from_json(await self._sb._client._call(req, idempotency_key))
 
     async def read(self, path: str) -> bytes:
-        """Returns the content of the file at ``path``.
-
-        Raises:
-            NotFound: no such file.
-        """
+        """Returns the content of the file at ``path``; see :meth:`tidepool.Files.read` (raises NotFound)."""
         return (await self._sb._client._transport.request(_api.file_read(self._sb.id, path))).body
 
     async def read_text(self, path: str, encoding: str = "utf-8") -> str:
@@ -245,11 +211,7 @@ class AsyncFiles:
         return parse_entries(await self._sb._client._call(_api.file_list(self._sb.id, path)))
 
     async def stat(self, path: str) -> FileEntry:
-        """Describes ``path`` without following a final symlink.
-
-        Raises:
-            NotFound: no such path.
-        """
+        """Describes ``path`` without following a final symlink; see :meth:`tidepool.Files.stat`."""
         return FileEntry.from_json(await self._sb._client._call(_api.file_stat(self._sb.id, path)))
 
     async def exists(self, path: str) -> bool:
@@ -273,21 +235,18 @@ class AsyncFiles:
         returns the archive's size. See :meth:`tidepool.Files.upload_dir`."""
         loop = asyncio.get_running_loop()
         archive = await loop.run_in_executor(None, _tar.pack_dir, local_dir)
-        client = self._sb._client
-        await client._call(_api.tar_put(self._sb.id, remote_dir, archive, timeout=client._create_timeout()))
+        await self._sb._client._call(self._tar_put(remote_dir, archive))
         return len(archive)
 
     async def download_dir(self, remote_dir: str, local_dir: str) -> List[str]:
         """Copies the tree under ``remote_dir`` into ``local_dir`` in one request; returns
         the relative names written. See :meth:`tidepool.Files.download_dir`."""
-        client = self._sb._client
-        req = _api.tar_get(self._sb.id, remote_dir, timeout=client._create_timeout())
-        archive = (await client._transport.request(req)).body
+        archive = (await self._sb._client._transport.request(self._tar_get(remote_dir))).body
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(None, _tar.unpack_into, archive, local_dir)
 
 
-class AsyncSandbox:
+class AsyncSandbox(SandboxBase["AsyncClient"]):
     """Handle of one sandbox for the asyncio client.
 
     ``async with sandbox:`` kills it on exit, also when the body raises or is cancelled.
@@ -297,42 +256,9 @@ class AsyncSandbox:
         files: file operations, see :class:`AsyncFiles`.
     """
 
-    def __init__(self, client: AsyncClient, info: SandboxInfo) -> None:
-        self._client = client
-        self.info: SandboxInfo = info
-        self.files: AsyncFiles = AsyncFiles(self)
-
-    @property
-    def id(self) -> str:
-        """The sandbox id (also its hostname)."""
-        return self.info.id
-
-    @property
-    def state(self) -> str:
-        """State at the last answer: creating, running, paused, stopped or lost."""
-        return self.info.state
-
-    @property
-    def client(self) -> AsyncClient:
-        """The client this handle talks through."""
-        return self._client
-
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("_") or name in ("info", "files"):
-            raise AttributeError(name)
-        try:
-            return getattr(self.info, name)
-        except AttributeError:
-            raise AttributeError(f"{type(self).__name__!s} has no attribute {name!r}") from None
-
-    def __repr__(self) -> str:
-        return f"AsyncSandbox(id={self.id!r}, state={self.state!r})"
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, AsyncSandbox) and other.id == self.id
-
-    def __hash__(self) -> int:
-        return hash(self.id)
+    _files_class = AsyncFiles
+    _family = "asyncio"
+    files: AsyncFiles
 
     async def refresh(self) -> "AsyncSandbox":
         """Fetches the current description from the daemon; returns self."""
@@ -341,11 +267,7 @@ class AsyncSandbox:
 
     async def kill(self) -> None:
         """Destroys the sandbox; killing one that is already gone is not an error."""
-        info = await self._client.kill(self.id)
-        if info is not None:
-            self.info = info
-        elif self.info.live:
-            self.info.state = "stopped"
+        self._killed(await self._client.kill(self.id))
 
     async def __aenter__(self) -> "AsyncSandbox":
         return self
@@ -353,12 +275,8 @@ class AsyncSandbox:
     async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         # Shielded: a cancellation of the body (or of this cleanup) must not leave the
         # sandbox running. The kill completes, then the cancellation propagates.
-        task = asyncio.ensure_future(self.kill())
         try:
-            await asyncio.shield(task)
-        except asyncio.CancelledError:
-            await _finish(task)
-            raise
+            await run_shielded(self.kill())
         except TidepoolError:
             if exc_type is None:
                 raise
@@ -384,16 +302,11 @@ class AsyncSandbox:
 
         Cancelling the awaiting task closes the connection, and the daemon kills the command.
         """
+        opts = command_opts(timeout, env, cwd, user, stdin, max_output_bytes)
         if background:
-            return await self.start(cmd, timeout=timeout, env=env, cwd=cwd, user=user, stdin=stdin,
-                                    max_output_bytes=max_output_bytes, idempotency_key=idempotency_key)
-        req = _api.exec_(self.id, cmd, timeout=timeout, env=env, cwd=cwd, user=user, stdin=stdin,
-                         max_output_bytes=max_output_bytes, stream=False,
-                         client_timeout=self._client.timeout)
-        result = ExecResult.from_json(await self._client._call(req, idempotency_key))
-        if check and not result.ok:
-            raise CommandFailed(result)
-        return result
+            return await self.start(cmd, **opts, idempotency_key=idempotency_key)
+        req = self._exec_request(cmd, opts, stream=False)
+        return checked(ExecResult.from_json(await self._client._call(req, idempotency_key)), check)
 
     async def exec_stream(
         self,
@@ -414,18 +327,14 @@ class AsyncSandbox:
         Leaving the loop early (or ``aclose()``) drops the connection; the daemon then
         stops the command.
         """
-        req = _api.exec_(self.id, cmd, timeout=timeout, env=env, cwd=cwd, user=user, stdin=stdin,
-                         max_output_bytes=max_output_bytes, stream=True,
-                         client_timeout=self._client.timeout)
+        req = self._exec_request(cmd, command_opts(timeout, env, cwd, user, stdin, max_output_bytes), stream=True)
         stream = await self._client._transport.stream_lines(prepare(req, idempotency_key))
         result: Optional[ExecResult] = None
         try:
             if stream.content_type == "application/json":
                 result = parse_exec_json(await stream.read_rest())
-                if result.stdout_bytes:
-                    yield OutputChunk("stdout", result.stdout_bytes)
-                if result.stderr_bytes:
-                    yield OutputChunk("stderr", result.stderr_bytes)
+                for chunk in chunks_of(result):
+                    yield chunk
             else:
                 parser = StreamParser()
                 async for line in stream:
@@ -439,12 +348,10 @@ class AsyncSandbox:
                         break
                     yield item
                 if result is None:
-                    raise SandboxError("internal", "exec stream ended without an exit status")
+                    raise parser.missing_exit()
         finally:
             stream.close()
-        if check and not result.ok:
-            raise CommandFailed(result)
-        yield result
+        yield checked(result, check)
 
     # -- background processes ------------------------------------------------------
 
@@ -463,22 +370,21 @@ class AsyncSandbox:
     ) -> "AsyncProcessHandle":
         """Starts a background command; returns its :class:`AsyncProcessHandle` at once.
         See :meth:`tidepool.Sandbox.start`."""
-        req = _api.process_start(self.id, cmd, timeout=timeout, env=env, cwd=cwd, user=user, stdin=stdin,
-                                 max_output_bytes=max_output_bytes, stdin_open=stdin_open)
+        opts = command_opts(timeout, env, cwd, user, stdin, max_output_bytes)
+        req = _api.process_start(self.id, cmd, stdin_open=stdin_open, **opts)
         info = ProcessInfo.from_json(await self._client._call(req, idempotency_key))
         return AsyncProcessHandle(self, info.pid, info)
 
     async def processes(self) -> List[ProcessInfo]:
         """The sandbox's background processes."""
-        obj = await self._client._call(_api.process_list(self.id))
-        return [ProcessInfo.from_json(p) for p in obj.get("processes") or []]
+        return parse_processes(await self._client._call(_api.process_list(self.id)))
 
     def process(self, pid: int) -> "AsyncProcessHandle":
         """A handle for the background process ``pid``."""
         return AsyncProcessHandle(self, pid)
 
 
-class AsyncProcessHandle:
+class AsyncProcessHandle(ProcessHandleBase):
     """A background command of an :class:`AsyncSandbox`; see :class:`tidepool.ProcessHandle`.
 
     Attributes:
@@ -487,19 +393,11 @@ class AsyncProcessHandle:
         info: the last description received.
     """
 
-    def __init__(self, sandbox: AsyncSandbox, pid: int, info: Optional[ProcessInfo] = None) -> None:
-        self.sandbox = sandbox
-        self.pid: int = pid
-        self.info: Optional[ProcessInfo] = info
-
-    def __repr__(self) -> str:
-        state = self.info.state if self.info else "?"
-        return f"AsyncProcessHandle(sandbox={self.sandbox.id!r}, pid={self.pid}, state={state!r})"
+    sandbox: AsyncSandbox
 
     async def refresh(self) -> ProcessInfo:
         """Fetches the process's current state (and result once it exited)."""
-        obj = await self.sandbox._client._call(_api.process_get(self.sandbox.id, self.pid))
-        self.info = ProcessInfo.from_json(obj)
+        self.info = ProcessInfo.from_json(await self.sandbox._client._call(self._get()))
         return self.info
 
     async def poll(self) -> Optional[ExecResult]:
@@ -512,17 +410,16 @@ class AsyncProcessHandle:
         Raises:
             Timeout: it still runs after ``timeout`` seconds.
         """
-        client = self.sandbox._client
-        req = _api.process_wait(self.sandbox.id, self.pid, timeout, client.timeout)
-        return _wait_result(self, ProcessInfo.from_json(await client._call(req)), timeout, check)
+        info = ProcessInfo.from_json(await self.sandbox._client._call(self._wait(timeout)))
+        return wait_result(self, info, timeout, check)
 
     async def kill(self, signal: int = 9) -> None:
         """Sends ``signal`` to every process of the command (9 kills its whole tree)."""
-        await self.sandbox._client._call(_api.process_signal(self.sandbox.id, self.pid, signal))
+        await self.sandbox._client._call(self._signal(signal))
 
     async def send_stdin(self, data: Union[bytes, str], eof: bool = False) -> None:
         """Writes ``data`` to the process's standard input; ``eof=True`` closes it afterwards."""
-        await self.sandbox._client._call(_api.process_stdin(self.sandbox.id, self.pid, data, eof))
+        await self.sandbox._client._call(self._stdin(data, eof))
 
     async def close_stdin(self) -> None:
         """Closes the process's standard input."""

@@ -15,36 +15,46 @@ threads are fine, but ``refresh()`` updates its ``info`` without locking.
 """
 from __future__ import annotations
 
-import base64
-import json
-import os
 from typing import Any, Dict, Iterator, List, Literal, Mapping, Optional, Union, overload
 
 from . import _api, _tar
+from ._base import (
+    DEFAULT_URL,
+    USER_AGENT,
+    ClientBase,
+    FilesBase,
+    ProcessHandleBase,
+    SandboxBase,
+    command_opts,
+    create_fields,
+)
 from ._http import Request, SyncTransport, prepare
 from ._retry import DEFAULT_RETRY, RetryPolicy
-from .errors import CommandFailed, NotFound, SandboxError, TidepoolError, Timeout, error_from_response
-from .models import (
+from .errors import NotFound, TidepoolError
+from .models import (  # noqa: F401 - StreamParser, parse_exec_json: kept importable from here
     BatchResult,
     ExecResult,
     FileEntry,
     OutputChunk,
     ProcessInfo,
     SandboxInfo,
-    parse_batch_errors,
+    StreamParser,
+    checked,
+    chunks_of,
+    parse_batch,
     parse_entries,
+    parse_exec_json,
+    parse_processes,
+    parse_sandboxes,
+    wait_result,
 )
-from .version import __version__
 
 __all__ = ["Client", "Sandbox", "Files", "ProcessHandle", "DEFAULT_URL"]
-
-#: Where the client looks for the daemon when neither ``url`` nor ``TIDEPOOL_URL`` is given.
-DEFAULT_URL = "http://127.0.0.1:7070"
 
 Data = Union[bytes, bytearray, memoryview, str]
 
 
-class Client:
+class Client(ClientBase):
     """Connection to a Tidepool daemon.
 
     Args:
@@ -65,20 +75,13 @@ class Client:
         timeout: Optional[float] = 60.0,
         retry: Optional[RetryPolicy] = None,
     ) -> None:
-        self.url: str = (url or os.environ.get("TIDEPOOL_URL") or DEFAULT_URL).rstrip("/")
-        self.timeout: Optional[float] = timeout
-        key = api_key if api_key is not None else os.environ.get("TIDEPOOL_API_KEY") or None
-        self._transport = SyncTransport(self.url, key, timeout, f"tidepool-python/{__version__}",
-                                        retry or DEFAULT_RETRY)
+        key = self._configure(url, api_key, timeout)
+        self._transport = SyncTransport(self.url, key, timeout, USER_AGENT, retry or DEFAULT_RETRY)
 
     # -- plumbing ----------------------------------------------------------------
 
     def _call(self, req: Request, idempotency_key: Optional[str] = None) -> Any:
         return self._transport.request(prepare(req, idempotency_key)).json()
-
-    def _create_timeout(self) -> Optional[float]:
-        # Creating includes building the root and starting the agent: allow for a slow host.
-        return None if self.timeout is None else max(self.timeout, 120.0)
 
     def close(self) -> None:
         """Closes the client's connections. Sandboxes stay alive; kill them first if needed."""
@@ -89,9 +92,6 @@ class Client:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
-
-    def __repr__(self) -> str:
-        return f"Client(url={self.url!r})"
 
     # -- daemon ------------------------------------------------------------------
 
@@ -105,9 +105,7 @@ class Client:
 
     def metrics(self) -> str:
         """GET /metrics: the Prometheus text exposition."""
-        req = Request("GET", "/metrics")
-        req.headers["Accept"] = "text/plain"
-        return self._transport.request(req).body.decode("utf-8", errors="replace")
+        return self._transport.request(_api.metrics()).body.decode("utf-8", errors="replace")
 
     # -- sandboxes ---------------------------------------------------------------
 
@@ -145,10 +143,8 @@ class Client:
             InvalidArgument: a value is below its minimum or the image is unknown.
             QuotaExceeded: the node has no room.
         """
-        req = _api.create(image=image, tier=tier, memory_mb=memory_mb, cpus=cpus, ttl=ttl,
-                          idle_timeout=idle_timeout, labels=labels, env=env, disk_mb=disk_mb,
-                          pids=pids, timeout=self._create_timeout())
-        return Sandbox(self, SandboxInfo.from_json(self._call(req, idempotency_key)))
+        fields = create_fields(image, tier, memory_mb, cpus, ttl, idle_timeout, labels, env, disk_mb, pids)
+        return Sandbox(self, SandboxInfo.from_json(self._call(self._create_request(None, fields), idempotency_key)))
 
     def create_batch(
         self,
@@ -175,12 +171,11 @@ class Client:
         Raises:
             InvalidArgument: ``count`` is outside 1..1000 or a value is invalid.
         """
-        req = _api.create_batch(count, image=image, tier=tier, memory_mb=memory_mb, cpus=cpus, ttl=ttl,
-                                idle_timeout=idle_timeout, labels=labels, env=env, disk_mb=disk_mb,
-                                pids=pids, timeout=self._create_timeout())
-        obj = self._call(req, idempotency_key)
-        return BatchResult([Sandbox(self, SandboxInfo.from_json(s)) for s in obj.get("sandboxes") or []],
-                           parse_batch_errors(obj))
+        fields = create_fields(image, tier, memory_mb, cpus, ttl, idle_timeout, labels, env, disk_mb, pids)
+        return parse_batch(self._call(self._create_request(count, fields), idempotency_key), self._sandbox)
+
+    def _sandbox(self, info: SandboxInfo) -> "Sandbox":
+        return Sandbox(self, info)
 
     def get(self, sandbox_id: str) -> "Sandbox":
         """Returns the sandbox with this id (also ended ones, until the daemon forgets them).
@@ -203,8 +198,7 @@ class Client:
             state: only sandboxes in this state (``"running"``, ``"stopped"``, ...).
             all: include ended sandboxes (by default only live ones are listed).
         """
-        obj = self._call(_api.list_(labels, state, all))
-        return [Sandbox(self, SandboxInfo.from_json(s)) for s in obj.get("sandboxes") or []]
+        return parse_sandboxes(self._call(_api.list_(labels, state, all)), self._sandbox)
 
     def kill(self, sandbox_id: str) -> Optional[SandboxInfo]:
         """Destroys a sandbox by id; returns its final description, None if it was unknown."""
@@ -214,15 +208,12 @@ class Client:
             return None
 
 
-class Files:
+class Files(FilesBase):
     """File operations inside one sandbox (``sandbox.files``).
 
     Paths are absolute paths inside the sandbox; the daemon resolves them inside the
     sandbox's root, so ``..`` and symlinks cannot reach the host.
     """
-
-    def __init__(self, sandbox: "Sandbox") -> None:
-        self._sb = sandbox
 
     def write(self, path: str, data: Data, mode: Optional[int] = None,
               idempotency_key: Optional[str] = None) -> FileEntry:
@@ -287,8 +278,7 @@ class Files:
             PayloadTooLarge / InsufficientStorage: the tree does not fit the sandbox's disk.
         """
         archive = _tar.pack_dir(local_dir)
-        client = self._sb._client
-        client._call(_api.tar_put(self._sb.id, remote_dir, archive, timeout=client._create_timeout()))
+        self._sb._client._call(self._tar_put(remote_dir, archive))
         return len(archive)
 
     def download_dir(self, remote_dir: str, local_dir: str) -> List[str]:
@@ -301,13 +291,10 @@ class Files:
         Raises:
             NotFound: ``remote_dir`` does not exist.
         """
-        client = self._sb._client
-        req = _api.tar_get(self._sb.id, remote_dir, timeout=client._create_timeout())
-        archive = client._transport.request(req).body
-        return _tar.unpack_into(archive, local_dir)
+        return _tar.unpack_into(self._sb._client._transport.request(self._tar_get(remote_dir)).body, local_dir)
 
 
-class Sandbox:
+class Sandbox(SandboxBase["Client"]):
     """Handle of one sandbox, returned by :meth:`Client.create`, :meth:`Client.get` and :meth:`Client.list`.
 
     Used as a context manager it is killed on exit, also when the body raises.
@@ -317,45 +304,9 @@ class Sandbox:
         files: file operations, see :class:`Files`.
     """
 
-    def __init__(self, client: Client, info: SandboxInfo) -> None:
-        self._client = client
-        self.info: SandboxInfo = info
-        self.files: Files = Files(self)
-
-    # -- description ------------------------------------------------------------
-
-    @property
-    def id(self) -> str:
-        """The sandbox id (also its hostname), e.g. ``"n0-3fa9c21b7e04"``."""
-        return self.info.id
-
-    @property
-    def state(self) -> str:
-        """State at the last answer: creating, running, paused, stopped or lost."""
-        return self.info.state
-
-    @property
-    def client(self) -> Client:
-        """The client this handle talks through."""
-        return self._client
-
-    def __getattr__(self, name: str) -> Any:
-        # Other description fields (labels, memory_mb, end_reason, ...) read through to info.
-        if name.startswith("_") or name in ("info", "files"):
-            raise AttributeError(name)
-        try:
-            return getattr(self.info, name)
-        except AttributeError:
-            raise AttributeError(f"{type(self).__name__!s} has no attribute {name!r}") from None
-
-    def __repr__(self) -> str:
-        return f"Sandbox(id={self.id!r}, state={self.state!r})"
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, Sandbox) and other.id == self.id
-
-    def __hash__(self) -> int:
-        return hash(self.id)
+    _files_class = Files
+    _family = "sync"
+    files: Files
 
     def refresh(self) -> "Sandbox":
         """Fetches the current description from the daemon; returns self."""
@@ -367,11 +318,7 @@ class Sandbox:
 
         Killing a sandbox that is already gone is not an error.
         """
-        info = self._client.kill(self.id)
-        if info is not None:
-            self.info = info
-        elif self.info.live:
-            self.info.state = "stopped"
+        self._killed(self._client.kill(self.id))
 
     def __enter__(self) -> "Sandbox":
         return self
@@ -436,16 +383,11 @@ class Sandbox:
             NotFound: the sandbox does not exist.
             CommandFailed: ``check=True`` and the command failed.
         """
+        opts = command_opts(timeout, env, cwd, user, stdin, max_output_bytes)
         if background:
-            return self.start(cmd, timeout=timeout, env=env, cwd=cwd, user=user, stdin=stdin,
-                              max_output_bytes=max_output_bytes, idempotency_key=idempotency_key)
-        req = _api.exec_(self.id, cmd, timeout=timeout, env=env, cwd=cwd, user=user, stdin=stdin,
-                         max_output_bytes=max_output_bytes, stream=False,
-                         client_timeout=self._client.timeout)
-        result = ExecResult.from_json(self._client._call(req, idempotency_key))
-        if check and not result.ok:
-            raise CommandFailed(result)
-        return result
+            return self.start(cmd, **opts, idempotency_key=idempotency_key)
+        req = self._exec_request(cmd, opts, stream=False)
+        return checked(ExecResult.from_json(self._client._call(req, idempotency_key)), check)
 
     def exec_stream(
         self,
@@ -471,20 +413,16 @@ class Sandbox:
             CommandFailed: ``check=True`` and the command failed (instead of yielding the result).
             TidepoolError: the daemon reported an error mid-stream.
         """
-        req = _api.exec_(self.id, cmd, timeout=timeout, env=env, cwd=cwd, user=user, stdin=stdin,
-                         max_output_bytes=max_output_bytes, stream=True,
-                         client_timeout=self._client.timeout)
+        req = self._exec_request(cmd, command_opts(timeout, env, cwd, user, stdin, max_output_bytes), stream=True)
         stream = self._client._transport.stream_lines(prepare(req, idempotency_key))
         with stream:
             if stream.content_type == "application/json":
                 # A daemon may answer a stream request all at once (e.g. a replayed key).
                 result = parse_exec_json(stream.read_rest())
-                yield from _chunks_of(result)
+                yield from chunks_of(result)
             else:
                 result = yield from _parse_ndjson(stream)
-        if check and not result.ok:
-            raise CommandFailed(result)
-        yield result
+        yield checked(result, check)
 
     # -- background processes ------------------------------------------------------
 
@@ -507,22 +445,21 @@ class Sandbox:
         process is waited for. With ``stdin_open=True`` its standard input stays open for
         :meth:`ProcessHandle.send_stdin`. Other arguments are those of :meth:`exec`.
         """
-        req = _api.process_start(self.id, cmd, timeout=timeout, env=env, cwd=cwd, user=user, stdin=stdin,
-                                 max_output_bytes=max_output_bytes, stdin_open=stdin_open)
+        opts = command_opts(timeout, env, cwd, user, stdin, max_output_bytes)
+        req = _api.process_start(self.id, cmd, stdin_open=stdin_open, **opts)
         info = ProcessInfo.from_json(self._client._call(req, idempotency_key))
         return ProcessHandle(self, info.pid, info)
 
     def processes(self) -> List[ProcessInfo]:
         """The sandbox's background processes (running, and exited ones not yet waited for)."""
-        obj = self._client._call(_api.process_list(self.id))
-        return [ProcessInfo.from_json(p) for p in obj.get("processes") or []]
+        return parse_processes(self._client._call(_api.process_list(self.id)))
 
     def process(self, pid: int) -> "ProcessHandle":
         """A handle for the background process ``pid`` (e.g. one listed by :meth:`processes`)."""
         return ProcessHandle(self, pid)
 
 
-class ProcessHandle:
+class ProcessHandle(ProcessHandleBase):
     """A background command started by :meth:`Sandbox.start` or ``exec(..., background=True)``.
 
     Attributes:
@@ -531,18 +468,11 @@ class ProcessHandle:
         info: the last description received (see :meth:`refresh`).
     """
 
-    def __init__(self, sandbox: Sandbox, pid: int, info: Optional[ProcessInfo] = None) -> None:
-        self.sandbox = sandbox
-        self.pid: int = pid
-        self.info: Optional[ProcessInfo] = info
-
-    def __repr__(self) -> str:
-        state = self.info.state if self.info else "?"
-        return f"ProcessHandle(sandbox={self.sandbox.id!r}, pid={self.pid}, state={state!r})"
+    sandbox: Sandbox
 
     def refresh(self) -> ProcessInfo:
         """Fetches the process's current state (and result once it exited)."""
-        self.info = ProcessInfo.from_json(self.sandbox._client._call(_api.process_get(self.sandbox.id, self.pid)))
+        self.info = ProcessInfo.from_json(self.sandbox._client._call(self._get()))
         return self.info
 
     def poll(self) -> Optional[ExecResult]:
@@ -560,89 +490,20 @@ class ProcessHandle:
             Timeout: it still runs after ``timeout`` seconds (it keeps running; its output
                 so far is in ``self.info``).
         """
-        client = self.sandbox._client
-        req = _api.process_wait(self.sandbox.id, self.pid, timeout, client.timeout)
-        return _wait_result(self, ProcessInfo.from_json(client._call(req)), timeout, check)
+        return wait_result(self, ProcessInfo.from_json(self.sandbox._client._call(self._wait(timeout))), timeout, check)
 
     def kill(self, signal: int = 9) -> None:
         """Sends ``signal`` to every process of the command (9, the default, kills its whole tree)."""
-        self.sandbox._client._call(_api.process_signal(self.sandbox.id, self.pid, signal))
+        self.sandbox._client._call(self._signal(signal))
 
     def send_stdin(self, data: Union[bytes, str], eof: bool = False) -> None:
         """Writes ``data`` to the process's standard input (it must have been started with
         ``stdin_open=True``); ``eof=True`` closes its input afterwards."""
-        self.sandbox._client._call(_api.process_stdin(self.sandbox.id, self.pid, data, eof))
+        self.sandbox._client._call(self._stdin(data, eof))
 
     def close_stdin(self) -> None:
         """Closes the process's standard input (it then reads end of file)."""
         self.send_stdin(b"", eof=True)
-
-
-def _wait_result(handle: Any, info: ProcessInfo, timeout: Optional[_api.Seconds], check: bool) -> ExecResult:
-    """Shared by the sync and asyncio handles: the result of a wait answer, or Timeout."""
-    handle.info = info
-    if info.result is None:
-        raise Timeout("deadline_exceeded", f"process {info.pid or handle.pid} still running after {timeout}s", None)
-    if check and not info.result.ok:
-        raise CommandFailed(info.result)
-    return info.result
-
-
-def parse_exec_json(body: bytes) -> ExecResult:
-    """An ExecResult from a plain JSON exec answer."""
-    try:
-        obj = json.loads(body.decode("utf-8"))
-    except (ValueError, UnicodeDecodeError) as e:
-        raise SandboxError("internal", f"malformed exec answer: {e}") from None
-    return ExecResult.from_json(obj)
-
-
-def _chunks_of(result: ExecResult) -> Iterator[OutputChunk]:
-    if result.stdout_bytes:
-        yield OutputChunk("stdout", result.stdout_bytes)
-    if result.stderr_bytes:
-        yield OutputChunk("stderr", result.stderr_bytes)
-
-
-class StreamParser:
-    """Turns NDJSON exec events into chunks and the final result (shared by both clients).
-
-    Feed lines with :meth:`feed`; it returns an :class:`OutputChunk`, an
-    :class:`ExecResult` (the end), or None for events that carry nothing to yield.
-    """
-
-    def __init__(self) -> None:
-        self.out: List[bytes] = []
-        self.err: List[bytes] = []
-        self.pid: Optional[int] = None
-
-    def feed(self, line: bytes) -> Union[OutputChunk, ExecResult, None]:
-        """Parses one line; raises the daemon's error for an ``error`` event."""
-        line = line.strip()
-        if not line:
-            return None
-        try:
-            ev = json.loads(line.decode("utf-8"))
-        except (ValueError, UnicodeDecodeError) as e:
-            raise SandboxError("internal", f"malformed stream event {line[:200]!r}: {e}") from None
-        kind = ev.get("type")
-        if kind in ("stdout", "stderr"):
-            data = base64.b64decode(ev.get("data") or "")
-            if not data:
-                return None
-            (self.out if kind == "stdout" else self.err).append(data)
-            return OutputChunk(kind, data)
-        if kind == "started":
-            self.pid = ev.get("pid")
-            return None
-        if kind == "exit":
-            if self.pid is not None and "pid" not in ev:
-                ev = dict(ev, pid=self.pid)
-            return ExecResult.from_json(ev, stdout=b"".join(self.out), stderr=b"".join(self.err))
-        if kind == "error":
-            raise error_from_response(None, ev.get("code"), str(ev.get("message", "")))
-        # Unknown event types from newer daemons are ignored.
-        return None
 
 
 def _parse_ndjson(lines: Iterator[bytes]) -> Iterator[OutputChunk]:
@@ -658,4 +519,4 @@ def _parse_ndjson(lines: Iterator[bytes]) -> Iterator[OutputChunk]:
                 pass
             return item
         yield item
-    raise SandboxError("internal", "exec stream ended without an exit status")
+    raise parser.missing_exit()

@@ -24,7 +24,7 @@ The hierarchy::
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Dict, Optional, Type
+from typing import TYPE_CHECKING, Any, Dict, Optional, Type
 
 if TYPE_CHECKING:  # pragma: no cover - imported for type checkers only
     from .models import ExecResult
@@ -47,6 +47,11 @@ __all__ = [
 ]
 
 
+# Filled by the subclasses that map a status and a code (see TidepoolError.__init_subclass__).
+_BY_STATUS: Dict[int, Type["TidepoolError"]] = {}
+_BY_CODE: Dict[str, Type["TidepoolError"]] = {}
+
+
 class TidepoolError(Exception):
     """Base class of every error the SDK raises.
 
@@ -59,6 +64,16 @@ class TidepoolError(Exception):
 
     #: Default code for this class, used when the server sent none.
     default_code: str = "internal"
+
+    def __init_subclass__(cls, code: Optional[str] = None, status: Optional[int] = None, **kwargs: Any) -> None:
+        # ``class NotFound(TidepoolError, code="not_found", status=404)`` sets the default
+        # code and makes error_from_response pick the class for that status and code.
+        super().__init_subclass__(**kwargs)
+        if code is not None:
+            cls.default_code = code
+        if status is not None:
+            _BY_STATUS[status] = cls
+            _BY_CODE[cls.default_code] = cls
 
     def __init__(self, code: Optional[str] = None, message: str = "", status: Optional[int] = None) -> None:
         self.code: str = code or self.default_code
@@ -74,71 +89,49 @@ class TidepoolError(Exception):
         return f"{type(self).__name__}(code={self.code!r}, message={self.message!r}, status={self.status!r})"
 
 
-class InvalidArgument(TidepoolError):
+class InvalidArgument(TidepoolError, code="invalid_argument", status=400):
     """The request was malformed or a value was out of range (HTTP 400)."""
 
-    default_code = "invalid_argument"
 
-
-class Unauthenticated(TidepoolError):
+class Unauthenticated(TidepoolError, code="unauthenticated", status=401):
     """No or a wrong API key (HTTP 401)."""
 
-    default_code = "unauthenticated"
 
-
-class PermissionDenied(TidepoolError):
+class PermissionDenied(TidepoolError, code="permission_denied", status=403):
     """The API key may not do this (HTTP 403)."""
 
-    default_code = "permission_denied"
 
-
-class NotFound(TidepoolError):
+class NotFound(TidepoolError, code="not_found", status=404):
     """The sandbox, file or image does not exist (HTTP 404)."""
 
-    default_code = "not_found"
 
-
-class Conflict(TidepoolError):
+class Conflict(TidepoolError, code="conflict", status=409):
     """The sandbox is in the wrong state for the call, e.g. exec on a stopped sandbox (HTTP 409)."""
 
-    default_code = "conflict"
 
-
-class PayloadTooLarge(InvalidArgument):
+class PayloadTooLarge(InvalidArgument, code="payload_too_large", status=413):
     """The request body is larger than the server accepts (HTTP 413); a kind of
     :class:`InvalidArgument`."""
 
-    default_code = "payload_too_large"
 
-
-class QuotaExceeded(TidepoolError):
+class QuotaExceeded(TidepoolError, code="resource_exhausted", status=429):
     """A quota or the node's capacity is exhausted (HTTP 429)."""
 
-    default_code = "resource_exhausted"
 
-
-class SandboxError(TidepoolError):
+class SandboxError(TidepoolError, code="internal", status=500):
     """The server failed internally (HTTP 500) or answered with an unexpected status."""
 
-    default_code = "internal"
 
-
-class Unavailable(TidepoolError):
+class Unavailable(TidepoolError, code="unavailable", status=503):
     """The daemon cannot be reached or is overloaded (HTTP 503, connection refused or reset)."""
 
-    default_code = "unavailable"
 
-
-class Timeout(TidepoolError):
+class Timeout(TidepoolError, code="deadline_exceeded", status=504):
     """The server or the client gave up waiting (HTTP 504 or a client-side socket timeout)."""
 
-    default_code = "deadline_exceeded"
 
-
-class InsufficientStorage(QuotaExceeded):
+class InsufficientStorage(QuotaExceeded, code="insufficient_storage", status=507):
     """The sandbox's disk limit is reached (HTTP 507); a kind of :class:`QuotaExceeded`."""
-
-    default_code = "insufficient_storage"
 
 
 class CommandFailed(TidepoolError):
@@ -163,35 +156,6 @@ class CommandFailed(TidepoolError):
             if tail:
                 message += f": {tail}"
         super().__init__("command_failed", message, None)
-
-
-_BY_STATUS: Dict[int, Type[TidepoolError]] = {
-    400: InvalidArgument,
-    401: Unauthenticated,
-    403: PermissionDenied,
-    404: NotFound,
-    409: Conflict,
-    413: PayloadTooLarge,
-    429: QuotaExceeded,
-    500: SandboxError,
-    503: Unavailable,
-    504: Timeout,
-    507: InsufficientStorage,
-}
-
-_BY_CODE: Dict[str, Type[TidepoolError]] = {
-    "invalid_argument": InvalidArgument,
-    "unauthenticated": Unauthenticated,
-    "permission_denied": PermissionDenied,
-    "not_found": NotFound,
-    "conflict": Conflict,
-    "payload_too_large": PayloadTooLarge,
-    "resource_exhausted": QuotaExceeded,
-    "internal": SandboxError,
-    "unavailable": Unavailable,
-    "deadline_exceeded": Timeout,
-    "insufficient_storage": InsufficientStorage,
-}
 
 
 def error_from_response(status: Optional[int], code: Optional[str], message: str) -> TidepoolError:

@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import base64
 import datetime as _dt
+import json
 from dataclasses import dataclass, field
-from typing import Any, Dict, Generic, List, Mapping, NamedTuple, Optional, TypeVar
+from typing import Any, Awaitable, Callable, Dict, Generic, List, Mapping, NamedTuple, Optional, TypeVar, Union
+
+from .errors import CommandFailed, SandboxError, Timeout, error_from_response
 
 __all__ = ["SandboxInfo", "ExecResult", "OutputChunk", "FileEntry", "ProcessInfo", "BatchError",
            "BatchResult", "parse_entries"]
@@ -434,15 +437,7 @@ class BatchResult(Generic[S]):
         return self
 
     async def __aexit__(self, *exc: Any) -> None:
-        import asyncio
-
-        task = asyncio.ensure_future(self.akill_all())
-        try:
-            await asyncio.shield(task)
-        except asyncio.CancelledError:
-            # Cancelled while cleaning up: finish the cleanup anyway, then propagate.
-            await _finish(task)
-            raise
+        await run_shielded(self.akill_all())
 
 
 async def _finish(task: Any) -> None:
@@ -458,3 +453,110 @@ async def _finish(task: Any) -> None:
             break
     if not task.cancelled():
         task.exception()  # mark retrieved
+
+
+async def run_shielded(aw: Awaitable[Any]) -> Any:
+    """Runs ``aw`` to its end even when the waiter is cancelled meanwhile (cleanup that must
+    complete, such as killing a sandbox); the cancellation propagates afterwards."""
+    import asyncio
+
+    task = asyncio.ensure_future(aw)
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        await _finish(task)
+        raise
+
+
+# -- answers shared by the sync and asyncio clients --------------------------------
+
+
+def parse_sandboxes(obj: Mapping[str, Any], make: Callable[[SandboxInfo], S]) -> List[S]:
+    """The handles (built by ``make``) of a ``{"sandboxes": [...]}`` answer."""
+    return [make(SandboxInfo.from_json(s)) for s in obj.get("sandboxes") or []]
+
+
+def parse_batch(obj: Mapping[str, Any], make: Callable[[SandboxInfo], S]) -> "BatchResult[S]":
+    """The :class:`BatchResult` of a batch-create answer, handles built by ``make``."""
+    return BatchResult(parse_sandboxes(obj, make), parse_batch_errors(obj))
+
+
+def parse_processes(obj: Mapping[str, Any]) -> List[ProcessInfo]:
+    """Parses the ``{"processes": [...]}`` answer of a process listing."""
+    return [ProcessInfo.from_json(p) for p in obj.get("processes") or []]
+
+
+def checked(result: ExecResult, check: bool) -> ExecResult:
+    """``result``, or :class:`CommandFailed` when ``check`` is set and the command failed."""
+    if check and not result.ok:
+        raise CommandFailed(result)
+    return result
+
+
+def wait_result(handle: Any, info: ProcessInfo, timeout: Any, check: bool) -> ExecResult:
+    """Stores a wait answer in ``handle.info``; returns its result, or raises Timeout."""
+    handle.info = info
+    if info.result is None:
+        raise Timeout("deadline_exceeded", f"process {info.pid or handle.pid} still running after {timeout}s", None)
+    return checked(info.result, check)
+
+
+def parse_exec_json(body: bytes) -> ExecResult:
+    """An ExecResult from a plain JSON exec answer."""
+    try:
+        obj = json.loads(body.decode("utf-8"))
+    except (ValueError, UnicodeDecodeError) as e:
+        raise SandboxError("internal", f"malformed exec answer: {e}") from None
+    return ExecResult.from_json(obj)
+
+
+def chunks_of(result: ExecResult) -> List[OutputChunk]:
+    """The output of a whole (non-streamed) result as the chunks a stream would have carried."""
+    return [OutputChunk(name, data) for name, data in
+            (("stdout", result.stdout_bytes), ("stderr", result.stderr_bytes)) if data]
+
+
+class StreamParser:
+    """Turns NDJSON exec events into chunks and the final result (shared by both clients).
+
+    Feed lines with :meth:`feed`; it returns an :class:`OutputChunk`, an
+    :class:`ExecResult` (the end), or None for events that carry nothing to yield.
+    """
+
+    def __init__(self) -> None:
+        self.out: List[bytes] = []
+        self.err: List[bytes] = []
+        self.pid: Optional[int] = None
+
+    def feed(self, line: bytes) -> Union[OutputChunk, ExecResult, None]:
+        """Parses one line; raises the daemon's error for an ``error`` event."""
+        line = line.strip()
+        if not line:
+            return None
+        try:
+            ev = json.loads(line.decode("utf-8"))
+        except (ValueError, UnicodeDecodeError) as e:
+            raise SandboxError("internal", f"malformed stream event {line[:200]!r}: {e}") from None
+        kind = ev.get("type")
+        if kind in ("stdout", "stderr"):
+            data = base64.b64decode(ev.get("data") or "")
+            if not data:
+                return None
+            (self.out if kind == "stdout" else self.err).append(data)
+            return OutputChunk(kind, data)
+        if kind == "started":
+            self.pid = ev.get("pid")
+            return None
+        if kind == "exit":
+            if self.pid is not None and "pid" not in ev:
+                ev = dict(ev, pid=self.pid)
+            return ExecResult.from_json(ev, stdout=b"".join(self.out), stderr=b"".join(self.err))
+        if kind == "error":
+            raise error_from_response(None, ev.get("code"), str(ev.get("message", "")))
+        # Unknown event types from newer daemons are ignored.
+        return None
+
+    @staticmethod
+    def missing_exit() -> SandboxError:
+        """The error for a stream that ended before its ``exit`` event."""
+        return SandboxError("internal", "exec stream ended without an exit status")

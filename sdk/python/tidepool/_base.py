@@ -1,0 +1,165 @@
+"""What the sync and asyncio handles share, apart from I/O (internal).
+
+:class:`Client`/:class:`AsyncClient`, :class:`Sandbox`/:class:`AsyncSandbox`,
+:class:`Files`/:class:`AsyncFiles` and the two process handles derive from these
+bases: configuration, descriptions, equality and the state kept between calls live
+here once; the subclasses only send the requests of :mod:`tidepool._api` and parse the
+answers with :mod:`tidepool.models`, blocking or with ``await``.
+
+Thread rules: as for the concrete classes (no locking here).
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Generic, Mapping, Optional, TypeVar
+
+from . import _api
+from ._http import Request
+from .models import ProcessInfo, SandboxInfo
+from .version import __version__
+
+#: Where the client looks for the daemon when neither ``url`` nor ``TIDEPOOL_URL`` is given.
+DEFAULT_URL = "http://127.0.0.1:7070"
+
+USER_AGENT = f"tidepool-python/{__version__}"
+
+#: The client type of a handle (Client or AsyncClient), so that ``sandbox.client`` is typed.
+C = TypeVar("C", bound="ClientBase")
+
+
+class ClientBase:
+    """Configuration of a client: base URL and timeouts."""
+
+    url: str
+    timeout: Optional[float]
+
+    def _configure(self, url: Optional[str], api_key: Optional[str], timeout: Optional[float]) -> Optional[str]:
+        """Sets ``url`` and ``timeout``; returns the API key to send (None: none)."""
+        self.url = (url or os.environ.get("TIDEPOOL_URL") or DEFAULT_URL).rstrip("/")
+        self.timeout = timeout
+        return api_key if api_key is not None else os.environ.get("TIDEPOOL_API_KEY") or None
+
+    def _create_timeout(self) -> Optional[float]:
+        # Creating includes building the root and starting the agent: allow for a slow host.
+        return None if self.timeout is None else max(self.timeout, 120.0)
+
+    def _create_request(self, count: Optional[int], fields: Mapping[str, Any]) -> Request:
+        """The create (``count`` None) or batch-create request for the ``create`` arguments."""
+        if count is None:
+            return _api.create(timeout=self._create_timeout(), **fields)
+        return _api.create_batch(count, timeout=self._create_timeout(), **fields)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(url={self.url!r})"
+
+
+def create_fields(image: str, tier: str, memory_mb: Optional[int], cpus: Optional[float],
+                  ttl: Optional[_api.Seconds], idle_timeout: Optional[_api.Seconds],
+                  labels: Optional[Mapping[str, str]], env: Optional[Mapping[str, str]],
+                  disk_mb: Optional[int], pids: Optional[int]) -> Mapping[str, Any]:
+    """The sandbox description arguments of ``create``/``create_batch`` as keywords of
+    :func:`tidepool._api.create_body` (positional, so a caller passes them in one line)."""
+    return dict(image=image, tier=tier, memory_mb=memory_mb, cpus=cpus, ttl=ttl,
+                idle_timeout=idle_timeout, labels=labels, env=env, disk_mb=disk_mb, pids=pids)
+
+
+class FilesBase:
+    """Holds the sandbox of a ``files`` accessor."""
+
+    def __init__(self, sandbox: Any) -> None:
+        self._sb = sandbox
+
+    def _tar_put(self, remote_dir: str, archive: bytes) -> Request:
+        return _api.tar_put(self._sb.id, remote_dir, archive, timeout=self._sb._client._create_timeout())
+
+    def _tar_get(self, remote_dir: str) -> Request:
+        return _api.tar_get(self._sb.id, remote_dir, timeout=self._sb._client._create_timeout())
+
+
+class SandboxBase(Generic[C]):
+    """Description, identity and command requests of a sandbox handle."""
+
+    #: The files accessor class of the concrete handle.
+    _files_class: Any = FilesBase
+    #: Handles compare equal only within one family (sync or asyncio).
+    _family: str = ""
+
+    def __init__(self, client: C, info: SandboxInfo) -> None:
+        self._client = client
+        self.info: SandboxInfo = info
+        self.files = self._files_class(self)
+
+    @property
+    def id(self) -> str:
+        """The sandbox id (also its hostname), e.g. ``"n0-3fa9c21b7e04"``."""
+        return self.info.id
+
+    @property
+    def state(self) -> str:
+        """State at the last answer: creating, running, paused, stopped or lost."""
+        return self.info.state
+
+    @property
+    def client(self) -> C:
+        """The client this handle talks through."""
+        return self._client
+
+    def __getattr__(self, name: str) -> Any:
+        # Other description fields (labels, memory_mb, end_reason, ...) read through to info.
+        if name.startswith("_") or name in ("info", "files"):
+            raise AttributeError(name)
+        try:
+            return getattr(self.info, name)
+        except AttributeError:
+            raise AttributeError(f"{type(self).__name__!s} has no attribute {name!r}") from None
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(id={self.id!r}, state={self.state!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, SandboxBase) and other._family == self._family and other.id == self.id
+
+    def __hash__(self) -> int:
+        return hash(self.id)
+
+    def _killed(self, info: Optional[SandboxInfo]) -> None:
+        """Records the answer of a kill (None: the daemon no longer knew the sandbox)."""
+        if info is not None:
+            self.info = info
+        elif self.info.live:
+            self.info.state = "stopped"
+
+    def _exec_request(self, cmd: _api.Command, opts: Mapping[str, Any], stream: bool) -> Request:
+        return _api.exec_(self.id, cmd, stream=stream, client_timeout=self._client.timeout, **opts)
+
+
+def command_opts(timeout: Optional[_api.Seconds], env: Optional[Mapping[str, str]], cwd: Optional[str],
+                 user: Optional[int], stdin: Any, max_output_bytes: Optional[int]) -> Mapping[str, Any]:
+    """The command arguments shared by ``exec``, ``exec_stream`` and ``start`` as keywords."""
+    return dict(timeout=timeout, env=env, cwd=cwd, user=user, stdin=stdin, max_output_bytes=max_output_bytes)
+
+
+class ProcessHandleBase:
+    """Identity and requests of a background process handle."""
+
+    def __init__(self, sandbox: Any, pid: int, info: Optional[ProcessInfo] = None) -> None:
+        self.sandbox = sandbox
+        self.pid: int = pid
+        self.info: Optional[ProcessInfo] = info
+
+    def __repr__(self) -> str:
+        state = self.info.state if self.info else "?"
+        return f"{type(self).__name__}(sandbox={self.sandbox.id!r}, pid={self.pid}, state={state!r})"
+
+    def _get(self) -> Request:
+        return _api.process_get(self.sandbox.id, self.pid)
+
+    def _wait(self, timeout: Optional[_api.Seconds]) -> Request:
+        return _api.process_wait(self.sandbox.id, self.pid, timeout, self.sandbox._client.timeout)
+
+    def _signal(self, signal: int) -> Request:
+        return _api.process_signal(self.sandbox.id, self.pid, signal)
+
+    def _stdin(self, data: Any, eof: bool) -> Request:
+        return _api.process_stdin(self.sandbox.id, self.pid, data, eof)
+
