@@ -19,6 +19,7 @@
 #include <fmt/format.h>
 #include "control/store.h"
 #include "image/image_store.h"
+#include "image/image_user.h"
 #include "node/sandbox_manager.h"
 #include "runtime/container/container_backend.h"
 
@@ -120,7 +121,12 @@ int daemon_main(int argc, char** argv) {
   mgr.set_image_resolver([st = *images](const std::string& ref) -> Result<node::ResolvedImage> {
     auto r = st->resolve(ref);
     if (!r) return std::unexpected(r.error());
-    return node::ResolvedImage{r->paths, r->defaults.env, r->defaults.workdir, r->pin};
+    node::ResolvedImage img{r->paths, r->defaults.env, r->defaults.workdir, r->pin};
+    auto ids = image::resolve_user(r->defaults.user, r->paths);
+    if (!ids) return std::unexpected(ids.error());
+    img.uid = ids->first;
+    img.gid = ids->second;
+    return img;
   });
   api.add_provider(std::make_shared<ImageRoutes>(*images));
   HttpServer server(io, [&api](Request& req, std::shared_ptr<Responder> res) { api.handle(req, res); },

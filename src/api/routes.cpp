@@ -306,7 +306,7 @@ Result<ExecSpec> parse_exec(const json::object& o, bool background) {
   ep.argv = std::move(*argv);
   ep.env = std::move(*env);
   ep.cwd = *cwd;
-  ep.uid = static_cast<uint32_t>(*user);
+  if (o.contains("user") && !o.at("user").is_null()) ep.uid = static_cast<uint32_t>(*user);
   ep.output_limit = static_cast<uint64_t>(*maxout);
   ep.stdin_data = std::move(*stdin_data);
   ep.stdin_open = *stdin_open;
@@ -465,7 +465,7 @@ void Api::exec(Request& req, const Params& p, std::shared_ptr<Responder> res) {
                          {"code", std::string(code_name(r.error().code))},
                          {"message", r.error().message()}};
       }
-      res->write_chunk(json::serialize(j) + "\n");
+      res->write_chunk(json_util::serialize_utf8(j) + "\n");
       res->end_stream();
     };
   } else {

@@ -52,7 +52,7 @@ struct ExecParams {
   std::vector<std::string> argv;
   std::map<std::string, std::string> env;
   std::string cwd;  // "" = the image's workdir, else /
-  uint32_t uid = 0;
+  std::optional<uint32_t> uid;  // none = the image's user, else root
   uint64_t timeout_ms = 0;
   uint64_t output_limit = 16ull << 20;
   std::string stdin_data;
@@ -90,6 +90,8 @@ struct ResolvedImage {
   std::map<std::string, std::string> env;  // image defaults, under the sandbox's env
   std::string workdir;                     // default cwd of commands ("" = /)
   std::shared_ptr<void> pin;
+  uint32_t uid = 0;                        // default user of commands
+  uint32_t gid = 0;
 };
 // Resolves an image reference ("name:version", ...). Called on a blocking thread.
 using ImageResolver = std::function<Result<ResolvedImage>(const std::string& image)>;
