@@ -44,6 +44,10 @@ struct SandboxManager::Live {
   int64_t last_active_ms = 0;
   int running_execs = 0;
   bool destroying = false;
+  // Ended, but its final record could not be stored (e.g. a full disk): it stays in
+  // live_ (so that it is reported stopped, not the stale stored state) until on_tick
+  // stores it.
+  bool unrecorded = false;
   std::map<uint32_t, std::shared_ptr<BgProc>> procs;
 };
 
@@ -71,15 +75,22 @@ void SandboxManager::persist(const SandboxRecord& r) {
 Result<void> SandboxManager::recover() {
   auto recs = store_.list(/*live_only=*/true);
   if (!recs) return std::unexpected(recs.error());
+  // A record that cannot be marked stopped (e.g. a full disk) would stay "running"
+  // for a sandbox that is gone: refuse to serve, after cleaning up, so that the
+  // next start (with space again) records it.
+  std::optional<Error> unrecorded;
   for (auto& r : *recs) {
     TP_SB_WARN(r.id, "left behind by a previous run (state {}): cleaning up", r.state);
     r.state = "stopped";
     r.ended_at_ms = now_ms();
     r.end_reason = "daemon_restart";
-    persist(r);
+    if (auto res = store_.put(r); !res && !unrecorded)
+      unrecorded = Error{res.error().code, res.error().sys_errno,
+                         "cannot record " + r.id + " as stopped: " + res.error().message()};
   }
   auto cleaned = backend_->cleanup_orphans({});
   for (const auto& id : cleaned) TP_SB_WARN(id, "removed leftovers of a previous run");
+  if (unrecorded) return std::unexpected(*unrecorded);
   // Forget ended sandboxes after a day.
   (void)store_.prune_ended(now_ms() - 24ll * 3600 * 1000);
   return {};
@@ -101,10 +112,12 @@ void SandboxManager::start() {
 void SandboxManager::on_tick() {
   int64_t now = now_ms();
   std::vector<std::pair<std::shared_ptr<Live>, std::string>> expired;
+  std::vector<std::pair<std::shared_ptr<Live>, SandboxRecord>> unrecorded;
   {
     std::lock_guard lk(mu_);
     for (auto& [id, live] : live_) {
       std::lock_guard lk2(live->mu);
+      if (live->unrecorded) unrecorded.emplace_back(live, live->rec);
       if (live->destroying) continue;
       if (live->rec.expires_at_ms && now >= live->rec.expires_at_ms) {
         expired.emplace_back(live, "ttl");
@@ -118,6 +131,12 @@ void SandboxManager::on_tick() {
   for (auto& [live, reason] : expired) {
     TP_SB_INFO(live->rec.id, "expired ({})", reason);
     teardown(live, reason, nullptr);
+  }
+  for (auto& [live, rec] : unrecorded) {
+    if (!store_.put(rec)) continue;  // still failing: retry on the next tick
+    std::lock_guard lk(mu_);
+    auto it = live_.find(rec.id);
+    if (it != live_.end() && it->second == live) live_.erase(it);
   }
 }
 
@@ -304,8 +323,12 @@ void SandboxManager::teardown(std::shared_ptr<Live> live, std::string reason,
       live->rec.end_reason = reason;
       snapshot = live->rec;
     }
-    persist(snapshot);
-    {
+    auto stored = store_.put(snapshot);
+    if (!stored) {
+      TP_SB_ERROR(snapshot.id, "store: {}; kept in memory until it can be stored", stored.error().message());
+      std::lock_guard lk(live->mu);
+      live->unrecorded = true;
+    } else {
       std::lock_guard lk(mu_);
       auto it = live_.find(snapshot.id);
       if (it != live_.end() && it->second == live) live_.erase(it);
@@ -395,9 +418,11 @@ void SandboxManager::destroy(const std::string& id, std::string reason,
 Result<uint32_t> SandboxManager::exec(const std::string& id, ExecParams p, ExecCallbacks cb) {
   auto live = find_live(id);
   if (!live) return std::unexpected(not_live_error(id));
+  uint32_t uid = p.uid.value_or(live->image.uid);
+  uint32_t gid = p.uid ? *p.uid : live->image.gid;
   std::map<std::string, std::string> env = {
       {"PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"},
-      {"HOME", p.uid == 0 ? "/root" : "/"},
+      {"HOME", uid == 0 ? "/root" : "/"},
       {"LANG", "C.UTF-8"},
       {"TERM", "xterm"},
       {"HOSTNAME", id},
@@ -418,8 +443,8 @@ Result<uint32_t> SandboxManager::exec(const std::string& id, ExecParams p, ExecC
   req.argv = std::move(p.argv);
   for (const auto& [k, v] : env) req.env.push_back(k + "=" + v);
   req.cwd = p.cwd;
-  req.uid = p.uid;
-  req.gid = p.uid;
+  req.uid = uid;
+  req.gid = gid;
   req.timeout_ms = p.timeout_ms;
   req.output_limit = p.output_limit;
   req.stdin_data = std::move(p.stdin_data);
