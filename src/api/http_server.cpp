@@ -8,6 +8,7 @@
 
 #include <deque>
 
+#include "common/json_util.h"
 #include "common/log.h"
 
 namespace tp::api {
@@ -30,7 +31,8 @@ std::vector<std::string> Request::q_all(const std::string& name) const {
 }
 
 void Responder::send_json(int status, const boost::json::value& v) {
-  send(status, "application/json", boost::json::serialize(v) + "\n");
+  // Strings may echo request bytes or sandbox file names: keep the answer valid UTF-8.
+  send(status, "application/json", json_util::serialize_utf8(v) + "\n");
 }
 
 void Responder::send_error(const Error& e) {

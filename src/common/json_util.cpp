@@ -151,12 +151,84 @@ Result<std::string> base64_decode(std::string_view in) {
   // (at most two) padding characters must be consumed.
   std::string_view body = in;
   for (int i = 0; i < 2 && !body.empty() && body.back() == '='; ++i) body.remove_suffix(1);
-  std::string out(b64::decoded_size(in.size()), '\0');
+  // Room for a partial last group too: unpadded input ("YWI") decodes into more
+  // than decoded_size(), which rounds down (writing past it overflowed the heap).
+  std::string out((body.size() + 3) / 4 * 3, '\0');
   auto [written, read] = b64::decode(out.data(), body.data(), body.size());
   if (read != body.size() || body.size() % 4 == 1)
     return fail(Code::kInvalidArgument, "invalid base64");
   out.resize(written);
   return out;
+}
+
+namespace {
+
+// Length of the well-formed UTF-8 sequence starting at s[i] (RFC 3629: no
+// overlongs, no surrogates, at most U+10FFFF), 0 when there is none.
+size_t utf8_len(std::string_view s, size_t i) {
+  auto b = [&](size_t k) { return static_cast<unsigned char>(s[k]); };
+  unsigned char c = b(i);
+  if (c < 0x80) return 1;
+  size_t n = c >= 0xc2 && c <= 0xdf ? 2 : c >= 0xe0 && c <= 0xef ? 3 : c >= 0xf0 && c <= 0xf4 ? 4 : 0;
+  if (n == 0 || i + n > s.size()) return 0;
+  for (size_t k = 1; k < n; ++k)
+    if ((b(i + k) & 0xc0) != 0x80) return 0;
+  if (c == 0xe0 && b(i + 1) < 0xa0) return 0;   // overlong
+  if (c == 0xed && b(i + 1) > 0x9f) return 0;   // surrogate
+  if (c == 0xf0 && b(i + 1) < 0x90) return 0;   // overlong
+  if (c == 0xf4 && b(i + 1) > 0x8f) return 0;   // beyond U+10FFFF
+  return n;
+}
+
+bool valid_utf8(std::string_view s) {
+  for (size_t i = 0; i < s.size();) {
+    size_t n = utf8_len(s, i);
+    if (n == 0) return false;
+    i += n;
+  }
+  return true;
+}
+
+void fix_strings(boost::json::value& v) {
+  if (v.is_string()) {
+    auto& str = v.as_string();
+    if (!valid_utf8(str)) str = to_valid_utf8(str);
+  } else if (v.is_array()) {
+    for (auto& e : v.as_array()) fix_strings(e);
+  } else if (v.is_object()) {
+    boost::json::object fixed;
+    for (auto& [k, e] : v.as_object()) {
+      fix_strings(e);
+      fixed[valid_utf8(k) ? std::string(k) : to_valid_utf8(k)] = std::move(e);
+    }
+    v.as_object() = std::move(fixed);
+  }
+}
+
+}  // namespace
+
+std::string to_valid_utf8(std::string_view s) {
+  std::string out;
+  out.reserve(s.size());
+  for (size_t i = 0; i < s.size();) {
+    size_t n = utf8_len(s, i);
+    if (n == 0) {
+      out += "\xEF\xBF\xBD";
+      ++i;
+    } else {
+      out.append(s.substr(i, n));
+      i += n;
+    }
+  }
+  return out;
+}
+
+std::string serialize_utf8(const boost::json::value& v) {
+  std::string out = boost::json::serialize(v);
+  if (valid_utf8(out)) return out;  // JSON escapes are ASCII: only string bytes can be invalid
+  boost::json::value copy = v;
+  fix_strings(copy);
+  return boost::json::serialize(copy);
 }
 
 }  // namespace tp::json_util

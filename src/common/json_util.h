@@ -37,4 +37,12 @@ Result<std::vector<std::string>> get_command(const boost::json::object& o, std::
 std::string base64_encode(std::string_view in);
 Result<std::string> base64_decode(std::string_view in);
 
+// JSON text of `v` that is always valid UTF-8: boost::json copies string bytes as
+// they are, so a string holding invalid UTF-8 (a request path, a file name made
+// by a sandbox, echoed in a message) would make the whole answer unparseable.
+// Invalid bytes become U+FFFD.
+std::string serialize_utf8(const boost::json::value& v);
+// `s` with every byte that is not part of a valid UTF-8 sequence replaced by U+FFFD.
+std::string to_valid_utf8(std::string_view s);
+
 }  // namespace tp::json_util
