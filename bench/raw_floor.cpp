@@ -3,9 +3,10 @@
 // The floor is a minimal loop doing only what a sandbox needs, with nothing of
 // Tidepool in the way: clone(CLONE_VM | user, mount, pid, uts, ipc, net, cgroup
 // namespaces) on a private stack, uid/gid maps, cgroups (v1: memory, cpu, pids
-// mkdir + limits + attach + rmdir; v2: one dir), loopback up, a tmpfs-backed
-// overlay root over a small 2-layer lower, /proc, pivot_root, exec of static
-// busybox `true`, reap, clean up. (reference/host-baselines.md "full, vm".)
+// mkdir + limits, the child born in them through its parent thread, rmdir; v2:
+// one dir, attach), loopback up, a tmpfs-backed overlay root over a small
+// 2-layer lower, /proc, pivot_root, exec of static busybox `true`, reap, clean
+// up. (reference/host-baselines.md "full, vm".)
 // The runtime is ContainerBackend::create + destroy with the fake agent (or
 // --agent PATH), measured in interleaved rounds with the floor so that load
 // changes hit both alike, plus create + wait for kReady + destroy.
@@ -153,6 +154,14 @@ class Floor {
     FloorChild c{p[0], p[1], mnt_.c_str(), upper_.c_str(), work_.c_str(), root_.c_str(), ovl_.c_str(),
                  proc_.c_str(), id.c_str(), argv, envp};
     void* stack = mmap(nullptr, kStack, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
+    // Born in its cgroup (v1): the cheapest attach there is, the one the runtime uses too.
+    std::vector<std::string> own;
+    const bool born_in = cg_.can_enter_thread();
+    if (born_in) {
+      auto e = cg_.enter_thread(id);
+      if (!e) return false;
+      own = std::move(*e);
+    }
     sigset_t all, old;
     sigfillset(&all);
     pthread_sigmask(SIG_SETMASK, &all, &old);
@@ -161,8 +170,9 @@ class Floor {
                           CLONE_NEWNET | SIGCHLD,
                       &c);
     pthread_sigmask(SIG_SETMASK, &old, nullptr);
+    if (born_in && !cg_.leave_thread(own)) std::abort();
     close(p[0]);
-    bool ok = pid > 0 && tp::sys::write_id_maps(pid, kUidBase) && cg_.attach(id, pid);
+    bool ok = pid > 0 && tp::sys::write_id_maps(pid, kUidBase) && (born_in || cg_.attach(id, pid));
     if (ok) ok = write(p[1], "x", 1) == 1;
     close(p[1]);
     int st = 0;

@@ -6,6 +6,8 @@
 #include <set>
 #include <sstream>
 
+#include "common/log.h"
+
 namespace tp::sys {
 namespace {
 
@@ -204,6 +206,56 @@ Result<void> CgroupManager::create(const std::string& id, const CgroupLimits& li
 
 Result<void> CgroupManager::attach(const std::string& id, pid_t pid) {
   for (const auto& d : dirs(id)) TP_TRY(sys_.write_file(d + "/cgroup.procs", std::to_string(pid)));
+  return {};
+}
+
+Result<std::vector<std::string>> CgroupManager::enter_thread(const std::string& id) {
+  if (!can_enter_thread()) return fail(Code::kInternal, "a v2 cgroup takes whole processes, not threads");
+  // Lines "hierarchy-id:controller,list:/path" of the calling thread.
+  auto own = sys_.read_file("/proc/thread-self/cgroup");
+  if (!own) return std::unexpected(own.error());
+  std::vector<std::string> previous;
+  for (const auto& root : hierarchy_roots()) {
+    std::string path;
+    for (auto line : split(*own, '\n')) {
+      auto a = line.find(':');
+      auto b = a == std::string_view::npos ? a : line.find(':', a + 1);
+      if (b == std::string_view::npos) continue;
+      bool mine = false;
+      for (auto c : split(line.substr(a + 1, b - a - 1), ',')) {
+        auto it = layout_.v1_mounts.find(std::string(c));
+        if (it != layout_.v1_mounts.end() && it->second == root) mine = true;
+      }
+      if (mine) {
+        path = std::string(line.substr(b + 1));
+        break;
+      }
+    }
+    if (path.empty()) return fail(Code::kInternal, "no cgroup of this thread under " + root);
+    previous.push_back(path == "/" ? root : root + path);
+  }
+  const auto targets = dirs(id);
+  for (size_t i = 0; i < targets.size(); ++i) {
+    auto w = sys_.write_file(targets[i] + "/tasks", "0");
+    if (!w) {
+      (void)leave_thread({previous.begin(), previous.begin() + static_cast<std::ptrdiff_t>(i)});
+      return std::unexpected(w.error());
+    }
+  }
+  return previous;
+}
+
+Result<void> CgroupManager::leave_thread(const std::vector<std::string>& previous) {
+  const auto roots = hierarchy_roots();
+  for (size_t i = 0; i < previous.size(); ++i) {
+    auto w = sys_.write_file(previous[i] + "/tasks", "0");
+    if (!w && i < roots.size()) {
+      spdlog::warn("cgroup: cannot move a daemon thread back to {} ({}); it goes to {}", previous[i],
+                   w.error().message(), roots[i]);
+      w = sys_.write_file(roots[i] + "/tasks", "0");
+    }
+    if (!w) return std::unexpected(w.error());
+  }
   return {};
 }
 

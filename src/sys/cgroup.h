@@ -71,6 +71,22 @@ class CgroupManager {
   Result<void> create(const std::string& id, const CgroupLimits& limits);
   // Moves `pid` into every cgroup of `id`.
   Result<void> attach(const std::string& id, pid_t pid);
+  // v1 only (a v2 domain cgroup takes whole processes, never one thread of one):
+  // whether enter_thread() can be used instead of attach().
+  bool can_enter_thread() const { return layout_.version == CgroupVersion::kV1; }
+  // Moves the calling thread, and only it, into every cgroup of `id`, so that a
+  // child it clones is born there. It writes "0" to each `tasks` file: the kernel
+  // migrates only `current` then, without the global threadgroup lock whose
+  // writer waits for an RCU grace period (measured here: a pid written to
+  // cgroup.procs took up to 17 ms under load; "0" to tasks stays under 0.1 ms).
+  // Returns the thread's previous cgroup directories, for leave_thread(). On
+  // failure the thread is back where it was.
+  Result<std::vector<std::string>> enter_thread(const std::string& id);
+  // Moves the calling thread back into `previous` (from enter_thread). Where that
+  // fails it falls back to the hierarchy's root cgroup (logged), so that the
+  // thread does not stay in a sandbox's cgroup, whose kill would kill the daemon.
+  // An error means the thread may still be in there.
+  Result<void> leave_thread(const std::vector<std::string>& previous);
   Result<CgroupStats> stats(const std::string& id);
   // Pids in the sandbox's cgroup (host pids).
   Result<std::vector<pid_t>> procs(const std::string& id);

@@ -1,4 +1,5 @@
 """Lifecycle: create, get, list with label filters, delete, TTL and idle timeout."""
+import pathlib
 import threading
 import uuid
 
@@ -98,6 +99,25 @@ def test_parallel_sandboxes(client):
     for t in threads:
         t.join()
     assert not errors
+
+
+def test_daemon_threads_never_stay_in_a_sandbox_cgroup(client, daemon):
+    """On cgroup v1 the creating daemon thread steps into the new sandbox's cgroups
+    for the clone (so that the child is born there) and must step out again: a
+    thread left inside would be killed with that sandbox, and its CPU and memory
+    charged to it."""
+    sbs = [client.create(ttl=600) for _ in range(4)]
+    try:
+        for sb in sbs:
+            cg = sb.exec(["cat", "/proc/self/cgroup"]).stdout
+            assert cg.strip(), "the sandbox sees its own cgroups"
+        for task in pathlib.Path(f"/proc/{daemon.pid}/task").iterdir():
+            own = (task / "cgroup").read_text()
+            for sb in sbs:
+                assert sb.id not in own, f"daemon thread {task.name} is in {sb.id}'s cgroup:\n{own}"
+    finally:
+        for sb in sbs:
+            sb.kill()
 
 
 def test_ttl_expiry(client):

@@ -137,6 +137,69 @@ TEST_F(CgroupV1Test, AttachWritesPidEverywhere) {
   for (const auto& d : m_.dirs("sb1")) EXPECT_EQ(f_.written(d + "/cgroup.procs"), "4242");
 }
 
+// The daemon thread's own cgroups as /proc/thread-self/cgroup shows them; its
+// memory and pids cgroups are below the roots.
+constexpr const char* kOwnCgroups =
+    "6:pids:/daemon\n5:freezer:/\n4:memory:/daemon\n3:cpuset:/\n2:cpuacct:/\n1:cpu:/\n0::/daemon\n";
+
+TEST_F(CgroupV1Test, EnterThreadMovesOnlyTheCallerAndLeaveRestoresIt) {
+  ASSERT_TRUE(m_.can_enter_thread());
+  f_.files["/proc/thread-self/cgroup"] = kOwnCgroups;
+  for (const char* d : {"/sys/fs/cgroup/memory/daemon", "/sys/fs/cgroup/pids/daemon"}) f_.dirs.insert(d);
+  ASSERT_TRUE(m_.create("sb1", {}));
+  f_.writes.clear();
+  auto prev = m_.enter_thread("sb1");
+  ASSERT_TRUE(prev) << prev.error().message();
+  EXPECT_EQ(*prev, (std::vector<std::string>{"/sys/fs/cgroup/cpu", "/sys/fs/cgroup/cpuacct", "/sys/fs/cgroup/freezer",
+                                             "/sys/fs/cgroup/memory/daemon", "/sys/fs/cgroup/pids/daemon"}));
+  // "0" into `tasks` moves the calling thread only; cgroup.procs is never touched.
+  std::vector<std::pair<std::string, std::string>> want;
+  for (const auto& d : m_.dirs("sb1")) want.emplace_back(d + "/tasks", "0");
+  EXPECT_EQ(f_.writes, want);
+  f_.writes.clear();
+  ASSERT_TRUE(m_.leave_thread(*prev));
+  want.clear();
+  for (const auto& d : *prev) want.emplace_back(d + "/tasks", "0");
+  EXPECT_EQ(f_.writes, want);
+}
+
+TEST_F(CgroupV1Test, FailedEnterPutsTheThreadBack) {
+  f_.files["/proc/thread-self/cgroup"] = kOwnCgroups;
+  for (const char* d : {"/sys/fs/cgroup/memory/daemon", "/sys/fs/cgroup/pids/daemon"}) f_.dirs.insert(d);
+  ASSERT_TRUE(m_.create("sb1", {}));
+  f_.fail_write["/sys/fs/cgroup/memory/tidepool/sb1/tasks"] = ENOMEM;
+  f_.writes.clear();
+  auto prev = m_.enter_thread("sb1");
+  ASSERT_FALSE(prev);
+  EXPECT_EQ(prev.error().sys_errno, ENOMEM);
+  // Entered cpu, cpuacct and freezer, failed at memory: back out of those three.
+  std::vector<std::pair<std::string, std::string>> want = {
+      {"/sys/fs/cgroup/cpu/tidepool/sb1/tasks", "0"},     {"/sys/fs/cgroup/cpuacct/tidepool/sb1/tasks", "0"},
+      {"/sys/fs/cgroup/freezer/tidepool/sb1/tasks", "0"}, {"/sys/fs/cgroup/cpu/tasks", "0"},
+      {"/sys/fs/cgroup/cpuacct/tasks", "0"},             {"/sys/fs/cgroup/freezer/tasks", "0"}};
+  EXPECT_EQ(f_.writes, want);
+}
+
+TEST_F(CgroupV1Test, EnterNeedsTheThreadsOwnCgroups) {
+  ASSERT_TRUE(m_.create("sb1", {}));
+  f_.files["/proc/thread-self/cgroup"] = "1:cpu:/\n";  // no memory, pids, ... line
+  f_.writes.clear();
+  EXPECT_FALSE(m_.enter_thread("sb1"));
+  EXPECT_TRUE(f_.writes.empty());  // nothing moved
+}
+
+TEST_F(CgroupV1Test, LeaveFallsBackToTheRootWhenThePreviousCgroupIsGone) {
+  // The daemon's memory cgroup vanished meanwhile: the thread goes to the root, never stays.
+  std::vector<std::string> prev = {"/sys/fs/cgroup/cpu", "/sys/fs/cgroup/cpuacct", "/sys/fs/cgroup/freezer",
+                                   "/sys/fs/cgroup/memory/gone", "/sys/fs/cgroup/pids"};
+  ASSERT_TRUE(m_.leave_thread(prev));
+  EXPECT_EQ(f_.written("/sys/fs/cgroup/memory/tasks"), "0");
+  EXPECT_EQ(f_.written("/sys/fs/cgroup/memory/gone/tasks"), "<unwritten>");
+  // Not even the root takes it: an error, the caller must not go on.
+  f_.fail_write["/sys/fs/cgroup/memory/tasks"] = EIO;
+  EXPECT_FALSE(m_.leave_thread(prev));
+}
+
 TEST_F(CgroupV1Test, StatsParseV1Files) {
   ASSERT_TRUE(m_.create("sb1", {}));
   const std::string mem = "/sys/fs/cgroup/memory/tidepool/sb1";
@@ -227,6 +290,12 @@ TEST_F(CgroupV2Test, InitEnablesControllersTopDown) {
   }
   EXPECT_EQ(root, (std::vector<std::string>{"+memory", "+pids", "+cpu"}));
   EXPECT_EQ(parent, root);
+}
+
+TEST_F(CgroupV2Test, ThreadsCannotEnterAV2Cgroup) {
+  EXPECT_FALSE(m_.can_enter_thread());
+  ASSERT_TRUE(m_.create("sb1", {}));
+  EXPECT_FALSE(m_.enter_thread("sb1"));
 }
 
 TEST_F(CgroupV2Test, CreateWritesV2Limits) {
