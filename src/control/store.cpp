@@ -92,7 +92,10 @@ Result<std::unique_ptr<Store>> Store::open(const std::string& path) {
   return st;
 }
 
-Store::~Store() { sqlite3_close(db_); }
+Store::~Store() {
+  sqlite3_finalize(put_stmt_);
+  sqlite3_close(db_);
+}
 
 Result<void> Store::exec_sql(const char* sql) {
   char* err = nullptr;
@@ -106,30 +109,39 @@ Result<void> Store::exec_sql(const char* sql) {
 
 Result<void> Store::put(const SandboxRecord& r) {
   std::lock_guard lk(mu_);
-  Stmt st;
-  std::string sql = std::string("INSERT OR REPLACE INTO sandboxes (") + kColumns +
-                    ") VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)";
-  if (sqlite3_prepare_v2(db_, sql.c_str(), -1, &st.s, nullptr) != SQLITE_OK)
-    return std::unexpected(db_error(db_, "prepare put"));
+  if (!put_stmt_) {
+    std::string sql = std::string("INSERT OR REPLACE INTO sandboxes (") + kColumns +
+                      ") VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)";
+    if (sqlite3_prepare_v2(db_, sql.c_str(), -1, &put_stmt_, nullptr) != SQLITE_OK)
+      return std::unexpected(db_error(db_, "prepare put"));
+  }
+  struct Reset {  // leaves the statement ready for the next put, whatever happens here
+    sqlite3_stmt* s;
+    ~Reset() {
+      sqlite3_reset(s);
+      sqlite3_clear_bindings(s);
+    }
+  } reset{put_stmt_};
+  sqlite3_stmt* s = put_stmt_;
   std::string labels = map_to_json(r.labels), env = map_to_json(r.env);
-  sqlite3_bind_text(st.s, 1, r.id.c_str(), -1, SQLITE_TRANSIENT);
-  sqlite3_bind_text(st.s, 2, r.state.c_str(), -1, SQLITE_TRANSIENT);
-  sqlite3_bind_text(st.s, 3, r.tier.c_str(), -1, SQLITE_TRANSIENT);
-  sqlite3_bind_text(st.s, 4, r.image.c_str(), -1, SQLITE_TRANSIENT);
-  sqlite3_bind_text(st.s, 5, r.node.c_str(), -1, SQLITE_TRANSIENT);
-  sqlite3_bind_int64(st.s, 6, static_cast<sqlite3_int64>(r.memory_mb));
-  sqlite3_bind_double(st.s, 7, r.cpus);
-  sqlite3_bind_int64(st.s, 8, static_cast<sqlite3_int64>(r.pids));
-  sqlite3_bind_int64(st.s, 9, static_cast<sqlite3_int64>(r.disk_mb));
-  sqlite3_bind_int64(st.s, 10, static_cast<sqlite3_int64>(r.ttl_seconds));
-  sqlite3_bind_int64(st.s, 11, static_cast<sqlite3_int64>(r.idle_timeout_seconds));
-  sqlite3_bind_text(st.s, 12, labels.c_str(), -1, SQLITE_TRANSIENT);
-  sqlite3_bind_text(st.s, 13, env.c_str(), -1, SQLITE_TRANSIENT);
-  sqlite3_bind_int64(st.s, 14, r.created_at_ms);
-  sqlite3_bind_int64(st.s, 15, r.expires_at_ms);
-  sqlite3_bind_int64(st.s, 16, r.ended_at_ms);
-  sqlite3_bind_text(st.s, 17, r.end_reason.c_str(), -1, SQLITE_TRANSIENT);
-  if (sqlite3_step(st.s) != SQLITE_DONE) return std::unexpected(db_error(db_, "put " + r.id));
+  sqlite3_bind_text(s, 1, r.id.c_str(), -1, SQLITE_TRANSIENT);
+  sqlite3_bind_text(s, 2, r.state.c_str(), -1, SQLITE_TRANSIENT);
+  sqlite3_bind_text(s, 3, r.tier.c_str(), -1, SQLITE_TRANSIENT);
+  sqlite3_bind_text(s, 4, r.image.c_str(), -1, SQLITE_TRANSIENT);
+  sqlite3_bind_text(s, 5, r.node.c_str(), -1, SQLITE_TRANSIENT);
+  sqlite3_bind_int64(s, 6, static_cast<sqlite3_int64>(r.memory_mb));
+  sqlite3_bind_double(s, 7, r.cpus);
+  sqlite3_bind_int64(s, 8, static_cast<sqlite3_int64>(r.pids));
+  sqlite3_bind_int64(s, 9, static_cast<sqlite3_int64>(r.disk_mb));
+  sqlite3_bind_int64(s, 10, static_cast<sqlite3_int64>(r.ttl_seconds));
+  sqlite3_bind_int64(s, 11, static_cast<sqlite3_int64>(r.idle_timeout_seconds));
+  sqlite3_bind_text(s, 12, labels.c_str(), -1, SQLITE_TRANSIENT);
+  sqlite3_bind_text(s, 13, env.c_str(), -1, SQLITE_TRANSIENT);
+  sqlite3_bind_int64(s, 14, r.created_at_ms);
+  sqlite3_bind_int64(s, 15, r.expires_at_ms);
+  sqlite3_bind_int64(s, 16, r.ended_at_ms);
+  sqlite3_bind_text(s, 17, r.end_reason.c_str(), -1, SQLITE_TRANSIENT);
+  if (sqlite3_step(s) != SQLITE_DONE) return std::unexpected(db_error(db_, "put " + r.id));
   return {};
 }
 

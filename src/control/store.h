@@ -23,6 +23,7 @@
 #include "common/result.h"
 
 struct sqlite3;
+struct sqlite3_stmt;
 
 namespace tp::control {
 
@@ -66,6 +67,9 @@ class Store {
   Result<void> exec_sql(const char* sql);
   std::mutex mu_;
   sqlite3* db_;
+  // put() runs twice per sandbox on the create and destroy paths: prepared once
+  // (compiling the statement cost about as much as running it). Guarded by mu_.
+  sqlite3_stmt* put_stmt_ = nullptr;
 };
 
 }  // namespace tp::control

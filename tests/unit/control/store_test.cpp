@@ -45,6 +45,39 @@ TEST_F(StoreTest, PutGetListSurviveReopen) {
   EXPECT_EQ((*(*st)->list(false)).size(), 1u);
 }
 
+TEST_F(StoreTest, RepeatedPutsReplaceAndNoFieldLeaksIntoTheNextRecord) {
+  // put() reuses one prepared statement: each call must bind everything afresh.
+  auto st = Store::open(dir_ + "/s.db");
+  ASSERT_TRUE(st);
+  SandboxRecord a;
+  a.id = "n0-aaaaaaaaaaaa";
+  a.state = "running";
+  a.end_reason = "";
+  a.labels = {{"job", "a"}};
+  a.memory_mb = 512;
+  ASSERT_TRUE((*st)->put(a));
+  a.state = "stopped";
+  a.end_reason = "ttl";
+  a.ended_at_ms = 42;
+  ASSERT_TRUE((*st)->put(a));  // the same id again: replaced
+  SandboxRecord b;
+  b.id = "n0-bbbbbbbbbbbb";
+  b.state = "running";
+  ASSERT_TRUE((*st)->put(b));
+  auto got_a = (*st)->get(a.id);
+  ASSERT_TRUE(got_a && *got_a);
+  EXPECT_EQ((*got_a)->state, "stopped");
+  EXPECT_EQ((*got_a)->end_reason, "ttl");
+  EXPECT_EQ((*got_a)->ended_at_ms, 42);
+  EXPECT_EQ((*got_a)->memory_mb, 512u);
+  auto got_b = (*st)->get(b.id);
+  ASSERT_TRUE(got_b && *got_b);
+  EXPECT_TRUE((*got_b)->labels.empty());
+  EXPECT_EQ((*got_b)->memory_mb, 0u);
+  EXPECT_EQ((*got_b)->end_reason, "");
+  EXPECT_EQ((*(*st)->list(false)).size(), 2u);
+}
+
 TEST_F(StoreTest, OpenFailsCleanlyOnBadPath) {
   auto st = Store::open(dir_ + "/no/such/dir/s.db");
   ASSERT_FALSE(st);
