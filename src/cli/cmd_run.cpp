@@ -98,17 +98,17 @@ Action add_run(CLI::App& root, Context& ctx) {
     int rc = kExitError;
     std::optional<Error> failure;
     if (g_signal.load() == 0) {
-      // The stream gets its own connection: the signal handler may cut it.
-      auto stream_client = ctx.new_client();
-      if (!stream_client) {
-        failure = stream_client.error();
-      } else if (auto c = (*stream_client)->connect(); !c) {
+      // The stream reuses the create's keep-alive connection (one connect per run);
+      // a signal may cut it, and the removal below then takes a fresh one.
+      Result<void> c;
+      if ((*client)->native_handle() < 0) c = (*client)->connect();
+      if (!c) {
         failure = c.error();
       } else {
-        g_stream_fd.store((*stream_client)->native_handle());
+        g_stream_fd.store((*client)->native_handle());
         // Checked after publishing the fd: a signal either saw the fd or is seen here.
         if (g_signal.load() == 0) {
-          auto code = stream_exec(**stream_client, id, *exec_req);
+          auto code = stream_exec(**client, id, *exec_req);
           if (code) rc = *code;
           else failure = code.error();
         }
@@ -122,7 +122,15 @@ Action add_run(CLI::App& root, Context& ctx) {
     }
     if (failure) rc = report(*failure);
 
-    auto removed = (*client)->call_json(Method::kDelete, sandbox_path(id));
+    std::unique_ptr<HttpClient> fresh;
+    HttpClient* remover = *client;
+    if (sig != 0) {
+      if (auto f = ctx.new_client()) {
+        fresh = std::move(*f);
+        remover = fresh.get();
+      }
+    }
+    auto removed = remover->call_json(Method::kDelete, sandbox_path(id));
     if (!removed && removed.error().code != Code::kNotFound) {
       report(Error{removed.error().code, 0,
                    "could not remove sandbox " + id + ": " + removed.error().message()});
