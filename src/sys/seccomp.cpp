@@ -21,6 +21,12 @@ Result<std::unique_ptr<SeccompProgram>> build_sandbox_filter() {
   scmp_filter_ctx ctx = seccomp_init(SCMP_ACT_ALLOW);
   if (!ctx) return fail(Code::kInternal, "seccomp_init(SCMP_ACT_ALLOW) failed");
   std::unique_ptr<void, void (*)(void*)> guard(ctx, [](void* c) { seccomp_release(c); });
+  // A binary tree over syscall numbers instead of a linear list: every syscall in a
+  // sandbox runs fewer BPF instructions, and attaching the filter (whose per-syscall
+  // cache the kernel builds by emulating it for every syscall number) went from
+  // ~125 to ~75 us here, once per sandbox. Older libseccomp without the attribute
+  // keeps the linear list.
+  (void)seccomp_attr_set(ctx, SCMP_FLTATR_CTL_OPTIMIZE, 2);
 
   static const char* kDenied[] = {
       "kexec_load", "kexec_file_load", "init_module", "finit_module", "delete_module", "bpf",
