@@ -178,27 +178,29 @@ Result<void> CgroupManager::write_limits(const std::string& id, const CgroupLimi
   return {};
 }
 
-Result<void> CgroupManager::create(const std::string& id, const CgroupLimits& limits) {
+Result<void> CgroupManager::make_dirs(const std::string& id) {
   std::vector<std::string> made;
-  auto undo = [&] {
-    for (auto it = made.rbegin(); it != made.rend(); ++it) (void)sys_.rmdir(*it);
-  };
   for (const auto& d : dirs(id)) {
     auto r = sys_.mkdir(d, 0755);
     if (!r && r.error().sys_errno == ENOENT) {
       // The parent vanished (an administrator or another tool removed it): make it again.
-      TP_TRY(init());
-      r = sys_.mkdir(d, 0755);
+      r = init();
+      if (r) r = sys_.mkdir(d, 0755);
     }
     if (!r) {
-      undo();
+      for (auto it = made.rbegin(); it != made.rend(); ++it) (void)sys_.rmdir(*it);
       return r;
     }
     made.push_back(d);
   }
+  return {};
+}
+
+Result<void> CgroupManager::create(const std::string& id, const CgroupLimits& limits) {
+  TP_TRY(make_dirs(id));
   auto w = write_limits(id, limits);
   if (!w) {
-    undo();
+    (void)remove(id, 0);
     return w;
   }
   return {};

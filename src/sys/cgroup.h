@@ -69,6 +69,11 @@ class CgroupManager {
   std::vector<std::string> dirs(const std::string& id) const;
   // Makes the cgroup(s) of `id` and writes the limits. On failure removes what it made.
   Result<void> create(const std::string& id, const CgroupLimits& limits);
+  // The two halves of create(), for a caller that writes the limits while its child
+  // sets itself up (it must not run untrusted code before they are written).
+  // make_dirs() removes what it made on failure; write_limits() leaves the dirs.
+  Result<void> make_dirs(const std::string& id);
+  Result<void> write_limits(const std::string& id, const CgroupLimits& limits);
   // Moves `pid` into every cgroup of `id`.
   Result<void> attach(const std::string& id, pid_t pid);
   // v1 only (a v2 domain cgroup takes whole processes, never one thread of one):
@@ -105,7 +110,6 @@ class CgroupManager {
  private:
   std::vector<std::string> hierarchy_roots() const;  // unique mount points in use
   std::string controller_dir(const std::string& ctrl, const std::string& id) const;
-  Result<void> write_limits(const std::string& id, const CgroupLimits& limits);
   Result<bool> empty(const std::string& id);
 
   SysApi& sys_;

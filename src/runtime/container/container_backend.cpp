@@ -279,8 +279,9 @@ Result<std::unique_ptr<SandboxInstance>> ContainerBackend::create_impl(const San
   plan.err_wr = err_wr.get();
   plan.agent_child = agent_child.get();
 
-  sys::CgroupLimits lim{spec.memory_bytes, spec.cpus, spec.pids_max};
-  TP_TRY(sh_->cgroups->create(spec.id, lim));
+  // The limits are written while the child sets up its root (below): it runs only
+  // our setup code and the idle agent until create() returns.
+  TP_TRY(sh_->cgroups->make_dirs(spec.id));
   bool cgroup_owned = true;
   auto drop_cgroup = [&] {
     if (!cgroup_owned) return;
@@ -366,6 +367,8 @@ Result<std::unique_ptr<SandboxInstance>> ContainerBackend::create_impl(const San
   char go = 1;
   if (::write(sync_wr.get(), &go, 1) != 1) return abort_child(sys_fail("write(sync pipe)").error());
   sync_wr.reset();
+  if (auto r = sh_->cgroups->write_limits(spec.id, {spec.memory_bytes, spec.cpus, spec.pids_max}); !r)
+    return abort_child(r.error());
 
   // EOF = the exec succeeded (the pipe is CLOEXEC); a record = the step that failed.
   ChildFailure f{};
