@@ -124,6 +124,21 @@ def tables(res, for_readme=False):
     L.append(row("within 3× of the raw kernel floor (Tidepool API ÷ floor)", ratio(api, floor), lambda v: v <= 3))
     L.append("| warm pool ≥ 10× faster than crun | – | n/a (no pools yet) |")
     L.append("")
+    # Issue 2's targets from the same run: sustained rate against the floor's, idle memory.
+    tp_rates, fl_rates = res["throughput"].get("tidepool-api", {}), res["throughput"].get("floor", {})
+    L.append("**Targets** (issue 2, same run; sustained = Tidepool API client ÷ floor at the same concurrency):")
+    L.append("")
+    L.append("| target | measured | |")
+    L.append("|---|---:|---|")
+    L.append(row("p50 within 3× of the raw kernel floor", ratio(api, floor), lambda v: v <= 3))
+    for c in ("1", "2"):
+        a, f = tp_rates.get(c, {}).get("rate"), fl_rates.get(c, {}).get("rate")
+        L.append(row(f"sustained ≥ 0.5× the floor's, {c} client{'s' if c != '1' else ''}", ratio(a, f),
+                     lambda v: v >= 0.5))
+    tot = res.get("idle", {}).get("tidepool", {}).get("total_kb")
+    L.append(row("idle memory < 1 MiB per sandbox (total kB ÷ 1024)", None if tot is None else tot / 1024,
+                 lambda v: v < 1, unit=" MiB"))
+    L.append("")
 
     # Throughput.
     concs = [c for c in cfg["concurrency"].split(",") if c]
