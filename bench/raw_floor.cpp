@@ -159,7 +159,13 @@ class Floor {
     const bool born_in = cg_.can_enter_thread();
     if (born_in) {
       auto e = cg_.enter_thread(id);
-      if (!e) return false;
+      if (!e) {
+        munmap(stack, kStack);
+        close(p[0]);
+        close(p[1]);
+        (void)cg_.remove(id);
+        return false;
+      }
       own = std::move(*e);
     }
     sigset_t all, old;
