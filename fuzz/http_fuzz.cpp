@@ -110,21 +110,7 @@ tp::api::Request to_request(http::request<http::string_body>& msg) {
   tp::api::Request req;
   req.method = std::string(msg.method_string());
   req.target = std::string(msg.target());
-  auto qpos = req.target.find('?');
-  req.path = tp::api::url_decode(std::string_view(req.target).substr(0, qpos), false);
-  if (qpos != std::string::npos) {
-    std::string_view qs = std::string_view(req.target).substr(qpos + 1);
-    while (!qs.empty()) {
-      auto amp = qs.find('&');
-      std::string_view kv = qs.substr(0, amp);
-      auto eq = kv.find('=');
-      std::string k = tp::api::url_decode(kv.substr(0, eq), true);
-      std::string v = eq == std::string_view::npos ? "" : tp::api::url_decode(kv.substr(eq + 1), true);
-      if (!k.empty()) req.query.emplace(std::move(k), std::move(v));
-      if (amp == std::string_view::npos) break;
-      qs.remove_prefix(amp + 1);
-    }
-  }
+  tp::api::decode_target(req);
   for (const auto& f : msg) {
     std::string name(f.name_string());
     for (auto& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));

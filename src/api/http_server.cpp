@@ -42,6 +42,24 @@ void Responder::send_error(const Error& e) {
   send_json(http_status(e.code), o);
 }
 
+void decode_target(Request& req) {
+  auto qpos = req.target.find('?');
+  req.path = url_decode(std::string_view(req.target).substr(0, qpos), false);
+  req.query.clear();
+  if (qpos == std::string::npos) return;
+  std::string_view qs = std::string_view(req.target).substr(qpos + 1);
+  while (!qs.empty()) {
+    auto amp = qs.find('&');
+    std::string_view kv = qs.substr(0, amp);
+    auto eq = kv.find('=');
+    std::string k = url_decode(kv.substr(0, eq), true);
+    std::string v = eq == std::string_view::npos ? "" : url_decode(kv.substr(eq + 1), true);
+    if (!k.empty()) req.query.emplace(std::move(k), std::move(v));
+    if (amp == std::string_view::npos) break;
+    qs.remove_prefix(amp + 1);
+  }
+}
+
 std::string url_decode(std::string_view s, bool plus_is_space) {
   std::string out;
   out.reserve(s.size());
@@ -204,21 +222,7 @@ class Session : public Responder, public std::enable_shared_from_this<Session> {
     req.method = std::string(msg.method_string());
     method_ = req.method;
     req.target = std::string(msg.target());
-    auto qpos = req.target.find('?');
-    req.path = url_decode(std::string_view(req.target).substr(0, qpos), false);
-    if (qpos != std::string::npos) {
-      std::string_view qs = std::string_view(req.target).substr(qpos + 1);
-      while (!qs.empty()) {
-        auto amp = qs.find('&');
-        std::string_view kv = qs.substr(0, amp);
-        auto eq = kv.find('=');
-        std::string k = url_decode(kv.substr(0, eq), true);
-        std::string v = eq == std::string_view::npos ? "" : url_decode(kv.substr(eq + 1), true);
-        if (!k.empty()) req.query.emplace(std::move(k), std::move(v));
-        if (amp == std::string_view::npos) break;
-        qs.remove_prefix(amp + 1);
-      }
-    }
+    decode_target(req);
     for (const auto& f : msg) {
       std::string name(f.name_string());
       for (auto& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));

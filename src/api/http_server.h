@@ -76,5 +76,7 @@ class HttpServer {
 bool parse_listen(const std::string& s, std::string* host, uint16_t* port);
 // Percent-decoding of URL components ('+' is a space in queries).
 std::string url_decode(std::string_view s, bool plus_is_space);
+// Fills req.path and req.query from req.target (decoded; empty query keys dropped).
+void decode_target(Request& req);
 
 }  // namespace tp::api
