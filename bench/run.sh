@@ -35,19 +35,25 @@ chmod 0711 "$WORK"  # the sandboxes' mapped root must traverse it to reach the r
 PREFIX=tpb$(od -An -N3 -tx1 /dev/urandom | tr -d ' \n')
 DPID=""
 CG_BEFORE="$WORK/cgroups.before"
+DEVNULL_BEFORE=$(stat -c %u:%g:%a /dev/null)
 ls -d /sys/fs/cgroup/*/*/ 2>/dev/null | sort >"$CG_BEFORE" || true
 
 # Runs "$@" in a private mount namespace where crun 1.8.1 accepts this host's cgroup
 # layout: on hybrid hosts (v1 controllers plus a v2 mount listing some), crun refuses to
 # start unless the v2 mount lists none, so an empty file is bound over its list there.
 # Nothing outside that namespace sees it (reference/host-baselines.md, "crun").
+# In there /dev/null is a private node as well: crun 1.8.1 fchown()s its stdio to the
+# container's root (host uid 100000 here), and with the host's /dev/null as stdio that
+# left the host's /dev/null owned by 100000 and writable by every sandbox of that range.
 in_peer_ns() {
   unshare -m --propagation private sh -c '
     if mountpoint -q /sys/fs/cgroup/memory && [ -n "$(cat "$1" 2>/dev/null)" ]; then
       mount --bind "$2" "$1"
     fi
-    shift 2
-    exec "$@"' sh "$UNIFIED" "$WORK/empty" "$@"
+    mkdir -p "$3" && mount -t tmpfs -o size=16k,mode=0755 tmpfs "$3" &&
+      mknod -m 0666 "$3/null" c 1 3 && mount --bind "$3/null" /dev/null || exit 1
+    shift 3
+    exec "$@" </dev/null' sh "$UNIFIED" "$WORK/empty" "$WORK/devns" "$@"
 }
 
 cleanup() {
@@ -80,6 +86,13 @@ cleanup() {
   ls -d /sys/fs/cgroup/*/*/ /sys/fs/cgroup/*/*/*/ 2>/dev/null | sort >"$WORK/cgroups.after"
   comm -13 "$CG_BEFORE" "$WORK/cgroups.after" | grep -E "/(tidepool-[0-9a-f]+|tp-floor-[0-9a-f]+|tp-bench-[0-9a-f]+|$PREFIX-[^/]+)/" |
     sort -r | while read -r d; do rmdir "$d" 2>/dev/null; done
+  # The host's /dev/null as it was at the start (see in_peer_ns): restored, loudly, if a
+  # peer changed it anyway.
+  if [ "$(stat -c %u:%g:%a /dev/null)" != "$DEVNULL_BEFORE" ]; then
+    echo "bench: a peer changed the host's /dev/null to $(stat -c %u:%g:%a /dev/null); restoring $DEVNULL_BEFORE" >&2
+    chown "${DEVNULL_BEFORE%:*}" /dev/null && chmod "${DEVNULL_BEFORE##*:}" /dev/null
+    [ "$rc" = 0 ] && rc=1
+  fi
   if grep -q " $WORK" /proc/self/mountinfo; then
     echo "bench: mounts left under $WORK; not removing it" >&2
   else
