@@ -136,6 +136,24 @@ std::unique_ptr<archive, ArchiveFree> open_outer(const std::string& path, Error*
   return a;
 }
 
+// Calls fn(archive, entry, normalized member name) for each member of the tar at
+// `path`, in order; fn's error stops the walk and is returned.
+Result<void> for_each_member(
+    const std::string& path,
+    const std::function<Result<void>(archive*, archive_entry*, const std::string&)>& fn) {
+  Error err;
+  auto a = open_outer(path, &err);
+  if (!a) return std::unexpected(err);
+  archive_entry* e = nullptr;
+  for (;;) {
+    int r = archive_read_next_header(a.get(), &e);
+    if (r == ARCHIVE_EOF) return {};
+    if (r < ARCHIVE_WARN)
+      return fail(Code::kInvalidArgument, std::string("read archive: ") + (archive_error_string(a.get()) ?: "?"));
+    TP_TRY(fn(a.get(), e, normalize_member(archive_entry_pathname(e) ? archive_entry_pathname(e) : "")));
+  }
+}
+
 }  // namespace
 
 bool valid_image_name(const std::string& s) {
@@ -375,14 +393,7 @@ Result<LayerInfo> ImageStore::add_layer_file(const std::string& path, const std:
                                              std::vector<std::shared_ptr<void>>* pins) {
   UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
   if (!fd) return sys_fail("open(" + path + ")");
-  int f = fd.get();
-  ByteSource src = [f](void* buf, size_t n) -> ssize_t {
-    for (;;) {
-      ssize_t r = ::read(f, buf, n);
-      if (r < 0 && errno == EINTR) continue;
-      return r;
-    }
-  };
+  ByteSource src = fd_source(fd.get());
   return add_layer_stream(src, "", source, pins);
 }
 
@@ -453,30 +464,22 @@ Result<ImageRecord> ImageStore::import_archive(const std::string& path, std::str
   std::map<std::string, std::string> small;
   std::set<std::string> members;
   if (kind != ArchiveKind::kLayer) {
-    Error err;
-    auto a = open_outer(path, &err);
-    if (!a) return std::unexpected(err);
     uint64_t total = 0;
-    archive_entry* e = nullptr;
-    for (;;) {
-      int r = archive_read_next_header(a.get(), &e);
-      if (r == ARCHIVE_EOF) break;
-      if (r < ARCHIVE_WARN)
-        return fail(Code::kInvalidArgument, std::string("read archive: ") + (archive_error_string(a.get()) ?: "?"));
+    TP_TRY(for_each_member(path, [&](archive* a, archive_entry* e, const std::string& n) -> Result<void> {
       if (members.size() > 100000) return fail(Code::kPayloadTooLarge, "archive has too many members");
-      std::string n = normalize_member(archive_entry_pathname(e) ? archive_entry_pathname(e) : "");
       members.insert(n);
       la_int64_t sz = archive_entry_size(e);
       bool meta_like = n.ends_with(".json") || n == "oci-layout" || n == "repositories" || n.rfind("blobs/", 0) == 0;
       if (archive_entry_filetype(e) == AE_IFREG && meta_like && sz >= 0 && static_cast<uint64_t>(sz) <= kSmall &&
           total + static_cast<uint64_t>(sz) <= kSmallTotal) {
         std::string data(static_cast<size_t>(sz), '\0');
-        la_ssize_t got = sz ? archive_read_data(a.get(), data.data(), data.size()) : 0;
+        la_ssize_t got = sz ? archive_read_data(a, data.data(), data.size()) : 0;
         if (got != sz) return fail(Code::kInvalidArgument, "read archive member " + n + ": truncated");
         total += static_cast<uint64_t>(sz);
         small[n] = std::move(data);
       }
-    }
+      return {};
+    }));
     if (kind == ArchiveKind::kAuto) {
       if (small.contains("manifest.json"))
         kind = ArchiveKind::kDocker;
@@ -525,19 +528,9 @@ Result<ImageRecord> ImageStore::import_archive(const std::string& path, std::str
       needed[l.member] = l.diff_id;
     }
     if (!needed.empty()) {
-      Error err;
-      auto a = open_outer(path, &err);
-      if (!a) return std::unexpected(err);
-      archive_entry* e = nullptr;
-      for (;;) {
-        int r = archive_read_next_header(a.get(), &e);
-        if (r == ARCHIVE_EOF) break;
-        if (r < ARCHIVE_WARN)
-          return fail(Code::kInvalidArgument, std::string("read archive: ") + (archive_error_string(a.get()) ?: "?"));
-        std::string n = normalize_member(archive_entry_pathname(e) ? archive_entry_pathname(e) : "");
+      TP_TRY(for_each_member(path, [&](archive* outer, archive_entry*, const std::string& n) -> Result<void> {
         auto it = needed.find(n);
-        if (it == needed.end() || digest_of.contains(n)) continue;
-        archive* outer = a.get();
+        if (it == needed.end() || digest_of.contains(n)) return {};
         ByteSource src = [outer](void* buf, size_t len) -> ssize_t { return archive_read_data(outer, buf, len); };
         auto li = add_layer_stream(src, it->second, "archive:" + n, &pins);
         if (!li) {
@@ -546,7 +539,8 @@ Result<ImageRecord> ImageStore::import_archive(const std::string& path, std::str
           return std::unexpected(er);
         }
         digest_of[n] = li->digest;
-      }
+        return {};
+      }));
       for (const auto& [m, d] : needed)
         if (!digest_of.contains(m)) return fail(Code::kInvalidArgument, "layer member '" + m + "' could not be read");
     }

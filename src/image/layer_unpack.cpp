@@ -530,17 +530,20 @@ Result<UnpackStats> unpack_layer(const ByteSource& src, int dir_fd, const Unpack
   return u->run();
 }
 
-Result<UnpackStats> unpack_layer_file(const std::string& path, int dir_fd, const UnpackLimits& lim) {
-  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (!fd) return sys_fail("open(" + path + ")");
-  int f = fd.get();
-  ByteSource src = [f](void* buf, size_t n) -> ssize_t {
+ByteSource fd_source(int fd) {
+  return [fd](void* buf, size_t n) -> ssize_t {
     for (;;) {
-      ssize_t r = ::read(f, buf, n);
+      ssize_t r = ::read(fd, buf, n);
       if (r < 0 && errno == EINTR) continue;
       return r;
     }
   };
+}
+
+Result<UnpackStats> unpack_layer_file(const std::string& path, int dir_fd, const UnpackLimits& lim) {
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!fd) return sys_fail("open(" + path + ")");
+  ByteSource src = fd_source(fd.get());
   return unpack_layer(src, dir_fd, lim);
 }
 

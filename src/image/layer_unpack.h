@@ -68,6 +68,8 @@ struct UnpackStats {
 
 // Reads raw (possibly compressed) bytes: returns the count, 0 at the end, -1 on error.
 using ByteSource = std::function<ssize_t(void* buf, size_t n)>;
+// A ByteSource over `fd` (read(2), EINTR retried); the caller keeps the fd open.
+ByteSource fd_source(int fd);
 
 Result<UnpackStats> unpack_layer(const ByteSource& src, int dir_fd, const UnpackLimits& lim);
 // Convenience: unpack a file.

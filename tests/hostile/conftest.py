@@ -89,10 +89,6 @@ def healthy(daemon, bystander):
 
 
 @pytest.fixture
-def hostile(client) -> tidepool.Sandbox:
-    sb = client.create(image="host", ttl=600)
-    yield sb
-    try:
-        sb.kill()
-    except tidepool.TidepoolError:
-        pass
+def hostile(sandbox) -> tidepool.Sandbox:
+    """The integration suite's `sandbox` (host image, killed after the test), under this suite's name."""
+    return sandbox

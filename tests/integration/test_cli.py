@@ -18,7 +18,6 @@ import pathlib
 import re
 import selectors
 import signal
-import socket
 import subprocess
 import tempfile
 import threading
@@ -29,19 +28,13 @@ from typing import Dict, List, Optional
 
 import pytest
 
+from tp_testlib import free_port
+
 REPO = pathlib.Path(__file__).resolve().parents[2]
 BUILD = pathlib.Path(os.environ.get("TIDEPOOL_BUILD") or REPO / "build").resolve()
 CLI = str(BUILD / "bin" / "tidepool")
 
 ERROR_LINE = re.compile(r"^tidepool: [^\n]+\n$")
-
-
-def free_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 def cli(url: str, *args: str, input: Optional[bytes] = None, timeout: float = 60,

@@ -19,18 +19,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "host_root_ns.h"
+
 static void report(const char* name, const char* path, long rc) {
   printf("%s:%s rc=%ld errno=%d\n", name, path, rc, rc < 0 ? errno : 0);
   fflush(stdout);
-}
-
-static int in_host_root_ns(void) {
-  FILE* f = fopen("/proc/self/uid_map", "r");
-  if (!f) return 1;
-  unsigned long inside, outside, count;
-  int n = fscanf(f, "%lu %lu %lu", &inside, &outside, &count);
-  fclose(f);
-  return n != 3 || outside == 0;
 }
 
 static void freeze(const char* dir) {

@@ -40,6 +40,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "host_root_ns.h"
+
 static int g_argc;
 static char** g_argv;
 
@@ -78,15 +80,6 @@ static void in_child(const char* name, void (*fn)(void)) {
       report(name, rc_);       \
     }                          \
   } while (0)
-
-static int in_host_root_ns(void) {
-  FILE* f = fopen("/proc/self/uid_map", "r");
-  if (!f) return 1;
-  unsigned long inside, outside, count;
-  int n = fscanf(f, "%lu %lu %lu", &inside, &outside, &count);
-  fclose(f);
-  return n != 3 || outside == 0;
-}
 
 /* x32 ABI: the same syscall numbers with bit 30 set; the filter must not let them through. */
 static void x32_unshare(void) {

@@ -19,24 +19,30 @@ using proto::Message;
 using proto::MsgType;
 using proto::Tag;
 
-class AgentClientTest : public AgentTestBase {};
+class AgentClientTest : public AgentTestBase {
+ protected:
+  // Starts the agent and a long `sleep` through the client; pid_ and done_ follow it.
+  void start_sleeper() {
+    start();
+    node::ExecRequest req;
+    req.argv = {"sleep", "1000"};
+    node::ExecHandlers h;
+    h.on_started = [this](uint32_t p) { pid_ = p; };
+    h.on_done = [this](Result<node::ExecResult> r) { done_.emplace(std::move(r)); };
+    client_->exec(req, std::move(h));
+    ASSERT_TRUE(run_until([&] { return pid_ != 0; }));
+  }
+  uint32_t pid_ = 0;
+  std::optional<Result<node::ExecResult>> done_;
+};
 
 TEST_F(AgentClientTest, AgentDeathFailsPendingRequests) {
-  start();
-  uint32_t pid = 0;
-  std::optional<Result<node::ExecResult>> done;
-  node::ExecRequest req;
-  req.argv = {"sleep", "1000"};
-  node::ExecHandlers h;
-  h.on_started = [&](uint32_t p) { pid = p; };
-  h.on_done = [&](Result<node::ExecResult> r) { done.emplace(std::move(r)); };
-  client_->exec(req, std::move(h));
-  ASSERT_TRUE(run_until([&] { return pid != 0; }));
+  ASSERT_NO_FATAL_FAILURE(start_sleeper());
   EXPECT_EQ(client_->pending(), 1u);
   ASSERT_EQ(::kill(agent_->pid(), SIGKILL), 0);
-  ASSERT_TRUE(run_until([&] { return done.has_value() && closed_; }));
-  ASSERT_FALSE(done->has_value());
-  EXPECT_EQ(done->error().code, Code::kUnavailable);
+  ASSERT_TRUE(run_until([&] { return done_.has_value() && closed_; }));
+  ASSERT_FALSE(done_->has_value());
+  EXPECT_EQ(done_->error().code, Code::kUnavailable);
   EXPECT_EQ(closed_error_.code, Code::kUnavailable);
   EXPECT_EQ(client_->pending(), 0u);
   // Requests after the end fail the same way, on the io thread.
@@ -53,32 +59,23 @@ TEST_F(AgentClientTest, AgentDeathFailsPendingRequests) {
   agent_->wait_exit();
   // The command dies with its agent (PDEATHSIG on the command init). This is
   // the kernel's asynchronous work, so wait for it rather than assume it.
-  for (int i = 0; i < 1000 && !process_gone(static_cast<pid_t>(pid)); ++i) ::usleep(10000);
-  EXPECT_TRUE(process_gone(static_cast<pid_t>(pid)));
+  for (int i = 0; i < 1000 && !process_gone(static_cast<pid_t>(pid_)); ++i) ::usleep(10000);
+  EXPECT_TRUE(process_gone(static_cast<pid_t>(pid_)));
 }
 
 TEST_F(AgentClientTest, MalformedFrameClosesTheAgent) {
-  start();
-  uint32_t pid = 0;
-  std::optional<Result<node::ExecResult>> done;
-  node::ExecRequest req;
-  req.argv = {"sleep", "1000"};
-  node::ExecHandlers h;
-  h.on_started = [&](uint32_t p) { pid = p; };
-  h.on_done = [&](Result<node::ExecResult> r) { done.emplace(std::move(r)); };
-  client_->exec(req, std::move(h));
-  ASSERT_TRUE(run_until([&] { return pid != 0; }));
+  ASSERT_NO_FATAL_FAILURE(start_sleeper());
   // A frame length below the header size, written around the client.
   const char bad[] = {2, 0, 0, 0, 20, 0};
   ASSERT_EQ(::write(agent_->fd(), bad, sizeof(bad)), static_cast<ssize_t>(sizeof(bad)));
-  ASSERT_TRUE(run_until([&] { return done.has_value(); }));
-  ASSERT_FALSE(done->has_value());
-  EXPECT_EQ(done->error().code, Code::kUnavailable);
+  ASSERT_TRUE(run_until([&] { return done_.has_value(); }));
+  ASSERT_FALSE(done_->has_value());
+  EXPECT_EQ(done_->error().code, Code::kUnavailable);
   int st = agent_->wait_exit();
   ASSERT_TRUE(WIFEXITED(st));
   EXPECT_EQ(WEXITSTATUS(st), 1);
   // The agent killed its command before exiting.
-  EXPECT_TRUE(process_gone(static_cast<pid_t>(pid)));
+  EXPECT_TRUE(process_gone(static_cast<pid_t>(pid_)));
 }
 
 TEST_F(AgentClientTest, BadFdFailsStart) {
