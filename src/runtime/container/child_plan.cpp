@@ -20,7 +20,11 @@ namespace raw = tp::sys::raw;
 const char* const kMaskedProcFiles[] = {
     "kcore", "keys", "latency_stats", "timer_list", "timer_stats", "sched_debug",
     "kpagecgroup", "kpageflags", "kpagecount", "sysrq-trigger", "config.gz", "kallsyms", nullptr};
-const char* const kBoundDevices[] = {"null", "zero", "full", "random", "urandom", "tty", nullptr};
+const DeviceNode kDevices[] = {{"null", 1, 3},    {"zero", 1, 5},    {"full", 1, 7}, {"random", 1, 8},
+                               {"urandom", 1, 9}, {"tty", 5, 0},     {nullptr, 0, 0}};
+const char* const kDevSymlinks[][2] = {{"ptmx", "pts/ptmx"},        {"fd", "/proc/self/fd"},
+                                       {"stdin", "/proc/self/fd/0"}, {"stdout", "/proc/self/fd/1"},
+                                       {"stderr", "/proc/self/fd/2"}, {nullptr, nullptr}};
 const UserNsLimit kUserNsLimits[] = {
     {"max_inotify_instances", "32"}, {"max_inotify_watches", "16384"}, {"max_user_namespaces", "0"},
     {nullptr, nullptr}};
@@ -163,33 +167,32 @@ void build_root_ops(const RootRecipe& r, ChildPlan* p) {
 
   // /proc, with what would reveal or change host state masked or read-only.
   const std::string proc = root + "/proc";
+  const std::string dev = root + "/dev";
+  const std::string null_dev = r.dev_dir.empty() ? "/dev/null" : r.dev_dir + "/null";
   p->mount("proc", proc, "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, "");
   for (int i = 0; kReadOnlyProcDirs[i]; ++i)
     p->bind_ro(proc + "/" + kReadOnlyProcDirs[i], proc + "/" + kReadOnlyProcDirs[i], MS_NOEXEC, true);
-  for (int i = 0; kMaskedProcFiles[i]; ++i)
-    p->mount("/dev/null", proc + "/" + kMaskedProcFiles[i], "", MS_BIND, "", true);
-  for (int i = 0; kMaskedProcDirs[i]; ++i)
-    p->mount("tmpfs", proc + "/" + kMaskedProcDirs[i], "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC,
-             "size=0,mode=0555", true);
+  for (const auto& f : r.masked_proc_files) p->mount(null_dev, proc + "/" + f, "", MS_BIND, "", true);
+  for (const auto& d : r.masked_proc_dirs) p->bind_ro(r.empty_dir, proc + "/" + d, MS_NOEXEC | r.prep_locked, true);
 
-  // /dev: device nodes cannot be made in a user namespace, so bind the host's.
-  const std::string dev = root + "/dev";
-  p->mount("tmpfs", dev, "tmpfs", MS_NOSUID | MS_NOEXEC, "size=65536,mode=0755");
-  for (int i = 0; kBoundDevices[i]; ++i) {
-    const std::string d = kBoundDevices[i];
-    p->touch(dev + "/" + d);
-    p->mount("/dev/" + d, dev + "/" + d, "", MS_BIND, "");
+  if (!r.dev_dir.empty()) {
+    // /dev: one read-only bind of the prepared directory (not nodev: its nodes must work).
+    p->mount(r.dev_dir, dev, "", MS_BIND, "");
+    p->mount("", dev, "", MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NOEXEC | r.dev_locked, "");
+  } else {
+    p->mount("tmpfs", dev, "tmpfs", MS_NOSUID | MS_NOEXEC, "size=65536,mode=0755");
+    for (int i = 0; kDevices[i].name; ++i) {
+      const std::string d = kDevices[i].name;
+      p->touch(dev + "/" + d);
+      p->mount("/dev/" + d, dev + "/" + d, "", MS_BIND, "");
+    }
+    p->mkdir(dev + "/pts", 0755);
+    p->mkdir(dev + "/shm", 01777);
+    for (int i = 0; kDevSymlinks[i][0]; ++i) p->symlink(kDevSymlinks[i][1], dev + "/" + kDevSymlinks[i][0]);
   }
-  p->mkdir(dev + "/pts", 0755);
   p->mount("devpts", dev + "/pts", "devpts", MS_NOSUID | MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620,gid=5");
-  p->symlink("pts/ptmx", dev + "/ptmx");
-  p->mkdir(dev + "/shm", 01777);
   p->mount("shm", dev + "/shm", "tmpfs", MS_NOSUID | MS_NODEV,
            "size=" + std::to_string(r.tmp_bytes) + ",mode=1777");
-  p->symlink("/proc/self/fd", dev + "/fd");
-  p->symlink("/proc/self/fd/0", dev + "/stdin");
-  p->symlink("/proc/self/fd/1", dev + "/stdout");
-  p->symlink("/proc/self/fd/2", dev + "/stderr");
   p->mount("tmpfs", root + "/tmp", "tmpfs", MS_NOSUID | MS_NODEV,
            "size=" + std::to_string(r.tmp_bytes) + ",mode=1777");
 

@@ -93,6 +93,19 @@ struct RootRecipe {
   std::vector<std::pair<std::string, unsigned long>> ro_binds;  // host path (bound at same path), locked flags to keep
   uint64_t disk_bytes = 0;
   uint64_t tmp_bytes = 0;
+  // Host directory holding /dev's nodes, symlinks and mount points (made once by
+  // the backend: a user namespace cannot mknod), bound read-only as the
+  // sandbox's /dev; `dev_locked`: the flags locked on its mount. Empty when the
+  // data dir's file system is nodev: then /dev is a tmpfs with each host node bound.
+  std::string dev_dir;
+  unsigned long dev_locked = 0;
+  // Empty host directory bound read-only over the masked /proc directories;
+  // `prep_locked`: the flags locked on its mount.
+  std::string empty_dir;
+  unsigned long prep_locked = 0;
+  // The entries of kMaskedProcFiles / kMaskedProcDirs this kernel has (a mount on
+  // an absent one would only fail with ENOENT).
+  std::vector<std::string> masked_proc_files, masked_proc_dirs;
 };
 
 // Per-sandbox limits written into the sandbox's own user namespace
@@ -109,10 +122,17 @@ extern const UserNsLimit kUserNsLimits[];
 // Fills `plan->ops` with the container recipe (see container_backend.h).
 void build_root_ops(const RootRecipe& r, ChildPlan* plan);
 
-// Host device nodes bound into every sandbox's /dev (a user namespace cannot mknod).
-extern const char* const kBoundDevices[];
+// The character devices of every sandbox's /dev (null, zero, ...), each with the
+// node's fixed device number. The only device nodes a sandbox sees.
+struct DeviceNode {
+  const char* name;
+  unsigned major, minor;
+};
+extern const DeviceNode kDevices[];
+// /dev's symlinks: {name, target}.
+extern const char* const kDevSymlinks[][2];
 
-// Host paths masked with /dev/null and directories masked with an empty read-only tmpfs in /proc.
+// Paths in /proc masked with the null device and directories masked with an empty read-only directory.
 extern const char* const kMaskedProcFiles[];
 extern const char* const kMaskedProcDirs[];
 extern const char* const kReadOnlyProcDirs[];

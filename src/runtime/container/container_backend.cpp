@@ -10,6 +10,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
+#include <sys/sysmacros.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -71,6 +72,7 @@ struct Shared {
   image::HostImage host;
   std::vector<std::pair<std::string, unsigned long>> host_binds;
   std::string mnt_dir;
+  container::RootRecipe common;  // the recipe's parts that every sandbox shares (prepared dirs, /proc masks)
   int dumpable = 1;  // the daemon's PR_GET_DUMPABLE at start
 };
 
@@ -225,9 +227,8 @@ Result<std::unique_ptr<SandboxInstance>> ContainerBackend::create_impl(const San
       return fail(Code::kInvalidArgument, "invalid environment variable name '" + k + "'");
   }
 
-  container::RootRecipe recipe;
+  container::RootRecipe recipe = sh_->common;
   recipe.id = spec.id;
-  recipe.mnt_dir = sh_->mnt_dir;
   recipe.disk_bytes = spec.disk_bytes;
   recipe.tmp_bytes = spec.tmp_bytes;
   if (spec.layers.empty()) {
@@ -395,6 +396,80 @@ Result<std::unique_ptr<SandboxInstance>> ContainerBackend::create_impl(const San
   return std::make_unique<ContainerInstance>(sh_, spec.id, std::move(proc), std::move(agent_host));
 }
 
+// Makes `path` a root-owned entry of the wanted kind and mode, keeping it when it
+// already is one (a restarted daemon's re-adopted sandboxes still use it).
+Result<void> ensure_node(const std::string& path, mode_t type, mode_t mode, dev_t rdev,
+                         const char* link_target = nullptr) {
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) == 0) {
+    bool same = (st.st_mode & S_IFMT) == type && st.st_uid == 0 && st.st_gid == 0;
+    if (type == S_IFCHR) same = same && st.st_rdev == rdev && (st.st_mode & 07777) == mode;
+    if (type == S_IFDIR && S_ISDIR(st.st_mode)) {
+      if (::lchown(path.c_str(), 0, 0) != 0 || ::chmod(path.c_str(), mode) != 0) return sys_fail("chown/chmod(" + path + ")");
+      return {};
+    }
+    if (type == S_IFLNK) {
+      char buf[256];
+      ssize_t n = ::readlink(path.c_str(), buf, sizeof buf);
+      same = same && n >= 0 && std::string_view(buf, static_cast<size_t>(n)) == link_target;
+    }
+    if (same) return {};
+    if (::unlink(path.c_str()) != 0) return sys_fail("unlink(" + path + ")");
+  } else if (errno != ENOENT) {
+    return sys_fail("lstat(" + path + ")");
+  }
+  int rc = type == S_IFDIR   ? ::mkdir(path.c_str(), mode)
+           : type == S_IFLNK ? ::symlink(link_target, path.c_str())
+                             : ::mknod(path.c_str(), S_IFCHR | mode, rdev);
+  if (rc != 0) return sys_fail((type == S_IFCHR ? "mknod(" : "create(") + path + ")");
+  if (::lchown(path.c_str(), 0, 0) != 0) return sys_fail("lchown(" + path + ")");
+  // Past the daemon's umask.
+  if (type != S_IFLNK && ::chmod(path.c_str(), mode) != 0) return sys_fail("chmod(" + path + ")");
+  return {};
+}
+
+// The host side of the sandboxes' /dev and masked /proc directories (see
+// RootRecipe). Every sandbox binds the same directories; they are root-owned,
+// so a sandbox (whose ids never include host root) cannot change them, and
+// the binds are read-only as well.
+Result<void> prepare_shared_dirs(const std::string& containers_dir, container::RootRecipe* r) {
+  const std::string empty = containers_dir + "/empty";
+  TP_TRY(ensure_node(empty, S_IFDIR, 0555, 0));
+  r->empty_dir = empty;
+  r->prep_locked = locked_flags(empty);
+  const std::string dev = containers_dir + "/dev";
+  struct statvfs sv {};
+  if (::statvfs(containers_dir.c_str(), &sv) != 0) return sys_fail("statvfs(" + containers_dir + ")");
+  if (sv.f_flag & ST_NODEV) {
+    spdlog::info("{} is on a nodev file system: each sandbox's /dev binds the host's nodes one by one",
+                 containers_dir);
+    return {};
+  }
+  TP_TRY(ensure_node(dev, S_IFDIR, 0755, 0));
+  for (int i = 0; container::kDevices[i].name; ++i) {
+    const auto& d = container::kDevices[i];
+    TP_TRY(ensure_node(dev + "/" + d.name, S_IFCHR, 0666, makedev(d.major, d.minor)));
+  }
+  // Mount points: devpts and the sandbox's tmpfs cover them.
+  TP_TRY(ensure_node(dev + "/pts", S_IFDIR, 0755, 0));
+  TP_TRY(ensure_node(dev + "/shm", S_IFDIR, 0755, 0));
+  for (int i = 0; container::kDevSymlinks[i][0]; ++i)
+    TP_TRY(ensure_node(dev + "/" + container::kDevSymlinks[i][0], S_IFLNK, 0777, 0, container::kDevSymlinks[i][1]));
+  r->dev_dir = dev;
+  r->dev_locked = locked_flags(dev);
+  return {};
+}
+
+// The /proc entries of `names` this kernel has. A /proc without its global
+// entries (mounted with subset=pid) tells nothing: then keep them all.
+std::vector<std::string> present_in_proc(const char* const names[]) {
+  const bool full = ::access("/proc/meminfo", F_OK) == 0;
+  std::vector<std::string> out;
+  for (int i = 0; names[i]; ++i)
+    if (!full || ::access((std::string("/proc/") + names[i]).c_str(), F_OK) == 0) out.emplace_back(names[i]);
+  return out;
+}
+
 // data_dir and its parents must be searchable by the sandbox's root (an
 // unprivileged host uid) because the child resolves paths under it.
 Result<void> check_traversable(const std::string& path) {
@@ -438,16 +513,22 @@ Result<std::unique_ptr<Backend>> make_container_backend(const ContainerOptions& 
   if (!S_ISREG(st.st_mode) || (st.st_mode & S_IXOTH) == 0)
     return fail(Code::kInvalidArgument, "agent " + opts.agent_path + " must be a regular file executable by others");
 
-  // The sandboxes' /dev nodes are binds of the host's: a node owned by a host uid
-  // in the sandboxes' range could be chmod-ed by every sandbox (e.g. mode 000 on
-  // /dev/null breaks the host). Such a host is misconfigured; say so loudly.
-  for (int i = 0; container::kBoundDevices[i]; ++i) {
-    const std::string p = std::string("/dev/") + container::kBoundDevices[i];
-    struct stat ds {};
-    auto in_range = [&](uint32_t id) { return id >= opts.uid_base && id - opts.uid_base < sys::kIdMapCount; };
-    if (::stat(p.c_str(), &ds) == 0 && (in_range(ds.st_uid) || in_range(ds.st_gid)))
-      spdlog::error("{} is owned by {}:{}, inside the sandboxes' id range: every sandbox can change it "
-                    "(fix: chown root:root {})", p, ds.st_uid, ds.st_gid, p);
+  sh->common.mnt_dir = sh->mnt_dir;
+  TP_TRY(prepare_shared_dirs(dd + "/containers", &sh->common));
+  sh->common.masked_proc_files = present_in_proc(container::kMaskedProcFiles);
+  sh->common.masked_proc_dirs = present_in_proc(container::kMaskedProcDirs);
+  if (sh->common.dev_dir.empty()) {
+    // The sandboxes' /dev nodes are binds of the host's: a node owned by a host uid
+    // in the sandboxes' range could be chmod-ed by every sandbox (e.g. mode 000 on
+    // /dev/null breaks the host). Such a host is misconfigured; say so loudly.
+    for (int i = 0; container::kDevices[i].name; ++i) {
+      const std::string p = std::string("/dev/") + container::kDevices[i].name;
+      struct stat ds {};
+      auto in_range = [&](uint32_t id) { return id >= opts.uid_base && id - opts.uid_base < sys::kIdMapCount; };
+      if (::stat(p.c_str(), &ds) == 0 && (in_range(ds.st_uid) || in_range(ds.st_gid)))
+        spdlog::error("{} is owned by {}:{}, inside the sandboxes' id range: every sandbox can change it "
+                      "(fix: chown root:root {})", p, ds.st_uid, ds.st_gid, p);
+    }
   }
 
   auto layout = sys::detect_layout(sys::real_sys());

@@ -16,9 +16,13 @@
 //   (one empty host dir serves every sandbox, each mounts it in its own ns)
 //   holding upper/, work/ and root/; overlay(lower layers, upper) on root/;
 //   read-only binds of host /usr for the `host` image; /proc with /proc/sys
-//   read-only and sensitive files masked; a minimal /dev (binds of the host's
-//   null, zero, full, random, urandom, tty; devpts newinstance; /dev/shm);
-//   /tmp as a tmpfs of spec.tmp_bytes; pivot_root; old root detached.
+//   read-only and sensitive files masked (binds of the null device and of an
+//   empty read-only directory); a minimal /dev: one read-only bind of
+//   <data_dir>/containers/dev, which the backend fills once with root-owned
+//   nodes (null, zero, full, random, urandom, tty), symlinks and mount points,
+//   plus devpts newinstance and a /dev/shm tmpfs (a data dir on a nodev file
+//   system cannot hold working nodes: then /dev is a tmpfs with each host node
+//   bound); /tmp as a tmpfs of spec.tmp_bytes; pivot_root; old root detached.
 // NOTE: the writable layer (and /tmp, /dev/shm) lives in memory and is charged
 // to the sandbox's memory cgroup. Writes beyond disk_bytes fail with ENOSPC.
 // The agent binary is opened O_PATH once by the backend and exec'd with
@@ -35,7 +39,7 @@
 // uid_base: the kernel charges a namespace's per-user counters (inotify,
 // mqueue, pending signals, processes) to its owner up the tree, and a
 // root-owned namespace would let a sandbox drain host root's budgets.
-// A host device node bound into /dev that is owned by an id in the sandboxes'
+// In the nodev fallback, a host device node owned by an id in the sandboxes'
 // range is logged as an error at start (every sandbox could chmod it).
 //
 // Kernel: >= 5.11 (overlayfs in a user namespace; also uses CLONE_PIDFD,

@@ -8,7 +8,9 @@
 namespace tp::runtime::container {
 namespace {
 
-ChildPlan make_plan(std::vector<std::string> lowers, std::vector<std::pair<std::string, unsigned long>> binds) {
+// `dev_dir`: the prepared /dev (empty: a data dir on a nodev file system).
+ChildPlan make_plan(std::vector<std::string> lowers, std::vector<std::pair<std::string, unsigned long>> binds,
+                    std::string dev_dir = "/d/containers/dev") {
   RootRecipe r;
   r.id = "n0-abc";
   r.mnt_dir = "/d/containers/mnt";
@@ -16,6 +18,12 @@ ChildPlan make_plan(std::vector<std::string> lowers, std::vector<std::pair<std::
   r.ro_binds = std::move(binds);
   r.disk_bytes = 1 << 20;
   r.tmp_bytes = 2 << 20;
+  r.dev_dir = std::move(dev_dir);
+  r.dev_locked = MS_RELATIME;
+  r.empty_dir = "/d/containers/empty";
+  r.prep_locked = MS_RELATIME;
+  for (int i = 0; kMaskedProcFiles[i]; ++i) r.masked_proc_files.emplace_back(kMaskedProcFiles[i]);
+  for (int i = 0; kMaskedProcDirs[i]; ++i) r.masked_proc_dirs.emplace_back(kMaskedProcDirs[i]);
   ChildPlan p;
   build_root_ops(r, &p);
   p.finish();
@@ -55,11 +63,14 @@ TEST(ChildPlanTest, OrderOfTheRecipe) {
 TEST(ChildPlanTest, SensitiveProcEntriesAreMaskedAndOptional) {
   auto p = make_plan({"/a", "/b"}, {});
   for (const char* f : {"kcore", "keys", "sysrq-trigger", "timer_list", "sched_debug", "kpageflags"}) {
-    int i = index_of(p, std::string("mount(/dev/null, /d/containers/mnt/root/proc/") + f + ",");
+    int i = index_of(p, std::string("mount(/d/containers/dev/null, /d/containers/mnt/root/proc/") + f + ",");
     ASSERT_GE(i, 0) << f;
     EXPECT_TRUE(p.ops[static_cast<size_t>(i)].ignore_missing);
   }
-  EXPECT_GE(index_of(p, "mount(tmpfs, /d/containers/mnt/root/proc/acpi, tmpfs, MS_RDONLY"), 0);
+  int acpi = index_of(p, "mount(/d/containers/empty, /d/containers/mnt/root/proc/acpi, none, MS_BIND|MS_REC)");
+  ASSERT_GE(acpi, 0);
+  EXPECT_EQ(p.ops[static_cast<size_t>(acpi + 1)].flags,
+            MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC | MS_RELATIME);
   int sys = index_of(p, "mount(/d/containers/mnt/root/proc/sys, /d/containers/mnt/root/proc/sys");
   ASSERT_GE(sys, 0);
   EXPECT_TRUE(p.ops[static_cast<size_t>(sys + 1)].flags & MS_RDONLY);
@@ -67,14 +78,44 @@ TEST(ChildPlanTest, SensitiveProcEntriesAreMaskedAndOptional) {
   EXPECT_EQ(index_of(p, "mount(/usr"), -1);  // layer images get no host binds
 }
 
-TEST(ChildPlanTest, DevAndTmpAreBuiltFromBindsAndSizedTmpfs) {
+TEST(ChildPlanTest, OnlyTheMasksThisKernelNeeds) {
+  RootRecipe r;
+  r.mnt_dir = "/m";
+  r.lowers = {"/a"};
+  r.dev_dir = "/p/dev";
+  r.empty_dir = "/p/empty";
+  r.masked_proc_files = {"keys"};
+  ChildPlan p;
+  build_root_ops(r, &p);
+  EXPECT_GE(index_of(p, "mount(/p/dev/null, /m/root/proc/keys, none, MS_BIND)"), 0);
+  EXPECT_EQ(index_of(p, "mount(/p/dev/null, /m/root/proc/kcore"), -1);
+  EXPECT_EQ(index_of(p, "mount(/p/empty"), -1);
+}
+
+TEST(ChildPlanTest, DevIsOneReadOnlyBindOfThePreparedDir) {
   auto p = make_plan({"/a"}, {});
+  int dev = index_of(p, "mount(/d/containers/dev, /d/containers/mnt/root/dev, none, MS_BIND)");
+  ASSERT_GE(dev, 0);
+  // Not nodev: the nodes must work. Read-only: every sandbox shares the directory.
+  EXPECT_EQ(p.ops[static_cast<size_t>(dev + 1)].flags,
+            MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NOEXEC | MS_RELATIME);
+  EXPECT_EQ(index_of(p, "mount(/dev/null"), -1);  // nothing of the host's /dev
+  EXPECT_EQ(index_of(p, "symlink("), -1);         // the links are in the prepared dir
+  int pts = index_of(p, "mount(devpts, /d/containers/mnt/root/dev/pts, devpts, MS_NOSUID|MS_NOEXEC, newinstance,ptmxmode=0666");
+  EXPECT_GT(pts, dev);
+  EXPECT_GT(index_of(p, "mount(shm, /d/containers/mnt/root/dev/shm, tmpfs"), dev);
+  EXPECT_GE(index_of(p, "mount(tmpfs, /d/containers/mnt/root/tmp, tmpfs, MS_NOSUID|MS_NODEV, size=2097152,mode=1777)"), 0);
+  EXPECT_GE(index_of(p, "sethostname(n0-abc)"), 0);
+}
+
+TEST(ChildPlanTest, DevOnANodevDataDirBindsTheHostNodes) {
+  auto p = make_plan({"/a"}, {}, "");
+  EXPECT_GE(index_of(p, "mount(tmpfs, /d/containers/mnt/root/dev, tmpfs, MS_NOSUID|MS_NOEXEC"), 0);
   for (const char* d : {"null", "zero", "full", "random", "urandom", "tty"})
     EXPECT_GE(index_of(p, std::string("mount(/dev/") + d + ", /d/containers/mnt/root/dev/" + d + ", none, MS_BIND)"), 0) << d;
-  EXPECT_GE(index_of(p, "mount(devpts, /d/containers/mnt/root/dev/pts, devpts, MS_NOSUID|MS_NOEXEC, newinstance,ptmxmode=0666"), 0);
-  EXPECT_GE(index_of(p, "mount(tmpfs, /d/containers/mnt/root/tmp, tmpfs, MS_NOSUID|MS_NODEV, size=2097152,mode=1777)"), 0);
+  EXPECT_GE(index_of(p, "mount(/dev/null, /d/containers/mnt/root/proc/keys, none, MS_BIND)"), 0);
   EXPECT_GE(index_of(p, "symlink(pts/ptmx, /d/containers/mnt/root/dev/ptmx)"), 0);
-  EXPECT_GE(index_of(p, "sethostname(n0-abc)"), 0);
+  EXPECT_GE(index_of(p, "mount(devpts, /d/containers/mnt/root/dev/pts"), 0);
 }
 
 TEST(ChildPlanTest, ExecStepsHaveDescriptions) {
