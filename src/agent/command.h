@@ -3,7 +3,7 @@
 // Layout of a running command (pid-namespace mode, the default):
 //
 //   tp-agent ──fork after unshare(CLONE_NEWPID)──> command init (PID 1 of a new
-//   pid namespace) ──fork──> the command (PID 2) ──> its children, daemons...
+//   pid namespace) ──vfork──> the command (PID 2) ──> its children, daemons...
 //
 // The command init reaps everything in its namespace and reports the command's
 // wait status, peak RSS (getrusage RUSAGE_CHILDREN) and wall time to the agent.
