@@ -450,7 +450,7 @@ Result<uint32_t> SandboxManager::exec(const std::string& id, ExecParams p, ExecC
   req.stdin_data = std::move(p.stdin_data);
   req.stdin_open = p.stdin_open;
   uint64_t oom_before = 0;
-  if (auto u = live->inst->usage()) oom_before = u->oom_kills;
+  if (auto k = live->inst->oom_kills()) oom_before = *k;
   metrics_.exec_total++;
   ExecHandlers h;
   h.on_started = cb.on_started;
@@ -481,7 +481,7 @@ Result<uint32_t> SandboxManager::exec(const std::string& id, ExecParams p, ExecC
     o.result = *r;
     metrics_.exec_seconds.observe(static_cast<double>(r->wall_us) / 1e6);
     if (r->signal == 9) {
-      if (auto u = live->inst->usage()) o.oom_killed = u->oom_kills > oom_before;
+      if (auto k = live->inst->oom_kills()) o.oom_killed = *k > oom_before;
     }
     done(o);
   };

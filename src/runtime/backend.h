@@ -58,6 +58,12 @@ class SandboxInstance {
   // True while the sandbox's init runs (non-blocking check).
   virtual bool alive() = 0;
   virtual Result<Usage> usage() = 0;
+  // Usage::oom_kills alone; backends override it with something cheaper than usage().
+  virtual Result<uint64_t> oom_kills() {
+    auto u = usage();
+    if (!u) return std::unexpected(u.error());
+    return u->oom_kills;
+  }
   // Stops every process and releases every resource. Idempotent.
   virtual Result<void> destroy() = 0;
 };

@@ -292,6 +292,14 @@ Result<CgroupStats> CgroupManager::stats(const std::string& id) {
   return s;
 }
 
+Result<uint64_t> CgroupManager::oom_kills(const std::string& id) {
+  const bool v2 = layout_.version == CgroupVersion::kV2;
+  auto t = sys_.read_file(controller_dir(v2 ? "" : "memory", id) +
+                          (v2 ? "/memory.events" : "/memory.oom_control"));
+  if (!t) return std::unexpected(t.error());
+  return keyed_value(*t, "oom_kill");
+}
+
 Result<std::vector<pid_t>> CgroupManager::procs(const std::string& id) {
   std::string d = layout_.version == CgroupVersion::kV2 ? controller_dir("", id) : controller_dir("pids", id);
   auto txt = sys_.read_file(d + "/cgroup.procs");

@@ -93,6 +93,8 @@ class CgroupManager {
   // An error means the thread may still be in there.
   Result<void> leave_thread(const std::vector<std::string>& previous);
   Result<CgroupStats> stats(const std::string& id);
+  // OOM kills in the sandbox so far: one file read (the exec path asks around every command).
+  Result<uint64_t> oom_kills(const std::string& id);
   // Pids in the sandbox's cgroup (host pids).
   Result<std::vector<pid_t>> procs(const std::string& id);
   // Kills every process of `id` (v2 cgroup.kill; else freeze, SIGKILL each, thaw) and

@@ -97,6 +97,11 @@ class ContainerInstance final : public SandboxInstance {
     return Usage{s->memory_bytes, s->memory_peak_bytes, s->cpu_usage_us, s->pids, s->oom_kills};
   }
 
+  Result<uint64_t> oom_kills() override {
+    if (destroyed_) return fail(Code::kConflict, "sandbox " + id_ + " is destroyed");
+    return sh_->cgroups->oom_kills(id_);
+  }
+
   Result<void> destroy() override {
     if (destroyed_) return {};
     agent_.reset();

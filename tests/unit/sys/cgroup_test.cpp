@@ -216,6 +216,10 @@ TEST_F(CgroupV1Test, StatsParseV1Files) {
   EXPECT_EQ(s->pids, 7u);
   EXPECT_EQ(s->cpu_usage_us, 2500u);
   EXPECT_FALSE(m_.stats("nope"));
+  auto k = m_.oom_kills("sb1");
+  ASSERT_TRUE(k);
+  EXPECT_EQ(*k, 3u);
+  EXPECT_FALSE(m_.oom_kills("nope"));
 }
 
 TEST_F(CgroupV1Test, KillAllFreezesKillsThawsAndWaits) {
@@ -322,6 +326,9 @@ TEST_F(CgroupV2Test, StatsParseV2Files) {
   EXPECT_EQ(s->cpu_usage_us, 777u);
   EXPECT_EQ(s->pids, 2u);
   EXPECT_EQ(s->oom_kills, 1u);
+  auto k = m_.oom_kills("sb1");
+  ASSERT_TRUE(k);
+  EXPECT_EQ(*k, 1u);
 }
 
 TEST_F(CgroupV2Test, KillAllUsesCgroupKill) {
