@@ -83,12 +83,15 @@ Result<std::unique_ptr<Store>> Store::open(const std::string& path) {
   // NORMAL in WAL mode survives a daemon crash (what restart recovery needs);
   // a power loss may lose the last records, but it also ends every sandbox.
   TP_TRY(st->exec_sql("PRAGMA synchronous=NORMAL"));
+  // WITHOUT ROWID: the rows live in the id's b-tree, so a put rewrites one leaf
+  // page, not a table page and an index page (two puts per sandbox). A store made
+  // before keeps its rowid table, which reads and writes the same.
   TP_TRY(st->exec_sql(
       "CREATE TABLE IF NOT EXISTS sandboxes ("
       " id TEXT PRIMARY KEY, state TEXT NOT NULL, tier TEXT, image TEXT, node TEXT,"
       " memory_mb INTEGER, cpus REAL, pids INTEGER, disk_mb INTEGER, ttl_seconds INTEGER,"
       " idle_timeout_seconds INTEGER, labels TEXT, env TEXT, created_at_ms INTEGER,"
-      " expires_at_ms INTEGER, ended_at_ms INTEGER, end_reason TEXT)"));
+      " expires_at_ms INTEGER, ended_at_ms INTEGER, end_reason TEXT) WITHOUT ROWID"));
   return st;
 }
 
