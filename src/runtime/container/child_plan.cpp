@@ -20,11 +20,11 @@ namespace raw = tp::sys::raw;
 const char* const kMaskedProcFiles[] = {
     "kcore", "keys", "latency_stats", "timer_list", "timer_stats", "sched_debug",
     "kpagecgroup", "kpageflags", "kpagecount", "sysrq-trigger", "config.gz", "kallsyms", nullptr};
-const DeviceNode kDevices[] = {{"null", 1, 3},    {"zero", 1, 5},    {"full", 1, 7}, {"random", 1, 8},
-                               {"urandom", 1, 9}, {"tty", 5, 0},     {nullptr, 0, 0}};
-const char* const kDevSymlinks[][2] = {{"ptmx", "pts/ptmx"},        {"fd", "/proc/self/fd"},
-                                       {"stdin", "/proc/self/fd/0"}, {"stdout", "/proc/self/fd/1"},
-                                       {"stderr", "/proc/self/fd/2"}, {nullptr, nullptr}};
+const DeviceNode kDevices[] = {{"null", 1, 3},   {"zero", 1, 5}, {"full", 1, 7},   {"random", 1, 8},
+                               {"urandom", 1, 9}, {"tty", 5, 0},  {nullptr, 0, 0}};
+const char* const kDevSymlinks[][2] = {
+    {"ptmx", "pts/ptmx"},           {"fd", "/proc/self/fd"},          {"stdin", "/proc/self/fd/0"},
+    {"stdout", "/proc/self/fd/1"}, {"stderr", "/proc/self/fd/2"}, {nullptr, nullptr}};
 const UserNsLimit kUserNsLimits[] = {
     {"max_inotify_instances", "32"}, {"max_inotify_watches", "16384"}, {"max_user_namespaces", "0"},
     {nullptr, nullptr}};
@@ -173,7 +173,8 @@ void build_root_ops(const RootRecipe& r, ChildPlan* p) {
   for (int i = 0; kReadOnlyProcDirs[i]; ++i)
     p->bind_ro(proc + "/" + kReadOnlyProcDirs[i], proc + "/" + kReadOnlyProcDirs[i], MS_NOEXEC, true);
   for (const auto& f : r.masked_proc_files) p->mount(null_dev, proc + "/" + f, "", MS_BIND, "", true);
-  for (const auto& d : r.masked_proc_dirs) p->bind_ro(r.empty_dir, proc + "/" + d, MS_NOEXEC | r.prep_locked, true);
+  for (const auto& d : r.masked_proc_dirs)
+    p->bind_ro(r.empty_dir, proc + "/" + d, MS_NOEXEC | r.prep_locked, true);
 
   if (!r.dev_dir.empty()) {
     // /dev: one read-only bind of the prepared directory (not nodev: its nodes must work).

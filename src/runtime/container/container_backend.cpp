@@ -72,7 +72,7 @@ struct Shared {
   image::HostImage host;
   std::vector<std::pair<std::string, unsigned long>> host_binds;
   std::string mnt_dir;
-  container::RootRecipe common;  // the recipe's parts that every sandbox shares (prepared dirs, /proc masks)
+  container::RootRecipe common;  // what every sandbox's recipe shares (prepared dirs, /proc masks)
   int dumpable = 1;  // the daemon's PR_GET_DUMPABLE at start
 };
 
@@ -410,7 +410,8 @@ Result<void> ensure_node(const std::string& path, mode_t type, mode_t mode, dev_
     bool same = (st.st_mode & S_IFMT) == type && st.st_uid == 0 && st.st_gid == 0;
     if (type == S_IFCHR) same = same && st.st_rdev == rdev && (st.st_mode & 07777) == mode;
     if (type == S_IFDIR && S_ISDIR(st.st_mode)) {
-      if (::lchown(path.c_str(), 0, 0) != 0 || ::chmod(path.c_str(), mode) != 0) return sys_fail("chown/chmod(" + path + ")");
+      if (::lchown(path.c_str(), 0, 0) != 0 || ::chmod(path.c_str(), mode) != 0)
+        return sys_fail("chown/chmod(" + path + ")");
       return {};
     }
     if (type == S_IFLNK) {
@@ -459,7 +460,8 @@ Result<void> prepare_shared_dirs(const std::string& containers_dir, container::R
   TP_TRY(ensure_node(dev + "/pts", S_IFDIR, 0755, 0));
   TP_TRY(ensure_node(dev + "/shm", S_IFDIR, 0755, 0));
   for (int i = 0; container::kDevSymlinks[i][0]; ++i)
-    TP_TRY(ensure_node(dev + "/" + container::kDevSymlinks[i][0], S_IFLNK, 0777, 0, container::kDevSymlinks[i][1]));
+    TP_TRY(ensure_node(dev + "/" + container::kDevSymlinks[i][0], S_IFLNK, 0777, 0,
+                       container::kDevSymlinks[i][1]));
   r->dev_dir = dev;
   r->dev_locked = locked_flags(dev);
   return {};
