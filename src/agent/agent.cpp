@@ -439,9 +439,12 @@ void Agent::reap() {
   }
 }
 
-// The command init has exited: every process of the command is gone. Collect
-// what the channels and pipes still hold, answer, and forget the command.
+// The command is over: its init reported (it has reaped every process of the
+// command and only exits after) or the init has exited. Collect what the
+// channels and pipes still hold, answer, and forget the command; an init still
+// running is reaped later as an orphan (its command id may be reused by then).
 void Agent::finish(Command& c, int init_status) {
+  inits_.erase(c.sp.init_pid);
   if (c.sp.exec_chan) on_exec_chan(c);
   if (c.sp.init_chan) on_init_chan(c);
   if (c.started) {
@@ -578,7 +581,12 @@ int Agent::run() {
       Command& c = *it->second;
       switch (s.kind) {
         case Kind::kExecChan: if (c.sp.exec_chan) on_exec_chan(c); break;
-        case Kind::kInitChan: if (c.sp.init_chan) on_init_chan(c); break;
+        case Kind::kInitChan:
+          if (c.sp.init_chan) on_init_chan(c);
+          // The report comes once the init has reaped every process of the command:
+          // answer now rather than after the init's own exit (reaped later, in reap()).
+          if (c.have_report) finish(c, 0);
+          break;
         case Kind::kStdout: on_pipe(c, 1, false); break;
         case Kind::kStderr: on_pipe(c, 2, false); break;
         case Kind::kStdin: on_stdin(c); break;
