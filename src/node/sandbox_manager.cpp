@@ -240,6 +240,16 @@ void SandboxManager::create(CreateParams p,
       return;
     }
     live->inst = std::move(*inst);
+    // Recorded here, while the agent starts (finish_create waits for it), not on
+    // the io thread after: a crash in between leaves a "running" record, which
+    // recover() cleans up like any other; an agent that fails overwrites it.
+    SandboxRecord running;
+    {
+      std::lock_guard lk(live->mu);
+      running = live->rec;
+    }
+    running.state = "running";
+    persist(running);
     finish_create(live, cb, start_us);
   });
 }
@@ -269,7 +279,6 @@ void SandboxManager::finish_create(std::shared_ptr<Live> live,
         live->last_active_ms = now_ms();
         snapshot = live->rec;
       }
-      persist(snapshot);
       metrics_.creations++;
       metrics_.create_seconds.observe(static_cast<double>(mono_us() - start_us) / 1e6);
       TP_SB_INFO(snapshot.id, "running (pid {})", live->inst->pid());
