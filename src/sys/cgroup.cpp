@@ -278,14 +278,14 @@ Result<CgroupStats> CgroupManager::stats(const std::string& id) {
     s.memory_peak_bytes = num(d + "/memory.peak");
     s.cpu_usage_us = keyed_value(text(d + "/cpu.stat"), "usage_usec");
     s.pids = num(d + "/pids.current");
-    s.oom_kills = keyed_value(text(d + "/memory.events"), "oom_kill");
+    s.oom_kills = oom_kills(id).value_or(0);
     return s;
   }
   std::string mem = controller_dir("memory", id);
   if (!sys_.exists(mem)) return fail(Code::kNotFound, "cgroup " + mem + " does not exist");
   s.memory_bytes = num(mem + "/memory.usage_in_bytes");
   s.memory_peak_bytes = num(mem + "/memory.max_usage_in_bytes");
-  s.oom_kills = keyed_value(text(mem + "/memory.oom_control"), "oom_kill");
+  s.oom_kills = oom_kills(id).value_or(0);
   s.pids = num(controller_dir("pids", id) + "/pids.current");
   std::string acct = controller_dir("cpuacct", id);
   if (!acct.empty()) s.cpu_usage_us = num(acct + "/cpuacct.usage") / 1000;

@@ -4,7 +4,6 @@ faultlib.py.
 
     /usr/bin/python3 -m pytest -q tests/faults        (root, after the build)
 """
-import importlib.util
 import pathlib
 import sys
 
@@ -12,8 +11,6 @@ _IT = pathlib.Path(__file__).resolve().parents[1] / "integration"
 sys.path.insert(0, str(_IT))
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
-# Loaded under its own name: pytest imports each directory's conftest.py as "conftest".
-_spec = importlib.util.spec_from_file_location("tp_integration_conftest_faults", _IT / "conftest.py")
-_mod = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_mod)
-globals().update({k: v for k, v in vars(_mod).items() if not k.startswith("__")})
+from tp_testlib import reuse_integration_fixtures  # noqa: E402
+
+reuse_integration_fixtures(globals(), "tp_integration_conftest_faults")

@@ -23,7 +23,6 @@ Fixtures added here:
 """
 from __future__ import annotations
 
-import importlib.util
 import pathlib
 import sys
 import uuid
@@ -34,14 +33,10 @@ _INTEGRATION = pathlib.Path(__file__).resolve().parents[1] / "integration"
 if str(_INTEGRATION) not in sys.path:
     sys.path.insert(0, str(_INTEGRATION))
 
-_spec = importlib.util.spec_from_file_location("tp_integration_conftest", _INTEGRATION / "conftest.py")
-_it = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_it)
-# Fixtures and hooks are found by scanning this module's attributes.
-globals().update({k: v for k, v in vars(_it).items() if not k.startswith("__")})
-
+from tp_testlib import health_ok, reuse_integration_fixtures  # noqa: E402  (puts the SDK on sys.path)
 import tidepool  # noqa: E402
-from tp_testlib import health_ok  # noqa: E402
+
+reuse_integration_fixtures(globals(), "tp_integration_conftest")
 
 
 class Bystander:

@@ -33,6 +33,18 @@ LEAK_POLL = 10.0
 FD_SLACK = 2
 
 
+def reuse_integration_fixtures(namespace: Dict[str, object], module_name: str) -> None:
+    """Loads tests/integration/conftest.py as `module_name` and copies its fixtures and hooks
+    into `namespace` (another suite's conftest globals). pytest imports every directory's
+    conftest.py as "conftest", hence a name of its own; the fixtures are then scoped to the
+    calling directory, which gets its own session daemon."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(module_name, pathlib.Path(__file__).parent / "conftest.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    namespace.update({k: v for k, v in vars(mod).items() if not k.startswith("__")})
+
+
 # -- helpers usable from tests ----------------------------------------------------
 
 
