@@ -9,7 +9,7 @@ import sqlite3
 import time
 from typing import Dict, Iterable, List, Optional, Set
 
-from tp_testlib import _cgroup_roots
+from tp_testlib import _cgroup_roots, _comm, pids_in_cgroups_matching
 
 import tidepool
 
@@ -38,19 +38,7 @@ def sandbox_cgroups(data_dir: str) -> List[str]:
 
 def cgroup_processes(data_dir: str) -> List[str]:
     """Host processes whose cgroup lies below the daemon's parent (agents, commands)."""
-    parent = cgroup_parent_name(data_dir)
-    out = []
-    for d in os.listdir("/proc"):
-        if not d.isdigit():
-            continue
-        try:
-            with open(f"/proc/{d}/cgroup") as f:
-                if f"/{parent}/" in f.read():
-                    with open(f"/proc/{d}/comm") as c:
-                        out.append(f"{d} ({c.read().strip()})")
-        except OSError:
-            pass
-    return out
+    return [f"{p} ({_comm(p)})" for p in pids_in_cgroups_matching(f"/{cgroup_parent_name(data_dir)}/")]
 
 
 def data_dir_mounts(data_dir: str, exclude: Iterable[str] = ()) -> List[str]:

@@ -12,7 +12,7 @@ import os
 import re
 
 import tidepool
-from hostile_lib import daemon_rss_kb, upload_payload
+from hostile_lib import rss_kb, upload_payload
 from tp_testlib import wait_until
 
 
@@ -87,7 +87,7 @@ def test_unbounded_output(client, daemon):
     timeout, the daemon's memory does not grow with the output; the default cap (16 MiB)
     also holds for a 64 MiB burst."""
     with client.create(ttl=600) as sb:
-        rss0 = daemon_rss_kb(daemon.pid)
+        rss0 = rss_kb(daemon.pid)
         r = sb.exec("yes & yes >&2 & wait", timeout=3, max_output_bytes=1 << 20)
         assert r.timed_out and r.stdout_truncated and r.stderr_truncated, r
         assert len(r.stdout_bytes) <= 1 << 20 and len(r.stderr_bytes) <= 1 << 20
@@ -99,7 +99,7 @@ def test_unbounded_output(client, daemon):
         for chunk in sb.exec_stream("yes", timeout=2, max_output_bytes=4 << 20):
             got += len(getattr(chunk, "data", b"") or b"")
         assert got <= 4 << 20
-        rss1 = daemon_rss_kb(daemon.pid)
+        rss1 = rss_kb(daemon.pid)
         assert rss1 - rss0 < 200 * 1024, (rss0, rss1)
         assert sb.exec("echo alive").stdout == "alive\n"
 

@@ -117,19 +117,33 @@ def cgroup_dirs_of(sandbox_id: str) -> List[str]:
     return sorted(set(found))
 
 
-def processes_of(sandbox_id: str) -> List[int]:
-    """Host pids whose cgroup path names the sandbox."""
+def pids_in_cgroups_matching(text: str) -> List[int]:
+    """Host pids whose /proc/<pid>/cgroup contains `text`."""
     pids = []
     for d in os.listdir("/proc"):
         if not d.isdigit():
             continue
         try:
             with open(f"/proc/{d}/cgroup") as f:
-                if sandbox_id in f.read():
+                if text in f.read():
                     pids.append(int(d))
         except OSError:
             pass
     return pids
+
+
+def processes_of(sandbox_id: str) -> List[int]:
+    """Host pids whose cgroup path names the sandbox."""
+    return pids_in_cgroups_matching(sandbox_id)
+
+
+def rss_kb(pid: int) -> int:
+    """Resident memory of a host process in KiB (-1 if unknown)."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return -1
 
 
 def mounts_of(sandbox_id: str, pids: Iterable[int] = ()) -> List[str]:

@@ -36,17 +36,11 @@ from typing import Dict, List, Optional
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[0] / "integration"))
 
-from tp_testlib import BUILD, Daemon, fd_count  # noqa: E402
+from tp_testlib import BUILD, Daemon, fd_count, rss_kb  # noqa: E402
 
 import tidepool  # noqa: E402
 
 
-def rss_kb(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    return -1
 
 
 class Soak:
