@@ -1,0 +1,155 @@
+#include "sys/host_reader.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <climits>
+#include <cstdlib>
+
+extern char** environ;
+
+namespace tp::sys {
+namespace {
+
+// What the child runs before its command when it reads as a client: that
+// client's ids, no capabilities at all, and no way to regain any.
+std::vector<std::string> as_reader(const HostReader& who) {
+  std::vector<std::string> a = {"setpriv", "--reuid=" + std::to_string(*who.uid),
+                                "--regid=" + std::to_string(who.gid)};
+  if (who.groups.empty()) {
+    a.push_back("--clear-groups");
+  } else {
+    std::string g = "--groups=";
+    for (size_t i = 0; i < who.groups.size(); ++i) g += (i ? "," : "") + std::to_string(who.groups[i]);
+    a.push_back(g);
+  }
+  for (const char* s : {"--inh-caps=-all", "--bounding-set=-all", "--no-new-privs", "--"}) a.emplace_back(s);
+  return a;
+}
+
+Result<HostRead> spawn_reader(const HostReader& who, std::vector<std::string> argv, const std::string& what) {
+  if (who.uid) {
+    auto pre = as_reader(who);
+    argv.insert(argv.begin(), pre.begin(), pre.end());
+  }
+  int out[2], err[2];
+  if (::pipe2(out, O_CLOEXEC) != 0) return sys_fail("pipe2");
+  UniqueFd out_r(out[0]), out_w(out[1]);
+  if (::pipe2(err, O_CLOEXEC) != 0) return sys_fail("pipe2");
+  UniqueFd err_r(err[0]), err_w(err[1]);
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
+  posix_spawn_file_actions_adddup2(&fa, out_w.get(), 1);
+  posix_spawn_file_actions_adddup2(&fa, err_w.get(), 2);
+  posix_spawnattr_t at;
+  posix_spawnattr_init(&at);
+  sigset_t none;
+  sigemptyset(&none);
+  posix_spawnattr_setsigmask(&at, &none);
+  posix_spawnattr_setflags(&at, POSIX_SPAWN_SETSIGMASK);
+  std::vector<char*> av;
+  for (auto& s : argv) av.push_back(s.data());
+  av.push_back(nullptr);
+  const char* env[] = {"PATH=/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL=C", nullptr};
+  pid_t pid = -1;
+  int rc = ::posix_spawnp(&pid, av[0], &fa, &at, av.data(), const_cast<char**>(env));
+  posix_spawn_file_actions_destroy(&fa);
+  posix_spawnattr_destroy(&at);
+  if (rc != 0) return sys_fail("posix_spawnp(" + argv[0] + ")", rc);
+  return HostRead(pid, std::move(out_r), std::move(err_r), what);
+}
+
+}  // namespace
+
+HostRead::HostRead(HostRead&& o) noexcept
+    : pid_(std::exchange(o.pid_, -1)), out_(std::move(o.out_)), err_(std::move(o.err_)), what_(std::move(o.what_)) {}
+
+HostRead& HostRead::operator=(HostRead&& o) noexcept {
+  if (this != &o) {
+    this->~HostRead();
+    new (this) HostRead(std::move(o));
+  }
+  return *this;
+}
+
+HostRead::~HostRead() {
+  if (pid_ <= 0) return;
+  ::kill(pid_, SIGKILL);
+  int st;
+  while (::waitpid(pid_, &st, 0) < 0 && errno == EINTR) {
+  }
+}
+
+Result<void> HostRead::finish() {
+  out_.reset();  // a child still writing gets EPIPE instead of blocking
+  std::string msg;
+  char buf[512];
+  ssize_t n;
+  while (err_ && msg.size() < 2048 && (n = ::read(err_.get(), buf, sizeof buf)) != 0) {
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      break;
+    }
+    msg.append(buf, static_cast<size_t>(n));
+  }
+  err_.reset();
+  int st = 0;
+  while (::waitpid(pid_, &st, 0) < 0) {
+    if (errno != EINTR) return sys_fail("waitpid(host reader)");
+  }
+  pid_ = -1;
+  if (WIFEXITED(st) && WEXITSTATUS(st) == 0) return {};
+  while (!msg.empty() && (msg.back() == '\n' || msg.back() == ' ')) msg.pop_back();
+  Code code = Code::kInvalidArgument;
+  if (msg.find("Permission denied") != std::string::npos) code = Code::kPermissionDenied;
+  else if (msg.find("No such file") != std::string::npos) code = Code::kNotFound;
+  return fail(code, "cannot read host path " + what_ + (msg.empty() ? "" : ": " + msg));
+}
+
+Result<std::string> check_host_path(const HostReader& who, const std::string& path) {
+  if (path.empty() || path[0] != '/' || path.find('\0') != std::string::npos)
+    return fail(Code::kInvalidArgument, "host path must be absolute: " + path);
+  if (!who.refused.empty()) return fail(Code::kPermissionDenied, "host path " + path + " refused: " + who.refused);
+  if (who.uid) return path;
+  char real[PATH_MAX];
+  if (!::realpath(path.c_str(), real)) {
+    if (errno == ENOENT || errno == ENOTDIR) return fail(Code::kNotFound, "host path " + path + " not found");
+    return sys_fail("realpath(" + path + ")");
+  }
+  std::string canon = real;
+  for (const auto& root : who.roots) {
+    if (canon == root || (canon.starts_with(root) && (root == "/" || canon[root.size()] == '/'))) return canon;
+  }
+  return fail(Code::kPermissionDenied, "host path " + path + " is not under an import root");
+}
+
+Result<HostRead> read_host_tar(const HostReader& who, const std::string& path) {
+  auto p = check_host_path(who, path);
+  if (!p) return std::unexpected(p.error());
+  // The child decides file or directory itself: the daemon does not even stat
+  // a path on the client's behalf.
+  return spawn_reader(
+      who,
+      {"sh", "-c",
+       "if [ -d \"$1\" ]; then exec tar --format=posix --numeric-owner -c -f - -C \"$1\" .; "
+       "else exec tar --format=posix --numeric-owner -c -f - -C \"$(dirname -- \"$1\")\" -- "
+       "\"./$(basename -- \"$1\")\"; fi",
+       "sh", *p},
+      *p);
+}
+
+Result<HostRead> read_host_file(const HostReader& who, const std::string& path) {
+  auto p = check_host_path(who, path);
+  if (!p) return std::unexpected(p.error());
+  return spawn_reader(
+      who,
+      {"sh", "-c", "[ -f \"$1\" ] || { echo \"$1: not a regular file\" >&2; exit 3; }; exec cat -- \"$1\"", "sh", *p},
+      *p);
+}
+
+}  // namespace tp::sys
