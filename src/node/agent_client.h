@@ -35,6 +35,17 @@ struct ExecRequest {
   uint64_t output_limit = 16ull << 20;    // per stream
   std::string stdin_data;                 // written to stdin first
   bool stdin_open = false;                // keep stdin open for send_stdin()
+  // Opaque to the agent: kept with the command and handed back when a new
+  // session resumes (the node's note of what the command is for).
+  std::string meta;
+};
+
+// A command the agent still held when a session resumed: running, or ended
+// with output or an exit not yet delivered. attach() handlers to it.
+struct ResumedCommand {
+  uint32_t id = 0;
+  std::string meta;
+  bool running = true;
 };
 
 struct ExecResult {
@@ -70,6 +81,12 @@ class AgentClient : public std::enable_shared_from_this<AgentClient> {
   // Takes ownership of a dup() of `fd` (the caller keeps its own fd).
   static std::shared_ptr<AgentClient> create(boost::asio::io_context& io, int fd,
                                              std::string sandbox_id);
+  // A new session with the agent of a sandbox a previous daemon run left
+  // running, through its per-sandbox socket (runtime SandboxInstance::agent_address).
+  // After start()'s on_ready, resumed() lists what the agent still holds.
+  static Result<std::shared_ptr<AgentClient>> connect(boost::asio::io_context& io,
+                                                      const std::string& address,
+                                                      std::string sandbox_id);
   virtual ~AgentClient() = default;
 
   // Starts reading; on_ready gets Ok once the agent's kReady arrived, or an error
@@ -96,6 +113,15 @@ class AgentClient : public std::enable_shared_from_this<AgentClient> {
   virtual void mkdir(std::string path, uint32_t mode, bool parents,
                      std::function<void(Result<void>)> cb) = 0;
   virtual void ping(std::function<void(Result<void>)> cb) = 0;
+
+  // Commands the agent reported when this session resumed (empty for a new sandbox).
+  virtual std::vector<ResumedCommand> resumed() const { return {}; }
+  // Handlers for a resumed command: its undelivered output, then its exit, go
+  // to them. kNotFound when the id is not a resumed command.
+  virtual Result<void> attach(uint32_t exec_id, ExecHandlers handlers) {
+    (void)handlers;
+    return fail(Code::kNotFound, "command " + std::to_string(exec_id) + " was not resumed");
+  }
 
   // Closes the connection; pending requests complete with kUnavailable.
   virtual void close() = 0;

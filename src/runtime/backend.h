@@ -17,6 +17,7 @@
 #include <sys/types.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <map>
 #include <memory>
 #include <string>
@@ -66,6 +67,16 @@ class SandboxInstance {
   }
   // Stops every process and releases every resource. Idempotent.
   virtual Result<void> destroy() = 0;
+
+  // Where the daemon can reach the agent again after losing agent_fd() (a
+  // restart of the daemon): a unix socket path on the host, "" if none.
+  virtual std::string agent_address() const { return {}; }
+  // Freezes / thaws every process of the sandbox (the agent included).
+  virtual Result<void> freeze() { return fail(Code::kInvalidArgument, "this tier cannot freeze a sandbox"); }
+  virtual Result<void> thaw() { return fail(Code::kInvalidArgument, "this tier cannot thaw a sandbox"); }
+  // Lets go of the sandbox without stopping it (the daemon exits and a later
+  // run adopts it): closes the instance's fds; destroy() is a no-op afterwards.
+  virtual void release() { std::abort(); }  // tiers that adopt() override it
 };
 
 class Backend {
@@ -74,6 +85,13 @@ class Backend {
   virtual std::string tier() const = 0;
   // Creates and starts a sandbox. On failure nothing of it remains.
   virtual Result<std::unique_ptr<SandboxInstance>> create(const SandboxSpec& spec) = 0;
+  // Takes over a sandbox that a previous daemon run created and left running
+  // (live restore). spec is the one it was created with. Its agent_fd() is -1:
+  // connect to agent_address(). kNotFound when the sandbox is gone (its init
+  // died); nothing of it is removed then (cleanup_orphans does that).
+  virtual Result<std::unique_ptr<SandboxInstance>> adopt(const SandboxSpec& spec) {
+    return fail(Code::kNotFound, "tier " + tier() + " cannot adopt sandbox " + spec.id);
+  }
   // Removes everything a previous daemon run left behind (processes, cgroups,
   // mounts, files) for sandboxes not in `keep`. Returns the ids it cleaned up.
   virtual std::vector<std::string> cleanup_orphans(const std::vector<std::string>& keep) = 0;
