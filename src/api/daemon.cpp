@@ -1,5 +1,6 @@
 #include "api/daemon.h"
 
+#include <grp.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -12,6 +13,7 @@
 #include <iostream>
 #include <thread>
 
+#include "api/auth.h"
 #include "api/http_server.h"
 #include "api/image_routes.h"
 #include "api/routes.h"
@@ -33,10 +35,45 @@ std::string self_dir() {
   auto p = std::filesystem::read_symlink("/proc/self/exe", ec);
   return ec ? "." : p.parent_path().string();
 }
+
+bool is_loopback(const std::string& host) {
+  boost::system::error_code ec;
+  auto a = asio::ip::make_address(host == "localhost" ? "127.0.0.1" : host, ec);
+  return !ec && a.is_loopback();
+}
+
+// The socket file: root-owned, group `tidepool` when that group exists (its
+// members may use the daemon, as with docker), else group root; mode 0660.
+// Its directory is created 0755 when missing.
+Result<void> secure_socket(const std::string& path) {
+  auto dir = std::filesystem::path(path).parent_path();
+  std::error_code ec;
+  if (!dir.empty() && !std::filesystem::exists(dir, ec)) {
+    std::filesystem::create_directories(dir, ec);
+    if (ec) return fail(Code::kInternal, "cannot create " + dir.string() + ": " + ec.message());
+    ::chmod(dir.c_str(), 0755);
+  }
+  return {};
+}
+
+Result<void> own_socket(const std::string& path) {
+  gid_t gid = 0;
+  std::string group = "root";
+  if (struct group* g = ::getgrnam("tidepool")) {
+    gid = g->gr_gid;
+    group = "tidepool";
+  }
+  if (::chown(path.c_str(), 0, gid) != 0) return sys_fail("chown(" + path + ")");
+  if (::chmod(path.c_str(), 0660) != 0) return sys_fail("chmod(" + path + ")");
+  spdlog::info("unix socket {} (root:{} 0660){}", path, group,
+               group == "root" ? "; create group 'tidepool' to let other users in" : "");
+  return {};
+}
 }  // namespace
 
 int daemon_main(int argc, char** argv) {
-  CLI::App app{"tidepoold: the Tidepool sandbox daemon"};
+  if (argc > 1 && std::string(argv[1]) == "keys") return keys_main(argc - 1, argv + 1);
+  CLI::App app{"tidepoold: the Tidepool sandbox daemon (`tidepoold keys --help` manages API keys)"};
   std::string listen = "127.0.0.1:7070";
   std::string data_dir = "/var/lib/tidepool";
   std::string role = "all";
@@ -46,7 +83,17 @@ int daemon_main(int argc, char** argv) {
   unsigned io_threads = 2;
   uint64_t image_budget_mb = 0;
   uint64_t layer_max_mb = 64 << 10;
-  app.add_option("--listen", listen, "HOST:PORT to serve HTTP on")->capture_default_str();
+  std::string socket_path = "/run/tidepool/tidepool.sock";
+  bool insecure_tcp = false;
+  std::vector<std::string> import_roots;
+  app.add_option("--listen", listen, "HOST:PORT to serve HTTP on (API keys required; '' = no TCP)")
+      ->capture_default_str();
+  app.add_option("--socket", socket_path, "unix socket to serve HTTP on ('' = none); callers are known by uid")
+      ->capture_default_str();
+  app.add_flag("--insecure-tcp", insecure_tcp,
+               "serve TCP without API keys (loopback addresses only): any local user may then use the daemon");
+  app.add_option("--import-root", import_roots,
+                 "directory under which admin API keys may name host paths (repeatable)");
   app.add_option("--data-dir", data_dir, "directory for state, images and sandboxes")
       ->capture_default_str();
   app.add_option("--role", role, "all (API + node + embedded store)")->capture_default_str();
@@ -76,7 +123,17 @@ int daemon_main(int argc, char** argv) {
   if (!node_ok) return die("--node must be 1-20 characters of [a-z0-9]");
   std::string host;
   uint16_t port = 0;
-  if (!parse_listen(listen, &host, &port)) return die("--listen must be HOST:PORT, got '" + listen + "'");
+  if (!listen.empty() && !parse_listen(listen, &host, &port))
+    return die("--listen must be HOST:PORT, got '" + listen + "'");
+  if (listen.empty() && socket_path.empty()) return die("--listen '' and --socket '' leave nothing to serve on");
+  if (insecure_tcp && !listen.empty() && !is_loopback(host))
+    return die("--insecure-tcp is allowed only on a loopback address, not " + host);
+  for (auto& r : import_roots) {
+    std::error_code rec;
+    auto c = std::filesystem::canonical(r, rec);
+    if (rec || !std::filesystem::is_directory(c)) return die("--import-root " + r + " is not a directory");
+    r = c.string();
+  }
   if (geteuid() != 0) return die("must run as root (it creates namespaces, cgroups and mounts)");
   if (access(agent.c_str(), X_OK) != 0) return die("agent binary not executable: " + agent);
 
@@ -129,15 +186,37 @@ int daemon_main(int argc, char** argv) {
     return img;
   });
   api.add_provider(std::make_shared<ImageRoutes>(*images));
-  HttpServer server(io, [&api](Request& req, std::shared_ptr<Responder> res) { api.handle(req, res); },
-                    1ull << 30);
-  if (auto r = server.start(host, port); !r) return die(r.error().message());
+  AuthOptions aopts;
+  aopts.key_file = KeyFile::in_data_dir(data_dir);
+  aopts.insecure_tcp = insecure_tcp;
+  aopts.import_roots = import_roots;
+  Auth auth(aopts);
+  Handler inner = [&api](Request& req, std::shared_ptr<Responder> res) { api.handle(req, res); };
+  Handler outer = [&auth, &inner](Request& req, std::shared_ptr<Responder> res) { auth.handle(req, res, inner); };
+  HttpServer server(io, outer, 1ull << 30);
+  HttpServer unix_server(io, outer, 1ull << 30);
+  if (!listen.empty()) {
+    if (auto r = server.start(host, port); !r) return die(r.error().message());
+    if (insecure_tcp)
+      spdlog::warn("--insecure-tcp: {}:{} accepts requests without an API key; every local user can use the daemon",
+                   host, server.port());
+  }
+  if (!socket_path.empty()) {
+    if (auto r = secure_socket(socket_path); !r) return die(r.error().message());
+    // Created with no access for anyone but root until owner and mode are set.
+    mode_t old = ::umask(0177);
+    auto r = unix_server.start_unix(socket_path);
+    ::umask(old);
+    if (!r) return die(r.error().message());
+    if (auto o = own_socket(socket_path); !o) return die(o.error().message());
+  }
   mgr.start();
 
   asio::signal_set signals(io, SIGINT, SIGTERM);
   signals.async_wait([&](boost::system::error_code, int sig) {
     spdlog::info("signal {}: shutting down", sig);
     server.stop();
+    unix_server.stop();
     // Destroying sandboxes blocks; run it off the io threads, which it needs.
     std::thread([&] {
       mgr.shutdown();
@@ -145,8 +224,11 @@ int daemon_main(int argc, char** argv) {
     }).detach();
   });
 
-  std::cout << "tidepoold ready on http://" << host << ":" << server.port() << " (data dir "
-            << data_dir << ", node " << node << ")" << std::endl;
+  std::string where;
+  if (!listen.empty()) where = "http://" + host + ":" + std::to_string(server.port());
+  if (!socket_path.empty()) where += (where.empty() ? "unix:" : " and unix:") + socket_path;
+  std::cout << "tidepoold ready on " << where << " (data dir " << data_dir << ", node " << node << ")"
+            << std::endl;
   std::vector<std::thread> threads;
   for (unsigned i = 1; i < io_threads; ++i) threads.emplace_back([&io] { io.run(); });
   io.run();

@@ -6,6 +6,11 @@
 #include <boost/beast/http.hpp>
 #include <boost/json.hpp>
 
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstring>
 #include <deque>
 
 #include "common/json_util.h"
@@ -106,10 +111,38 @@ const char* reason(int status) {
   return http::obsolete_reason(static_cast<http::status>(status)).data();
 }
 
-class Session : public Responder, public std::enable_shared_from_this<Session> {
+// The peer of a unix socket: its uid and gid (SO_PEERCRED) and its
+// supplementary groups (SO_PEERGROUPS). Taken at accept, so a process that
+// passes the connection on keeps acting as the one that opened it.
+bool peer_credentials(int fd, Caller* c) {
+  struct ucred cr {};
+  socklen_t len = sizeof cr;
+  if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &len) != 0) return false;
+  c->transport = Caller::Transport::kUnix;
+  c->uid = cr.uid;
+  c->gid = cr.gid;
+  std::vector<gid_t> groups(64);
+  for (int attempt = 0; attempt < 4; ++attempt) {
+    len = static_cast<socklen_t>(groups.size() * sizeof(gid_t));
+    if (::getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, groups.data(), &len) == 0) {
+      groups.resize(len / sizeof(gid_t));
+      c->groups = std::move(groups);
+      return true;
+    }
+    if (errno != ERANGE) return false;
+    groups.resize(len / sizeof(gid_t) + 1);
+  }
+  return false;
+}
+
+template <class Protocol>
+class Session : public Responder, public std::enable_shared_from_this<Session<Protocol>> {
+  using Stream = beast::basic_stream<Protocol>;
+  using std::enable_shared_from_this<Session<Protocol>>::shared_from_this;
+
  public:
-  Session(tcp::socket sock, Handler& handler, size_t max_body)
-      : stream_(std::move(sock)), handler_(handler), max_body_(max_body) {}
+  Session(typename Protocol::socket sock, Handler& handler, size_t max_body, Caller caller)
+      : stream_(std::move(sock)), handler_(handler), max_body_(max_body), caller_(std::move(caller)) {}
 
   void run() { asio::dispatch(stream_.get_executor(), [self = shared_from_this()] { self->read(); }); }
 
@@ -229,6 +262,7 @@ class Session : public Responder, public std::enable_shared_from_this<Session> {
       req.headers[name] = std::string(f.value());
     }
     req.body = std::move(msg.body());
+    req.caller = caller_;
     handler_(req, shared_from_this());
     watch_peer();
   }
@@ -237,7 +271,7 @@ class Session : public Responder, public std::enable_shared_from_this<Session> {
   // long calls (a command) can be cancelled instead of running for nobody.
   void watch_peer() {
     if (finished_ || closed_) return;
-    stream_.socket().async_wait(tcp::socket::wait_read, [self = shared_from_this()](beast::error_code ec) {
+    stream_.socket().async_wait(asio::socket_base::wait_read, [self = shared_from_this()](beast::error_code ec) {
       if (ec || self->finished_ || self->closed_) return;
       beast::error_code ec2;
       if (self->stream_.socket().available(ec2) == 0 || ec2) {
@@ -277,7 +311,7 @@ class Session : public Responder, public std::enable_shared_from_this<Session> {
     if (!finished_ || writing_ || !out_.empty() || closed_) return;
     if (!keep_alive_) {
       beast::error_code ec;
-      stream_.socket().shutdown(tcp::socket::shutdown_send, ec);
+      stream_.socket().shutdown(asio::socket_base::shutdown_send, ec);
       close();
       return;
     }
@@ -293,9 +327,10 @@ class Session : public Responder, public std::enable_shared_from_this<Session> {
     else if (!answered_ && on_abort_) std::exchange(on_abort_, nullptr)();
   }
 
-  beast::tcp_stream stream_;
+  Stream stream_;
   Handler& handler_;
   size_t max_body_;
+  Caller caller_;
   beast::flat_buffer buf_;
   std::optional<http::request_parser<http::string_body>> parser_;
   std::deque<std::string> out_;
@@ -314,7 +349,7 @@ class Session : public Responder, public std::enable_shared_from_this<Session> {
 }  // namespace
 
 HttpServer::HttpServer(asio::io_context& io, Handler handler, size_t max_body_bytes)
-    : io_(io), handler_(std::move(handler)), max_body_(max_body_bytes), acceptor_(io) {}
+    : io_(io), handler_(std::move(handler)), max_body_(max_body_bytes), acceptor_(io), unix_acceptor_(io) {}
 
 HttpServer::~HttpServer() { stop(); }
 
@@ -332,9 +367,38 @@ Result<void> HttpServer::start(const std::string& host, uint16_t port) {
   return {};
 }
 
+Result<void> HttpServer::start_unix(const std::string& path) {
+  using local = asio::local::stream_protocol;
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) == 0) {
+    // Only a socket left by an earlier run is replaced, never another file.
+    if (!S_ISSOCK(st.st_mode)) return fail(Code::kInvalidArgument, "--socket " + path + " exists and is not a socket");
+    // A socket someone still accepts on belongs to a running daemon: never take it over.
+    local::socket probe(io_);
+    beast::error_code pec;
+    probe.connect(local::endpoint(path), pec);
+    if (!pec) return fail(Code::kConflict, "another daemon is serving on " + path + " (use --socket)");
+    ::unlink(path.c_str());
+  }
+  beast::error_code ec;
+  local::endpoint ep(path);
+  unix_acceptor_.open(ep.protocol(), ec);
+  if (!ec) unix_acceptor_.bind(ep, ec);
+  if (!ec) unix_acceptor_.listen(asio::socket_base::max_listen_connections, ec);
+  if (ec) return fail(Code::kUnavailable, "listen(unix:" + path + "): " + ec.message());
+  unix_path_ = path;
+  accept_unix();
+  return {};
+}
+
 void HttpServer::stop() {
   beast::error_code ec;
   acceptor_.close(ec);
+  if (unix_acceptor_.is_open()) {
+    unix_acceptor_.close(ec);
+    if (!unix_path_.empty()) ::unlink(unix_path_.c_str());
+    unix_path_.clear();
+  }
 }
 
 uint16_t HttpServer::port() const {
@@ -347,11 +411,30 @@ void HttpServer::accept() {
     if (ec == asio::error::operation_aborted) return;
     if (!ec) {
       sock.set_option(tcp::no_delay(true), ec);
-      std::make_shared<Session>(std::move(sock), handler_, max_body_)->run();
+      std::make_shared<Session<tcp>>(std::move(sock), handler_, max_body_, Caller{})->run();
     } else {
       spdlog::warn("accept: {}", ec.message());
     }
     if (acceptor_.is_open()) accept();
+  });
+}
+
+void HttpServer::accept_unix() {
+  using local = asio::local::stream_protocol;
+  unix_acceptor_.async_accept(asio::make_strand(io_), [this](beast::error_code ec, local::socket sock) {
+    if (ec == asio::error::operation_aborted) return;
+    if (!ec) {
+      Caller c;
+      if (peer_credentials(sock.native_handle(), &c)) {
+        std::make_shared<Session<local>>(std::move(sock), handler_, max_body_, std::move(c))->run();
+      } else {
+        // Without the peer's identity the request cannot be judged: drop it.
+        spdlog::warn("unix socket: no peer credentials: {}", std::strerror(errno));
+      }
+    } else {
+      spdlog::warn("accept(unix): {}", ec.message());
+    }
+    if (unix_acceptor_.is_open()) accept_unix();
   });
 }
 

@@ -1,5 +1,6 @@
 // HttpServer: HTTP/1.1 server on Boost.Beast (request parsing) with keep-alive,
-// full responses and chunked streaming responses.
+// full responses and chunked streaming responses, over TCP or a unix socket.
+// On a unix socket every request carries the peer's credentials (Caller).
 //
 // The handler is called once per request on the connection's strand; it must
 // not block. It answers through the Responder, from any thread, now or later:
@@ -12,6 +13,7 @@
 
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/local/stream_protocol.hpp>
 #include <boost/json/value.hpp>
 
 #include <functional>
@@ -20,9 +22,26 @@
 #include <string>
 #include <vector>
 
+#include <sys/types.h>
+
 #include "common/result.h"
 
 namespace tp::api {
+
+// Who sent a request. The transport and, on the unix socket, the peer's
+// credentials (SO_PEERCRED / SO_PEERGROUPS, taken once at accept) are filled
+// in by the server; key_id and scope by the authentication layer (api/auth.h).
+struct Caller {
+  enum class Transport { kTcp, kUnix };
+  Transport transport = Transport::kTcp;
+  uid_t uid = 0;  // unix only
+  gid_t gid = 0;  // unix only
+  std::vector<gid_t> groups;  // unix only: supplementary groups
+  std::string key_id;  // the API key used (TCP), empty when none
+  std::string scope;   // "admin" or "user" for a key; empty when none
+  std::vector<std::string> import_roots;  // admin key: host paths are read under these only
+  bool unix_socket() const { return transport == Transport::kUnix; }
+};
 
 struct Request {
   std::string method;  // "GET", ...
@@ -31,6 +50,7 @@ struct Request {
   std::multimap<std::string, std::string> query;  // decoded
   std::map<std::string, std::string> headers;     // lower-case names
   std::string body;
+  Caller caller;
 
   // First value of a query parameter, or nullptr.
   const std::string* q(const std::string& name) const;
@@ -61,15 +81,22 @@ class HttpServer {
   ~HttpServer();
   // Binds and starts accepting. host:port; port 0 picks a free one.
   Result<void> start(const std::string& host, uint16_t port);
+  // Binds a unix stream socket at `path` (a stale socket file there is
+  // replaced; any other file is an error) and starts accepting. The caller
+  // sets the socket file's owner and mode; stop() removes it.
+  Result<void> start_unix(const std::string& path);
   void stop();
   uint16_t port() const;
 
  private:
   void accept();
+  void accept_unix();
   boost::asio::io_context& io_;
   Handler handler_;
   size_t max_body_;
   boost::asio::ip::tcp::acceptor acceptor_;
+  boost::asio::local::stream_protocol::acceptor unix_acceptor_;
+  std::string unix_path_;
 };
 
 // Splits "host:port"; false on malformed input.

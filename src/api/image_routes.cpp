@@ -8,11 +8,14 @@
 
 #include <ctime>
 
+#include "api/auth.h"
 #include "common/ids.h"
 #include "common/json_util.h"
 #include "common/log.h"
 #include "image/builder.h"
+#include "image/layer_unpack.h"
 #include "sys/fd.h"
+#include "sys/host_reader.h"
 
 namespace tp::api {
 
@@ -69,8 +72,26 @@ json::object layer_json(const image::LayerInfo& l) {
   return o;
 }
 
+// A host directory (or file) as a layer, read by `who` (never by the daemon
+// itself: see sys/host_reader.h). The reader's own failure (e.g. permission
+// denied) wins over what the unpacker made of its partial output.
+Result<image::LayerInfo> layer_from_host(image::ImageStore& store, const sys::HostReader& who,
+                                         const std::string& dir, std::vector<std::shared_ptr<void>>* pins) {
+  auto rd = sys::read_host_tar(who, dir);
+  if (!rd) return std::unexpected(rd.error());
+  auto li = store.add_layer_stream(image::fd_source(rd->fd()), "", "dir:" + dir, pins);
+  auto done = rd->finish();
+  // A refused stream (too large, a bad entry) ends the reader with a broken
+  // pipe: then the unpacker's error is the one that explains.
+  if (!done && (li || done.error().code == Code::kPermissionDenied || done.error().code == Code::kNotFound)) {
+    spdlog::info("image from host path {} refused: {}", dir, done.error().message());
+    return std::unexpected(done.error());
+  }
+  return li;
+}
+
 // POST /v1/images body -> record (blocking: may store a directory layer).
-Result<ImageRecord> create_image(image::ImageStore& store, const std::string& body) {
+Result<ImageRecord> create_image(image::ImageStore& store, const sys::HostReader& who, const std::string& body) {
   auto o = json_util::parse_object(body);
   if (!o) return std::unexpected(o.error());
   TP_TRY(json_util::only_keys(*o, {"name", "version", "parts", "dir", "env", "workdir", "user", "cmd"}));
@@ -99,7 +120,7 @@ Result<ImageRecord> create_image(image::ImageStore& store, const std::string& bo
   std::vector<std::shared_ptr<void>> pins;  // held until the record exists
   if (!dir->empty()) {
     if ((*dir)[0] != '/') return fail(Code::kInvalidArgument, "field 'dir' must be an absolute host path");
-    auto li = store.add_layer_dir(*dir, "", &pins);
+    auto li = layer_from_host(store, who, *dir, &pins);
     if (!li) return std::unexpected(li.error());
     r.parts.insert(r.parts.begin(), li->digest);
     r.source = "dir:" + *dir;
@@ -160,8 +181,8 @@ bool ImageRoutes::handle(Request& req, std::shared_ptr<Responder> res) {
       return true;
     }
     if (m == "POST") {
-      blocking([store, res, body = std::move(req.body)] {
-        auto r = create_image(*store, body);
+      blocking([store, res, who = host_reader(req), body = std::move(req.body)] {
+        auto r = create_image(*store, who, body);
         if (!r) return res->send_error(r.error());
         res->send_json(201, image_json(*store, *r));
       });

@@ -1,5 +1,6 @@
 #include "cli/cli.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <csignal>
@@ -16,7 +17,17 @@ std::string Context::url_text() const {
   if (!url_flag.empty()) return url_flag;
   const char* env = std::getenv("TIDEPOOL_URL");
   if (env != nullptr && *env != '\0') return env;
+  const char* sock = std::getenv("TIDEPOOL_SOCKET");
+  std::string path = sock != nullptr && *sock != '\0' ? sock : kDefaultSocket;
+  struct stat st {};
+  if (::stat(path.c_str(), &st) == 0 && S_ISSOCK(st.st_mode)) return "unix:" + path;
   return kDefaultUrl;
+}
+
+std::string Context::api_key() const {
+  if (!api_key_flag.empty()) return api_key_flag;
+  const char* env = std::getenv("TIDEPOOL_API_KEY");
+  return env != nullptr ? env : "";
 }
 
 Result<HttpClient*> Context::client() {
@@ -31,7 +42,9 @@ Result<HttpClient*> Context::client() {
 Result<std::unique_ptr<HttpClient>> Context::new_client() const {
   auto url = Url::parse(url_text());
   if (!url) return std::unexpected(url.error());
-  return std::make_unique<HttpClient>(std::move(*url));
+  auto c = std::make_unique<HttpClient>(std::move(*url));
+  c->set_api_key(api_key());
+  return c;
 }
 
 int report(const Error& e) {
@@ -95,12 +108,15 @@ int main(int argc, char** argv) {
 
   Context ctx;
   CLI::App app{"tidepool: command-line client of tidepoold, the Tidepool sandbox daemon.\n"
-               "The daemon is found through --url, else $TIDEPOOL_URL, else " +
-                   std::string(kDefaultUrl) + ".",
+               "The daemon is found through --url, else $TIDEPOOL_URL, else the unix socket\n"
+               "($TIDEPOOL_SOCKET, else " + std::string(kDefaultSocket) + ") when it exists, else " +
+                   std::string(kDefaultUrl) + ".\nOver TCP, --api-key or $TIDEPOOL_API_KEY is sent as a bearer token.",
                "tidepool"};
   app.set_version_flag("--version", "tidepool " TP_VERSION);
   app.add_option("--url", ctx.url_flag, "daemon URL (overrides $TIDEPOOL_URL)")
       ->type_name("URL");
+  app.add_option("--api-key", ctx.api_key_flag, "API key for TCP (overrides $TIDEPOOL_API_KEY)")
+      ->type_name("KEY");
   app.require_subcommand(1);
   app.fallthrough();  // `tidepool ls --url U` as well as `tidepool --url U ls`
   app.footer(

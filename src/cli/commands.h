@@ -27,14 +27,19 @@ constexpr int kExitUsage = 2;
 constexpr int kExitTimedOut = 124;  // as coreutils timeout(1)
 constexpr int kExitSignalBase = 128;
 constexpr const char* kDefaultUrl = "http://127.0.0.1:7070";
+constexpr const char* kDefaultSocket = "/run/tidepool/tidepool.sock";
 
 // Where the daemon is and a lazily opened connection to it.
 class Context {
  public:
   std::string url_flag;  // --url, empty when not given
+  std::string api_key_flag;  // --api-key, empty when not given
 
-  // --url, else TIDEPOOL_URL, else the default.
+  // --url, else TIDEPOOL_URL, else the unix socket ($TIDEPOOL_SOCKET or the default
+  // path) when it exists, else the default TCP URL.
   std::string url_text() const;
+  // --api-key, else TIDEPOOL_API_KEY, else "".
+  std::string api_key() const;
   // The shared client (one keep-alive connection for the whole command).
   Result<HttpClient*> client();
   // A client of its own (a second connection), e.g. for a stream that may be cut.

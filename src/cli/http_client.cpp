@@ -1,6 +1,11 @@
 #include "cli/http_client.h"
 
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+
 #include <boost/asio/connect.hpp>
+#include <boost/asio/generic/stream_protocol.hpp>
+#include <boost/asio/local/stream_protocol.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/beast/core/flat_buffer.hpp>
@@ -54,6 +59,16 @@ Result<Url> Url::parse(std::string_view text) {
                 "invalid daemon URL '" + std::string(text) + "': " + std::string(why));
   };
   std::string_view s = text;
+  if (s.starts_with("unix:")) {
+    s.remove_prefix(5);
+    if (s.starts_with("//")) s.remove_prefix(2);
+    if (!s.starts_with('/')) return bad("a unix socket path must be absolute (unix:/run/tidepool/tidepool.sock)");
+    Url u;
+    u.host = "localhost";
+    u.port = "80";
+    u.unix_path = std::string(s);
+    return u;
+  }
   if (s.starts_with("http://")) {
     s.remove_prefix(7);
   } else if (s.starts_with("https://")) {
@@ -106,6 +121,7 @@ Result<Url> Url::parse(std::string_view text) {
 }
 
 std::string Url::str() const {
+  if (!unix_path.empty()) return "unix:" + unix_path;
   std::string h = host.find(':') != std::string::npos ? "[" + host + "]" : host;
   return "http://" + h + ":" + port + base;
 }
@@ -143,7 +159,7 @@ Error error_from_response(int status, std::string_view body) {
 
 struct HttpClient::Conn {
   asio::io_context ioc;
-  tcp::socket sock{ioc};
+  asio::generic::stream_protocol::socket sock{ioc};
   beast::flat_buffer buf;
 };
 
@@ -158,7 +174,7 @@ int HttpClient::native_handle() const {
 void HttpClient::close() {
   if (!conn_->sock.is_open()) return;
   beast::error_code ignored;
-  conn_->sock.shutdown(tcp::socket::shutdown_both, ignored);
+  conn_->sock.shutdown(asio::socket_base::shutdown_both, ignored);
   conn_->sock.close(ignored);
   conn_->buf.clear();
 }
@@ -171,16 +187,33 @@ Error HttpClient::unreachable(std::string_view why) const {
 Result<void> HttpClient::connect() {
   close();
   beast::error_code ec;
+  if (!url_.unix_path.empty()) {
+    asio::local::stream_protocol::endpoint ep(url_.unix_path);
+    conn_->sock.connect(asio::generic::stream_protocol::endpoint(ep), ec);
+    if (ec) {
+      close();
+      std::string why = lower_first(ec.message());
+      if (ec == asio::error::access_denied)
+        why += " (the socket is for root and group 'tidepool'; or use --url http://... with --api-key)";
+      return std::unexpected(unreachable(why));
+    }
+    return {};
+  }
   tcp::resolver resolver(conn_->ioc);
   auto endpoints = resolver.resolve(url_.host, url_.port, ec);
   if (ec) return std::unexpected(unreachable(lower_first(ec.message())));
-  asio::connect(conn_->sock, endpoints, ec);
+  for (const auto& e : endpoints) {
+    close();
+    conn_->sock.connect(asio::generic::stream_protocol::endpoint(e.endpoint()), ec);
+    if (!ec) break;
+  }
   if (ec) {
     close();
     return std::unexpected(unreachable(lower_first(ec.message())));
   }
   // Small writes (requests) must go out at once; latency matters more than packets here.
-  conn_->sock.set_option(tcp::no_delay(true), ec);
+  int one = 1;
+  ::setsockopt(conn_->sock.native_handle(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
   return {};
 }
 
@@ -196,6 +229,7 @@ Result<void> HttpClient::stream_once(Method method, std::string_view target,
   http::request<http::string_body> req{to_verb(method), url_.base + std::string(target), 11};
   req.set(http::field::host, url_.host + ":" + url_.port);
   req.set(http::field::user_agent, "tidepool-cli/" TP_VERSION);
+  if (!api_key_.empty() && url_.unix_path.empty()) req.set(http::field::authorization, "Bearer " + api_key_);
   req.keep_alive(true);
   if (!content_type.empty()) req.set(http::field::content_type, content_type);
   req.body() = std::string(body);

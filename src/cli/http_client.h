@@ -1,4 +1,5 @@
-// A small synchronous HTTP/1.1 client for talking to tidepoold (Boost.Beast over TCP).
+// A small synchronous HTTP/1.1 client for talking to tidepoold (Boost.Beast over TCP
+// or the daemon's unix socket).
 //
 // Promises:
 // - One keep-alive connection, opened on first use and reused; when a reused
@@ -30,9 +31,11 @@ struct Url {
   std::string host;
   std::string port;  // "7070"
   std::string base;  // path prefix without trailing '/', usually empty
+  std::string unix_path;  // set: connect to this unix socket (host is "localhost")
 
   // Accepts "http://host[:port][/prefix]"; "host:port" alone is taken as http. https is
   // refused (the daemon speaks plain HTTP; put TLS in front of it with a proxy).
+  // "unix:/path/to.sock" (or "unix:///path/to.sock") names the daemon's unix socket.
   static Result<Url> parse(std::string_view text);
   std::string str() const;
 };
@@ -53,6 +56,8 @@ class HttpClient {
   HttpClient& operator=(const HttpClient&) = delete;
 
   const Url& url() const { return url_; }
+  // Sent as `Authorization: Bearer KEY` on TCP (the unix socket knows the caller).
+  void set_api_key(std::string key) { api_key_ = std::move(key); }
 
   // Opens the connection now (requests otherwise open it lazily).
   Result<void> connect();
@@ -86,6 +91,7 @@ class HttpClient {
   void close();
 
   Url url_;
+  std::string api_key_;
   std::unique_ptr<Conn> conn_;
 };
 

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -32,20 +33,28 @@ std::vector<std::string> as_reader(const HostReader& who) {
 }
 
 Result<HostRead> spawn_reader(const HostReader& who, std::vector<std::string> argv, const std::string& what) {
-  if (who.uid) {
+  // A root peer reads as root: it could read the path itself, and dropping
+  // its capabilities would refuse it files it owns no more than it can read.
+  if (who.uid && *who.uid != 0) {
     auto pre = as_reader(who);
     argv.insert(argv.begin(), pre.begin(), pre.end());
   }
-  int out[2], err[2];
+  int out[2];
   if (::pipe2(out, O_CLOEXEC) != 0) return sys_fail("pipe2");
   UniqueFd out_r(out[0]), out_w(out[1]);
-  if (::pipe2(err, O_CLOEXEC) != 0) return sys_fail("pipe2");
-  UniqueFd err_r(err[0]), err_w(err[1]);
+  // stderr goes to a file, not a pipe: nobody reads it while stdout is being
+  // consumed, and a reader with many errors must not block on a full pipe.
+  UniqueFd err_r(::memfd_create("host-reader-stderr", MFD_CLOEXEC));
+  if (!err_r) return sys_fail("memfd_create");
   posix_spawn_file_actions_t fa;
   posix_spawn_file_actions_init(&fa);
   posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
   posix_spawn_file_actions_adddup2(&fa, out_w.get(), 1);
-  posix_spawn_file_actions_adddup2(&fa, err_w.get(), 2);
+  posix_spawn_file_actions_adddup2(&fa, err_r.get(), 2);
+  // The child runs with the client's ids: it must hold none of the daemon's
+  // descriptors (another client's connection, the state database), whatever
+  // their close-on-exec flag says.
+  posix_spawn_file_actions_addclosefrom_np(&fa, 3);
   posix_spawnattr_t at;
   posix_spawnattr_init(&at);
   sigset_t none;
@@ -86,23 +95,27 @@ HostRead::~HostRead() {
 }
 
 Result<void> HostRead::finish() {
+  if (pid_ <= 0) return fail(Code::kInternal, "host reader of " + what_ + " already finished");
   out_.reset();  // a child still writing gets EPIPE instead of blocking
-  std::string msg;
-  char buf[512];
-  ssize_t n;
-  while (err_ && msg.size() < 2048 && (n = ::read(err_.get(), buf, sizeof buf)) != 0) {
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      break;
-    }
-    msg.append(buf, static_cast<size_t>(n));
-  }
-  err_.reset();
   int st = 0;
   while (::waitpid(pid_, &st, 0) < 0) {
     if (errno != EINTR) return sys_fail("waitpid(host reader)");
   }
   pid_ = -1;
+  // The first lines of its stderr (a file the child wrote to; read from the start).
+  std::string msg;
+  char buf[512];
+  ssize_t n;
+  off_t off = 0;
+  while (err_ && msg.size() < 2048 && (n = ::pread(err_.get(), buf, sizeof buf, off)) != 0) {
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      break;
+    }
+    msg.append(buf, static_cast<size_t>(n));
+    off += n;
+  }
+  err_.reset();
   if (WIFEXITED(st) && WEXITSTATUS(st) == 0) return {};
   while (!msg.empty() && (msg.back() == '\n' || msg.back() == ' ')) msg.pop_back();
   Code code = Code::kInvalidArgument;

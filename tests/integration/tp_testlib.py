@@ -210,8 +210,13 @@ def host_uid_of(pid: int) -> int:
 class Daemon:
     """A tidepoold child process on a private port and data directory."""
 
-    def __init__(self, build: pathlib.Path) -> None:
+    def __init__(self, build: pathlib.Path, insecure_tcp: bool = True,
+                 extra_args: Optional[List[str]] = None) -> None:
         self.binary = build / "bin" / "tidepoold"
+        # Suites talk TCP without keys (--insecure-tcp); test_auth.py starts daemons
+        # that require keys. Every daemon has its own unix socket.
+        self.insecure_tcp = insecure_tcp
+        self.extra_args = list(extra_args or [])
         self.tmp = tempfile.mkdtemp(prefix="tidepool-it-")
         # Sandboxes run as an unprivileged host uid that must be able to traverse the data dir.
         os.chmod(self.tmp, 0o711)
@@ -220,6 +225,7 @@ class Daemon:
         self.log_path = os.path.join(self.tmp, "tidepoold.log")
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        self.socket = os.path.join(self.tmp, "tp.sock")
         self.proc: Optional[subprocess.Popen] = None
         self.created: Set[str] = set()    # every sandbox id any test created, for the final check
 
@@ -259,7 +265,8 @@ class Daemon:
         try:
             self.proc = subprocess.Popen(
                 [str(self.binary), "--listen", f"127.0.0.1:{self.port}", "--data-dir", self.data_dir,
-                 "--log-level", "info"],
+                 "--log-level", "info", "--socket", self.socket]
+                + (["--insecure-tcp"] if self.insecure_tcp else []) + self.extra_args,
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, close_fds=True)
         finally:
             log.close()

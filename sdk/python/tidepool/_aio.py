@@ -24,7 +24,7 @@ import socket
 import urllib.parse
 from typing import Any, Awaitable, Callable, Dict, List, Optional, Set, Tuple, TypeVar
 
-from ._http import DEFAULT, Failure, Request, Response, Retries, complete_answer
+from ._http import DEFAULT, Failure, Request, Response, Retries, complete_answer, unix_socket_path
 from ._retry import DEFAULT_RETRY, RetryPolicy
 from .errors import SandboxError, Timeout, Unavailable
 
@@ -158,14 +158,15 @@ class AsyncTransport:
     def __init__(self, url: str, api_key: Optional[str], timeout: Optional[float], user_agent: str,
                  retry: RetryPolicy = DEFAULT_RETRY, max_connections: int = 256) -> None:
         parsed = urllib.parse.urlsplit(url)
-        if parsed.scheme != "http" or not parsed.hostname:
-            raise ValueError(f"unsupported Tidepool URL {url!r}: expected http://HOST:PORT")
+        self._unix = unix_socket_path(parsed, url)
+        if self._unix is None and (parsed.scheme != "http" or not parsed.hostname):
+            raise ValueError(f"unsupported Tidepool URL {url!r}: expected http://HOST:PORT or unix:/PATH")
         if max_connections < 1:
             raise ValueError("max_connections must be >= 1")
         self.url = url
-        self._host = parsed.hostname
+        self._host = parsed.hostname or "localhost"
         self._port = parsed.port or 80
-        self._base_path = parsed.path.rstrip("/")
+        self._base_path = "" if self._unix else parsed.path.rstrip("/")
         self._timeout = timeout
         self.retry = retry
         self.max_connections = max_connections
@@ -173,7 +174,7 @@ class AsyncTransport:
         if ":" in self._host and not self._host.startswith("["):
             host_header = f"[{self._host}]:{self._port}"
         fixed = [f"Host: {host_header}", f"User-Agent: {user_agent}"]
-        if api_key:
+        if api_key and self._unix is None:  # the unix socket knows the caller by its uid
             fixed.append(f"Authorization: Bearer {api_key}")
         self._fixed_headers = "\r\n".join(fixed) + "\r\n"
         self._idle: List[_Conn] = []
@@ -204,7 +205,10 @@ class AsyncTransport:
         if self._closed:
             raise Unavailable("unavailable", "client is closed", None)
         try:
-            coro = asyncio.open_connection(self._host, self._port, limit=_LIMIT)
+            if self._unix is not None:
+                coro = asyncio.open_unix_connection(self._unix, limit=_LIMIT)
+            else:
+                coro = asyncio.open_connection(self._host, self._port, limit=_LIMIT)
             if self._timeout is not None:
                 reader, writer = await asyncio.wait_for(coro, self._timeout)
             else:
@@ -214,7 +218,7 @@ class AsyncTransport:
         except OSError as e:
             raise Failure(Unavailable("unavailable", f"cannot connect to {self.url}: {e}", None), sent=False) from None
         sock = writer.get_extra_info("socket")
-        if sock is not None:
+        if sock is not None and self._unix is None:
             try:
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             except OSError:

@@ -17,13 +17,19 @@ re-sent after they may have reached the daemon. A kept-alive connection the serv
 closed while idle is detected before reuse; if a reused connection still fails before
 any byte of the answer arrived, the request goes again at once on a fresh connection.
 
+Where: ``http://HOST:PORT`` (TCP; an API key, when given, is sent as ``Authorization:
+Bearer``) or ``unix:/PATH`` (the daemon's unix socket, where it knows the caller by its uid
+and no key is needed). :func:`default_url` picks the socket when it exists.
+
 Thread rules: one :class:`SyncTransport` may be shared by any number of threads.
 """
 from __future__ import annotations
 
 import http.client
 import json
+import os
 import select
+import stat
 import socket
 import threading
 import time
@@ -34,7 +40,55 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 from ._retry import DEFAULT_RETRY, IDEMPOTENCY_HEADER, MUTATING_METHODS, RetryPolicy, new_idempotency_key
 from .errors import SandboxError, TidepoolError, Timeout, Unavailable, error_from_response
 
-__all__ = ["Request", "Response", "SyncTransport", "DEFAULT", "error_for", "prepare", "Failure"]
+__all__ = ["Request", "Response", "SyncTransport", "DEFAULT", "error_for", "prepare", "Failure",
+           "default_url", "DEFAULT_SOCKET"]
+
+#: The daemon's unix socket when ``TIDEPOOL_SOCKET`` does not name another.
+DEFAULT_SOCKET = "/run/tidepool/tidepool.sock"
+_DEFAULT_TCP_URL = "http://127.0.0.1:7070"
+
+
+def default_url() -> str:
+    """``$TIDEPOOL_URL``, else ``unix:`` + the socket (``$TIDEPOOL_SOCKET`` or
+    :data:`DEFAULT_SOCKET`) when it exists, else ``http://127.0.0.1:7070``."""
+    env = os.environ.get("TIDEPOOL_URL")
+    if env:
+        return env
+    path = os.environ.get("TIDEPOOL_SOCKET") or DEFAULT_SOCKET
+    try:
+        if stat.S_ISSOCK(os.stat(path).st_mode):
+            return "unix:" + path
+    except OSError:
+        pass
+    return _DEFAULT_TCP_URL
+
+
+def unix_socket_path(parsed: urllib.parse.SplitResult, url: str) -> Optional[str]:
+    """The socket path of a ``unix:`` URL, None for other schemes."""
+    if parsed.scheme != "unix":
+        return None
+    path = parsed.path
+    if not path.startswith("/"):
+        raise ValueError(f"unsupported Tidepool URL {url!r}: expected unix:/PATH/TO/SOCKET")
+    return path
+
+
+class _UnixHTTPConnection(http.client.HTTPConnection):
+    """``http.client`` over an AF_UNIX stream socket."""
+
+    def __init__(self, path: str, timeout: Optional[float]) -> None:
+        super().__init__("localhost", timeout=timeout)
+        self._path = path
+
+    def connect(self) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.settimeout(self.timeout)
+            sock.connect(self._path)
+        except OSError:
+            sock.close()
+            raise
+        self.sock = sock
 
 
 class _Default:
@@ -208,17 +262,19 @@ class SyncTransport:
     def __init__(self, url: str, api_key: Optional[str], timeout: Optional[float], user_agent: str,
                  retry: RetryPolicy = DEFAULT_RETRY) -> None:
         parsed = urllib.parse.urlsplit(url)
-        if parsed.scheme not in ("http", "https") or not parsed.hostname:
-            raise ValueError(f"unsupported Tidepool URL {url!r}: expected http://HOST:PORT")
+        self._unix = unix_socket_path(parsed, url)
+        if self._unix is None and (parsed.scheme not in ("http", "https") or not parsed.hostname):
+            raise ValueError(f"unsupported Tidepool URL {url!r}: expected http://HOST:PORT or unix:/PATH")
         self.url = url
         self._https = parsed.scheme == "https"
-        self._host = parsed.hostname
+        self._host = parsed.hostname or "localhost"
         self._port = parsed.port or (443 if self._https else 80)
-        self._base_path = parsed.path.rstrip("/")
+        self._base_path = "" if self._unix else parsed.path.rstrip("/")
         self._timeout = timeout
         self.retry = retry
         self._headers = {"User-Agent": user_agent, "Accept": "application/json"}
-        if api_key:
+        # The unix socket knows the caller by its uid: a key is only for TCP.
+        if api_key and self._unix is None:
             self._headers["Authorization"] = f"Bearer {api_key}"
         self._local = threading.local()
         self._lock = threading.Lock()
@@ -239,8 +295,11 @@ class SyncTransport:
     def _new_connection(self) -> http.client.HTTPConnection:
         if self._closed:
             raise Unavailable("unavailable", "client is closed", None)
-        cls = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
-        conn = cls(self._host, self._port, timeout=self._timeout)
+        if self._unix is not None:
+            conn: http.client.HTTPConnection = _UnixHTTPConnection(self._unix, self._timeout)
+        else:
+            cls = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
+            conn = cls(self._host, self._port, timeout=self._timeout)
         with self._lock:
             self._all.add(conn)
         return conn

@@ -33,7 +33,7 @@ from typing import Any, AsyncIterator, Dict, List, Mapping, Optional, Union
 from . import _api, _tar
 from ._aio import AsyncTransport
 from ._base import USER_AGENT, ClientBase, FilesBase, ProcessHandleBase, SandboxBase, command_opts, create_fields
-from ._http import Request, prepare
+from ._http import Request, default_url, prepare
 from ._retry import DEFAULT_RETRY, RetryPolicy
 from .errors import NotFound, TidepoolError
 from .models import BatchResult, ExecResult, FileEntry, OutputChunk, ProcessInfo, SandboxInfo, StreamParser
@@ -49,8 +49,12 @@ class AsyncClient(ClientBase):
     """asyncio connection pool to a Tidepool daemon; every method is a coroutine.
 
     Args:
-        url: base URL of the daemon; default ``$TIDEPOOL_URL``, else ``http://127.0.0.1:7070``.
-        api_key: sent as ``Authorization: Bearer``; default ``$TIDEPOOL_API_KEY`` when set.
+        url: ``http://HOST:PORT`` or ``unix:/PATH`` (the daemon's unix socket); default
+            ``$TIDEPOOL_URL``, else the unix socket (``$TIDEPOOL_SOCKET`` or
+            ``/run/tidepool/tidepool.sock``) when it exists, else ``http://127.0.0.1:7070``.
+        api_key: sent as ``Authorization: Bearer`` over TCP (which needs one unless the
+            daemon runs with ``--insecure-tcp``); default ``$TIDEPOOL_API_KEY`` when set.
+            The unix socket needs none: the daemon knows the caller by its uid.
         timeout: seconds for connecting and for each answer of ordinary calls (``None``
             waits forever); command calls wait for the command's timeout plus this much.
         retry: how transient failures are retried (see :class:`RetryPolicy`).
@@ -65,7 +69,7 @@ class AsyncClient(ClientBase):
         retry: Optional[RetryPolicy] = None,
         max_connections: int = 256,
     ) -> None:
-        key = self._configure(url, api_key, timeout)
+        key = self._configure(url or default_url(), api_key, timeout)
         self._transport = AsyncTransport(self.url, key, timeout, USER_AGENT, retry or DEFAULT_RETRY, max_connections)
 
     # -- plumbing ----------------------------------------------------------------

@@ -28,7 +28,7 @@ from ._base import (
     command_opts,
     create_fields,
 )
-from ._http import Request, SyncTransport, prepare
+from ._http import Request, SyncTransport, default_url, prepare
 from ._retry import DEFAULT_RETRY, RetryPolicy
 from .errors import NotFound, TidepoolError
 from .models import (  # noqa: F401 - StreamParser, parse_exec_json: kept importable from here
@@ -58,8 +58,12 @@ class Client(ClientBase):
     """Connection to a Tidepool daemon.
 
     Args:
-        url: base URL of the daemon; default ``$TIDEPOOL_URL``, else ``http://127.0.0.1:7070``.
-        api_key: sent as ``Authorization: Bearer``; default ``$TIDEPOOL_API_KEY`` when set.
+        url: ``http://HOST:PORT`` or ``unix:/PATH`` (the daemon's unix socket); default
+            ``$TIDEPOOL_URL``, else the unix socket (``$TIDEPOOL_SOCKET`` or
+            ``/run/tidepool/tidepool.sock``) when it exists, else ``http://127.0.0.1:7070``.
+        api_key: sent as ``Authorization: Bearer`` over TCP (which needs one unless the
+            daemon runs with ``--insecure-tcp``); default ``$TIDEPOOL_API_KEY`` when set.
+            The unix socket needs none: the daemon knows the caller by its uid.
         timeout: seconds to wait for connecting and for each answer of ordinary calls
             (``None`` waits forever). Command calls wait for the command's own timeout
             plus this much; without a command timeout they wait as long as it runs.
@@ -75,7 +79,7 @@ class Client(ClientBase):
         timeout: Optional[float] = 60.0,
         retry: Optional[RetryPolicy] = None,
     ) -> None:
-        key = self._configure(url, api_key, timeout)
+        key = self._configure(url or default_url(), api_key, timeout)
         self._transport = SyncTransport(self.url, key, timeout, USER_AGENT, retry or DEFAULT_RETRY)
 
     # -- plumbing ----------------------------------------------------------------

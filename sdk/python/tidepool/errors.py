@@ -98,7 +98,7 @@ class Unauthenticated(TidepoolError, code="unauthenticated", status=401):
 
 
 class PermissionDenied(TidepoolError, code="permission_denied", status=403):
-    """The API key may not do this (HTTP 403)."""
+    """The caller may not do this: wrong key scope, or a host path it cannot read (HTTP 403)."""
 
 
 class NotFound(TidepoolError, code="not_found", status=404):

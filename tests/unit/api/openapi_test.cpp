@@ -5,6 +5,7 @@
 #include <regex>
 #include <set>
 
+#include "api/auth.h"
 #include "api/image_routes.h"
 #include "api/routes.h"
 
@@ -43,6 +44,7 @@ TEST(OpenApi, ServedRoutesMatchTheContract) {
   std::set<std::string> served;
   for (const auto& r : Api::routes()) served.insert(r.method + " " + r.pattern);
   for (const auto& r : ImageRoutes::routes()) served.insert(r.method + " " + r.pattern);
+  for (const auto& r : Auth::routes()) served.insert(r.method + " " + r.pattern);
   std::set<std::string> spec = spec_routes();
   ASSERT_FALSE(spec.empty());
   for (const auto& s : served) EXPECT_TRUE(spec.count(s)) << "served but not in openapi.yaml: " << s;
