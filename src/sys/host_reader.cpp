@@ -161,7 +161,12 @@ Result<HostRead> read_host_file(const HostReader& who, const std::string& path) 
   if (!p) return std::unexpected(p.error());
   return spawn_reader(
       who,
-      {"sh", "-c", "[ -f \"$1\" ] || { echo \"$1: not a regular file\" >&2; exit 3; }; exec cat -- \"$1\"", "sh", *p},
+      // A path it cannot even stat is left to cat, whose error says why
+      // (permission denied, not found); a FIFO or device is never opened.
+      {"sh", "-c",
+       "if [ -e \"$1\" ] && [ ! -f \"$1\" ]; then echo \"$1: not a regular file\" >&2; exit 3; fi; "
+       "exec cat -- \"$1\"",
+       "sh", *p},
       *p);
 }
 

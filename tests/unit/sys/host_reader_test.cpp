@@ -80,6 +80,19 @@ TEST_F(HostReaderTest, APeerReadsOnlyWhatItCouldReadItself) {
   EXPECT_TRUE(file->finish());
 }
 
+TEST_F(HostReaderTest, OnlyRegularFilesAreReadAsFiles) {
+  std::string fifo = root_ + "/fifo";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0666), 0);
+  for (const std::string& p : {fifo, root_}) {
+    auto f = read_host_file(HostReader::peer(kNobody, kNobody, {}), p);
+    ASSERT_TRUE(f) << f.error().message();
+    EXPECT_EQ(drain(f->fd()), "");  // a FIFO is never opened: this does not block
+    auto done = f->finish();
+    ASSERT_FALSE(done) << p;
+    EXPECT_EQ(done.error().code, Code::kInvalidArgument) << done.error().message();
+  }
+}
+
 TEST_F(HostReaderTest, SupplementaryGroupsCount) {
   ::chown(secret_.c_str(), 0, 4242);
   ::chown((secret_ + "/key").c_str(), 0, 4242);
