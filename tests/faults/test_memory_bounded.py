@@ -46,6 +46,7 @@ def test_rss_stays_bounded_over_100_keyed_execs_of_4mb(daemon, sandbox):
         _check(status, body)
     after = rss_kb(daemon.pid)
     growth_mib = (after - before) / 1024
+    print(f"tidepoold RSS {before} -> {after} KiB over 100 keyed execs of {OUT} bytes")
     assert growth_mib < 100, f"tidepoold RSS grew by {growth_mib:.0f} MiB ({before} -> {after} KiB)"
     # Every answer was recorded: a repeat comes from the log (a side file), unchanged.
     for key in (keys[0], keys[-1]):
