@@ -23,6 +23,7 @@
 #include "image/image_store.h"
 #include "image/image_user.h"
 #include "node/sandbox_manager.h"
+#include "node/step_log.h"
 #include "runtime/container/container_backend.h"
 
 namespace tp::api {
@@ -94,6 +95,7 @@ int daemon_main(int argc, char** argv) {
                "serve TCP without API keys (loopback addresses only): any local user may then use the daemon");
   app.add_option("--import-root", import_roots,
                  "directory under which admin API keys may name host paths (repeatable)");
+  std::string step_retention = "24h";
   app.add_option("--data-dir", data_dir, "directory for state, images and sandboxes")
       ->capture_default_str();
   app.add_option("--role", role, "all (API + node + embedded store)")->capture_default_str();
@@ -107,6 +109,9 @@ int daemon_main(int argc, char** argv) {
   app.add_option("--image-budget-mb", image_budget_mb, "total size of stored image layers; 0 = no budget")
       ->capture_default_str();
   app.add_option("--layer-max-mb", layer_max_mb, "largest unpacked layer accepted")->capture_default_str();
+  app.add_option("--step-retention", step_retention,
+                 "how long a sandbox's step log (and its Idempotency-Keys) outlives the sandbox")
+      ->capture_default_str();
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -167,6 +172,18 @@ int daemon_main(int argc, char** argv) {
   node::SandboxManager mgr(io, std::move(*backend), **store, metrics, node);
   if (auto r = mgr.recover(); !r) return die("recover: " + r.error().message());
   Api api(mgr, metrics);
+  auto retention = node::StepLog::parse_duration(step_retention);
+  if (!retention) return die("--step-retention: " + retention.error().message());
+  auto steps = node::StepLog::open({.data_dir = data_dir, .retention = *retention,
+                                     .is_live = [&mgr](const std::string& id) {
+                                       auto r = mgr.get(id);
+                                       if (!r) return r.error().code != Code::kNotFound;
+                                       return r->state == "creating" || r->state == "running" ||
+                                              r->state == "paused";
+                                     }});
+  if (!steps) return die("step log: " + steps.error().message());
+  std::shared_ptr<node::StepLog> step_log = std::move(*steps);
+  api.set_step_log(step_log);
   // Images (issue 4): layer store under the data dir, resolver for create, routes.
   image::StoreOptions sopts;
   sopts.data_dir = data_dir;

@@ -107,6 +107,9 @@ bool parse_listen(const std::string& s, std::string* host, uint16_t* port) {
 
 namespace {
 
+// Answers up to this size are sent in one buffer with their head.
+constexpr size_t kCopyBodyMax = 64 << 10;
+
 const char* reason(int status) {
   return http::obsolete_reason(static_cast<http::status>(status)).data();
 }
@@ -153,9 +156,16 @@ class Session : public Responder, public std::enable_shared_from_this<Session<Pr
       self->answered_ = true;
       std::string h = self->head(status, ct);
       h += "Content-Length: " + std::to_string(b.size()) + "\r\n\r\n";
-      if (self->method_ != "HEAD") h += b;
       self->status_ = status;
-      self->enqueue(std::move(h));
+      if (self->method_ == "HEAD") {
+        self->enqueue(std::move(h));
+      } else if (b.size() <= kCopyBodyMax) {
+        self->enqueue(std::move(h += b));  // one write for a small answer
+      } else {
+        // A big body goes as its own buffer: not copied again, freed once written.
+        self->enqueue(std::move(h));
+        self->enqueue(std::move(b));
+      }
       self->finished_ = true;
       self->maybe_next();
     });
@@ -309,6 +319,9 @@ class Session : public Responder, public std::enable_shared_from_this<Session<Pr
   // After a complete answer has been written, read the next request or close.
   void maybe_next() {
     if (!finished_ || writing_ || !out_.empty() || closed_) return;
+    // A keep-alive connection must not hold a big request's buffers while idle.
+    if (buf_.size() == 0 && buf_.capacity() > kCopyBodyMax) buf_.shrink_to_fit();
+    parser_.reset();
     if (!keep_alive_) {
       beast::error_code ec;
       stream_.socket().shutdown(asio::socket_base::shutdown_send, ec);

@@ -1,79 +1,151 @@
 #include "api/idempotency.h"
 
+#include <openssl/evp.h>
+
+#include <chrono>
+
+#include "common/log.h"
+
 namespace tp::api {
 
 namespace {
-// Replays carry the recorded answer whole (a stream becomes one body).
-void replay(Responder& res, int status, const std::string& ct, const std::string& body) {
-  res.add_header("Idempotent-Replayed", "true");
-  res.send(status, ct, body);
+
+int64_t now_us() {
+  return std::chrono::duration_cast<std::chrono::microseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
 }
+
+// Replays carry the recorded answer whole (a stream becomes one body).
+void replay(Responder& res, int status, const std::string& ct, std::string body) {
+  res.add_header("Idempotent-Replayed", "true");
+  res.send(status, ct, std::move(body));
+}
+
+void replay_record(Responder& res, Result<node::StepRecord>& rec) {
+  if (!rec) {
+    res.send_error(Error{Code::kInternal, 0, "the recorded answer cannot be read: " + rec.error().message()});
+    return;
+  }
+  replay(res, rec->status, rec->content_type, std::move(rec->answer));
+}
+
+constexpr const char* kIncomplete =
+    R"({"code":"unavailable","message":"the first request with this key did not complete"})"
+    "\n";
+
 }  // namespace
 
-// Forwards the answer to the client and records it for later repeats.
+node::StepFingerprint IdempotencyCache::fingerprint(const Request& req) {
+  node::StepFingerprint fp;
+  fp.method = req.method;
+  fp.target = req.target;
+  unsigned char d[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  EVP_Digest(req.body.data(), req.body.size(), d, &len, EVP_sha256(), nullptr);
+  fp.body_sha256.assign(reinterpret_cast<const char*>(d), len);
+  fp.body_len = req.body.size();
+  return fp;
+}
+
+// Forwards the answer to the client once it is recorded; a streamed answer goes
+// to a side file chunk by chunk, and its last chunk is held back until the record
+// is durable, so the client never sees a complete answer that is not recorded.
 class IdempotencyCache::Recorder : public Responder {
  public:
-  Recorder(IdempotencyCache& cache, std::string key, std::shared_ptr<Responder> inner)
-      : cache_(cache), key_(std::move(key)), inner_(std::move(inner)) {}
+  Recorder(IdempotencyCache& cache, std::string key, std::string scope, node::StepRecord rec,
+           std::shared_ptr<Responder> inner)
+      : cache_(cache), key_(std::move(key)), scope_(std::move(scope)), rec_(std::move(rec)),
+        inner_(std::move(inner)) {}
   ~Recorder() override {
-    // An answer that never completed still releases its waiters.
-    if (!done_) finish();
+    // An answer that never completed is recorded as such; it also releases the waiters.
+    std::lock_guard lk(mu_);
+    if (done_) return;
+    done_ = true;
+    if (rec_.status == 0) {
+      rec_.status = 503;
+      rec_.content_type = "application/json";
+      side_.reset();
+      commit(kIncomplete, false);
+    } else {
+      commit("", true);  // a stream that was not ended: what it sent is recorded
+    }
   }
   void send(int status, std::string ct, std::string body) override {
-    {
-      std::lock_guard lk(mu_);
-      rec_.status = status;
-      rec_.content_type = ct;
-      rec_.body = body;
-    }
-    inner_->send(status, std::move(ct), std::move(body));
-    finish();
+    std::lock_guard lk(mu_);
+    if (done_) return;
+    done_ = true;
+    rec_.status = status;
+    rec_.content_type = std::move(ct);
+    commit(std::move(body), false);
   }
   void start_stream(int status, std::string ct) override {
-    {
-      std::lock_guard lk(mu_);
-      rec_.status = status;
-      rec_.content_type = ct;
-    }
+    std::lock_guard lk(mu_);
+    if (done_ || rec_.status) return;
+    rec_.status = status;
+    rec_.content_type = ct;
+    auto side = cache_.log_->new_side(scope_);
+    if (side) side_ = std::move(*side);
+    else spdlog::error("step log: key {}: {}", key_, side.error().message());
     inner_->start_stream(status, std::move(ct));
   }
   void write_chunk(std::string d) override {
-    {
-      std::lock_guard lk(mu_);
-      rec_.body += d;
-    }
-    inner_->write_chunk(std::move(d));
+    std::lock_guard lk(mu_);
+    if (done_ || d.empty()) return;
+    if (side_) (void)side_->write(d);  // a failure is seen at commit
+    if (!held_.empty()) inner_->write_chunk(std::move(held_));
+    held_ = std::move(d);
   }
   void end_stream() override {
-    inner_->end_stream();
-    finish();
+    std::lock_guard lk(mu_);
+    if (done_) return;
+    done_ = true;
+    commit("", true);
   }
   void set_on_abort(std::function<void()> cb) override { inner_->set_on_abort(std::move(cb)); }
   void add_header(std::string n, std::string v) override { inner_->add_header(std::move(n), std::move(v)); }
 
  private:
-  void finish() {
-    Recorded r;
-    {
-      std::lock_guard lk(mu_);
-      if (done_) return;
-      done_ = true;
-      r = rec_;
+  // Appends the record; the answer goes to the client (and the waiters) when it is durable.
+  void commit(std::string body, bool stream) {
+    rec_.finished_us = now_us();
+    if (stream && !side_) {
+      // The side file could not be made: nothing can be recorded; the client gets its answer.
+      if (!held_.empty()) inner_->write_chunk(std::move(held_));
+      inner_->end_stream();
+      cache_.finished(key_, fail(Code::kInternal, "streamed answer could not be recorded"));
+      return;
     }
-    if (r.status == 0) {
-      r.status = 503;
-      r.content_type = "application/json";
-      r.body = R"({"code":"unavailable","message":"the first request with this key did not complete"})";
-    }
-    cache_.finish(key_, std::move(r));
+    auto* cache = &cache_;
+    int status = rec_.status;
+    std::string ct = rec_.content_type;
+    cache_.log_->append(
+        scope_, std::move(rec_), std::move(body), std::move(side_),
+        [cache, key = key_, inner = inner_, stream, status, ct = std::move(ct),
+         held = std::move(held_)](Result<void> r, std::string answer) mutable {
+          if (stream) {
+            if (!held.empty()) inner->write_chunk(std::move(held));
+            inner->end_stream();
+          } else {
+            inner->send(status, std::move(ct), std::move(answer));
+          }
+          cache->finished(key, r);
+        });
   }
+
   IdempotencyCache& cache_;
-  std::string key_;
-  std::shared_ptr<Responder> inner_;
+  const std::string key_, scope_;
   std::mutex mu_;
-  Recorded rec_;
+  node::StepRecord rec_;
+  std::shared_ptr<Responder> inner_;
+  std::unique_ptr<node::StepSideFile> side_;
+  std::string held_;
   bool done_ = false;
 };
+
+IdempotencyCache::~IdempotencyCache() { log_.reset(); }
+
+void IdempotencyCache::set_log(std::shared_ptr<node::StepLog> log) { log_ = std::move(log); }
 
 std::shared_ptr<Responder> IdempotencyCache::begin(const Request& req, const std::string& key,
                                                    std::shared_ptr<Responder> res) {
@@ -81,80 +153,89 @@ std::shared_ptr<Responder> IdempotencyCache::begin(const Request& req, const std
     res->send_error(Error{Code::kInvalidArgument, 0, "Idempotency-Key must be 1-200 characters"});
     return nullptr;
   }
+  if (!log_) return res;
+  auto fp = fingerprint(req);
+  auto conflict = [&](const node::StepFingerprint& first) {
+    res->send_error(Error{Code::kConflict, 0,
+                          "Idempotency-Key was used for " + first.describe() +
+                              "; this request is " + fp.describe()});
+    return nullptr;
+  };
   std::unique_lock lk(mu_);
-  expire_locked(Clock::now());
-  auto it = entries_.find(key);
-  if (it != entries_.end()) {
-    auto e = it->second;
-    if (e->method != req.method || e->path != req.path) {
+  if (auto it = flights_.find(key); it != flights_.end()) {
+    if (!(it->second->fp == fp)) {
+      auto first = it->second->fp;
       lk.unlock();
-      res->send_error(Error{Code::kConflict, 0,
-                            "Idempotency-Key was used for " + e->method + " " + e->path});
-      return nullptr;
+      return conflict(first);
     }
-    if (!e->done) {
-      e->waiters.push_back(std::move(res));
-      return nullptr;
-    }
-    Recorded a = e->answer;
-    lk.unlock();
-    replay(*res, a.status, a.content_type, a.body);
+    it->second->waiters.push_back(std::move(res));
     return nullptr;
   }
-  // Room for a new key: forget the oldest answers first.
-  while (entries_.size() >= max_entries_ && !answered_.empty()) {
-    auto old = entries_.find(answered_.front().second);
-    if (old != entries_.end() && old->second->done) entries_.erase(old);
-    answered_.pop_front();
+  // Flights end only after their record is in the index, so a key is always in one of the two.
+  if (auto loc = log_->find(key)) {
+    lk.unlock();
+    auto rec = log_->read(*loc, true);
+    if (rec && !(rec->request == fp)) return conflict(rec->request);
+    replay_record(*res, rec);
+    return nullptr;
   }
-  if (entries_.size() >= max_entries_) {  // every kept key is still in flight
+  if (flights_.size() >= max_in_flight_) {
     lk.unlock();
     res->send_error(Error{Code::kResourceExhausted, 0, "too many keyed requests in flight"});
     return nullptr;
   }
-  auto e = std::make_shared<Entry>();
-  e->method = req.method;
-  e->path = req.path;
-  entries_[key] = e;
-  return std::make_shared<Recorder>(*this, key, std::move(res));
+  if (log_->full()) {
+    lk.unlock();
+    res->send_error(Error{Code::kResourceExhausted, 0,
+                          "too many recorded Idempotency-Keys; they are forgotten after the step retention"});
+    return nullptr;
+  }
+  auto f = std::make_shared<Flight>();
+  f->fp = fp;
+  flights_[key] = f;
+  lk.unlock();
+  node::StepRecord rec;
+  rec.key = key;
+  rec.request = std::move(fp);
+  if (req.body.size() <= log_->inline_max()) rec.request_body = req.body;
+  rec.started_us = now_us();
+  return std::make_shared<Recorder>(*this, key, node::StepLog::scope_of(req.path), std::move(rec),
+                                    std::move(res));
 }
 
-void IdempotencyCache::finish(const std::string& key, Recorded r) {
+void IdempotencyCache::finished(const std::string& key, const Result<void>& recorded) {
   std::vector<std::shared_ptr<Responder>> waiters;
   {
     std::lock_guard lk(mu_);
-    auto it = entries_.find(key);
-    if (it == entries_.end()) return;
+    auto it = flights_.find(key);
+    if (it == flights_.end()) return;
     waiters.swap(it->second->waiters);
-    if (r.status >= 500) {
-      // Server errors are not recorded as final: a retry may succeed.
-      entries_.erase(it);
-    } else {
-      it->second->done = true;
-      it->second->answer = r;
-      answered_.emplace_back(Clock::now(), key);
-    }
+    flights_.erase(it);
   }
-  for (auto& w : waiters) replay(*w, r.status, r.content_type, r.body);
+  if (waiters.empty()) return;
+  if (!recorded) {
+    for (auto& w : waiters)
+      w->send_error(Error{Code::kUnavailable, 0,
+                          "the first request with this key could not be recorded: " +
+                              recorded.error().message()});
+    return;
+  }
+  auto loc = log_->find(key);
+  for (auto& w : waiters) {
+    Result<node::StepRecord> rec = loc ? log_->read(*loc, true) : fail(Code::kInternal, "key not in the step log");
+    replay_record(*w, rec);
+  }
 }
 
 bool IdempotencyCache::has_waiters(const std::string& key) {
   std::lock_guard lk(mu_);
-  auto it = entries_.find(key);
-  return it != entries_.end() && !it->second->waiters.empty();
+  auto it = flights_.find(key);
+  return it != flights_.end() && !it->second->waiters.empty();
 }
 
-void IdempotencyCache::expire_locked(Clock::time_point now) {
-  while (!answered_.empty() && now - answered_.front().first > kKeep) {
-    auto it = entries_.find(answered_.front().second);
-    if (it != entries_.end() && it->second->done) entries_.erase(it);
-    answered_.pop_front();
-  }
-}
-
-size_t IdempotencyCache::size() {
+size_t IdempotencyCache::in_flight() {
   std::lock_guard lk(mu_);
-  return entries_.size();
+  return flights_.size();
 }
 
 }  // namespace tp::api

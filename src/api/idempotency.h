@@ -1,20 +1,24 @@
 // Idempotency: a repeated request with the same Idempotency-Key gets the answer
 // recorded for the first one, and nothing runs twice (api/openapi.yaml, info).
 //
-// Keys live in memory for kKeep (10 minutes) after their answer; the trajectory
-// log will make them durable across restarts. A repeat that arrives while the
-// first request is still being answered waits for that answer. A key reused with
-// a different method or path is refused with 409. Replays carry the header
-// `Idempotent-Replayed: true`. When kMaxEntries keys are kept, the oldest
-// answered ones are forgotten first; only when that many are still in flight
-// are new keys refused (429).
+// Every answer of a keyed request, 5xx included, is recorded durably in the step
+// log (node/step_log.h) before it is sent, so a repeat is answered from the log
+// also after a daemon restart, for as long as the log's retention keeps it. In
+// memory there are only the log's key index and the requests still in flight;
+// recorded answers are read from disk when replayed, and a big answer goes to
+// disk as it is produced (a streamed one) or at once (a whole one).
+//
+// A repeat that arrives while the first request is still being answered waits
+// for that answer. A key reused for a different request (method, path and
+// query, or body) is refused with 409 naming both. Replays carry the header
+// `Idempotent-Replayed: true`. New keys are refused (429) while max_in_flight
+// keyed requests are in flight or the log's index is full.
+//
+// Without a step log (set_log not called) keyed requests run unrecorded.
 //
 // Thread rules: safe from any thread.
 #pragma once
 
-#include <chrono>
-#include <deque>
-#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -22,16 +26,18 @@
 #include <vector>
 
 #include "api/http_server.h"
+#include "node/step_log.h"
 
 namespace tp::api {
 
 class IdempotencyCache {
  public:
-  using Clock = std::chrono::steady_clock;
-  static constexpr auto kKeep = std::chrono::minutes(10);
   static constexpr size_t kMaxKeyLength = 200;
 
-  explicit IdempotencyCache(size_t max_entries = 100000) : max_entries_(max_entries) {}
+  explicit IdempotencyCache(size_t max_in_flight = 100000) : max_in_flight_(max_in_flight) {}
+  // Drains the log's writer (its callbacks use this object) when this holds the last reference.
+  ~IdempotencyCache();
+  void set_log(std::shared_ptr<node::StepLog> log);
 
   // Handles a request carrying an Idempotency-Key. Returns a responder to
   // answer the request with (it records the answer), or nullptr when the
@@ -41,29 +47,24 @@ class IdempotencyCache {
                                    std::shared_ptr<Responder> res);
   // True while a repeat of `key` is waiting for the first request's answer.
   bool has_waiters(const std::string& key);
-  size_t size();
+  size_t in_flight();
+
+  // What identifies a request (method, target, sha256 and length of the body).
+  static node::StepFingerprint fingerprint(const Request& req);
 
  private:
-  struct Recorded {
-    int status = 0;
-    std::string content_type;
-    std::string body;
-  };
-  struct Entry {
-    std::string method, path;
-    bool done = false;
-    Recorded answer;
+  struct Flight {
+    node::StepFingerprint fp;
     std::vector<std::shared_ptr<Responder>> waiters;
   };
   class Recorder;
-  void finish(const std::string& key, Recorded r);
-  // Drops answered keys older than kKeep. Amortised O(1) per call.
-  void expire_locked(Clock::time_point now);
+  // The first request's answer is recorded (or failed to be): wake its waiters.
+  void finished(const std::string& key, const Result<void>& recorded);
 
-  const size_t max_entries_;
+  const size_t max_in_flight_;
+  std::shared_ptr<node::StepLog> log_;
   std::mutex mu_;
-  std::map<std::string, std::shared_ptr<Entry>> entries_;
-  std::deque<std::pair<Clock::time_point, std::string>> answered_;  // in answer order
+  std::map<std::string, std::shared_ptr<Flight>> flights_;
 };
 
 }  // namespace tp::api

@@ -479,8 +479,9 @@ void Api::exec(Request& req, const Params& p, std::shared_ptr<Responder> res) {
     cb.on_done = [res, acc](Result<node::ExecOutcome> r) {
       if (!r) return res->send_error(r.error());
       json::object j = exec_json(*r);
-      j["stdout"] = base64_encode(acc->out);
-      j["stderr"] = base64_encode(acc->err);
+      // The raw output goes as soon as it is encoded: a big answer is held once, not twice.
+      j["stdout"] = base64_encode(std::exchange(acc->out, {}));
+      j["stderr"] = base64_encode(std::exchange(acc->err, {}));
       res->send_json(200, j);
     };
   }

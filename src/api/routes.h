@@ -39,6 +39,8 @@ class Api {
   void handle(Request& req, std::shared_ptr<Responder> res);
   // Providers are asked before the core routes, in the order added. Add before serving.
   void add_provider(std::shared_ptr<RouteProvider> p) { providers_.push_back(std::move(p)); }
+  // Records keyed answers durably (see api/idempotency.h). Set before serving.
+  void set_step_log(std::shared_ptr<node::StepLog> log) { idempotency_.set_log(std::move(log)); }
   // The routes this server serves (for the contract test).
   static std::vector<RouteInfo> routes();
 
