@@ -301,35 +301,5 @@ TEST_F(ImageStoreTest, BudgetIsEnforced) {
   EXPECT_TRUE(fs::is_empty(dir_ + "/images/tmp"));
 }
 
-// -- build specs -------------------------------------------------------------------
-
-TEST(BuildSpec, ParsesValidatesAndMakesArgv) {
-  auto s = parse_build_spec(R"({"name":"py","suite":"bookworm","variant":"essential",
-    "packages":["python3-minimal"],"files":[{"src":"/etc/hostname","dst":"/opt/x"}],
-    "run":["echo 'hi' > /f"],"env":{"A":"1"},"cmd":["python3"]})");
-  ASSERT_TRUE(s) << s.error().message();
-  auto argv = mmdebstrap_argv(*s, "/o.tar");
-  EXPECT_EQ(argv[0], "mmdebstrap");
-  EXPECT_NE(std::find(argv.begin(), argv.end(), "--include=python3-minimal"), argv.end());
-  EXPECT_NE(std::find(argv.begin(), argv.end(), "--variant=essential"), argv.end());
-  EXPECT_EQ(argv[argv.size() - 3], "bookworm");
-  EXPECT_EQ(argv[argv.size() - 2], "/o.tar");
-  bool hook = false;
-  for (const auto& a : argv)
-    hook = hook || (a.find("--customize-hook=unshare") == 0 && a.find("--net") != std::string::npos &&
-                    a.find("'echo '\\''hi'\\'' > /f'") != std::string::npos);
-  EXPECT_TRUE(hook) << "commands run chrooted in new namespaces, quoted for sh";
-  auto k1 = build_cache_key(*s);
-  ASSERT_TRUE(k1);
-  EXPECT_EQ(*k1, *build_cache_key(*s));
-  s->packages.push_back("git");
-  EXPECT_NE(*k1, *build_cache_key(*s));
-  for (const char* bad : {R"({"name":"x","packages":["a;rm -rf /"]})", R"({"name":"x","suite":"a b"})",
-                          R"({"name":"x","mirror":"ftp://x"})", R"({"name":"x","files":[{"src":"rel","dst":"/a"}]})",
-                          R"({"name":"x","files":[{"src":"/a","dst":"/../b"}]})", R"({"name":"host"})",
-                          R"({"name":"x","bogus":1})", R"([1])"})
-    EXPECT_FALSE(parse_build_spec(bad)) << bad;
-}
-
 }  // namespace
 }  // namespace tp::image
