@@ -19,7 +19,6 @@
 #include <cstdlib>
 #include <filesystem>
 #include <functional>
-#include <initializer_list>
 #include <memory>
 #include <optional>
 #include <string>
@@ -65,9 +64,11 @@ class TestCgroup {
   explicit TestCgroup(bool v2) {
     struct statfs sf {};
     std::string base;
-    for (const char* b : v2 ? std::initializer_list<const char*>{"/sys/fs/cgroup", "/sys/fs/cgroup/unified"}
-                            : std::initializer_list<const char*>{"/sys/fs/cgroup/freezer"}) {
-      if (::statfs(b, &sf) == 0 && sf.f_type == (v2 ? 0x63677270 : 0x27e0eb)) {
+    const std::vector<std::string> bases =
+        v2 ? std::vector<std::string>{"/sys/fs/cgroup", "/sys/fs/cgroup/unified"}
+           : std::vector<std::string>{"/sys/fs/cgroup/freezer"};
+    for (const auto& b : bases) {
+      if (::statfs(b.c_str(), &sf) == 0 && sf.f_type == (v2 ? 0x63677270 : 0x27e0eb)) {
         base = b;
         break;
       }
