@@ -5,6 +5,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -68,8 +69,12 @@ struct Command {
   bool kill_sent = false;
   bool timed_out = false;
   bool have_report = false;
-  InitReport report;
+  InitReport report;         // fallback mode; cgroup mode fills it from wait4
   pid_t pid = 0;             // the command's pid in the agent's namespace
+  bool main_done = false;    // cgroup mode: the main pid was reaped
+  bool draining = false;     // cgroup mode: waiting for the cgroup to empty
+  uint64_t drain_checks = 0;
+  std::vector<pid_t> members;  // cgroup mode: members at the last non-empty check
   bool got_failure = false;
   ExecFailure failure;
   std::string stdin_buf;
@@ -86,6 +91,8 @@ class Agent {
       : opts_(std::move(opts)), ctl_(ctl), sigfd_(std::move(sigfd)), files_(std::move(files)) {}
 
   int run();
+  // Cgroup mode (see command.h); without it commands run under command inits.
+  void set_cgroup_root(CgroupRoot r) { cgroup_root_ = r; }
 
  private:
   enum class Kind { kCtl, kSig, kExecChan, kInitChan, kStdout, kStderr, kStdin };
@@ -106,6 +113,9 @@ class Agent {
   void on_stdin(Command& c);
   void reap();
   void finish(Command& c, int init_status);
+  void on_main_exit(Command& c, int status, const rusage& ru);
+  void drain(Command& c);
+  void drain_all();
   void shutdown_commands();
   void maybe_trim();
 
@@ -124,7 +134,12 @@ class Agent {
   size_t out_bytes_ = 0;
   bool heap_used_ = false;
   std::map<uint32_t, std::unique_ptr<Command>> cmds_;
+  // Pids the agent waits for: the command's main process (cgroup mode) or
+  // its command init (fallback).
   std::map<pid_t, uint32_t> inits_;
+  CgroupRoot cgroup_root_;
+  uint64_t cgroup_seq_ = 0;
+  uint64_t last_drain_us_ = 0;
   int exit_code_ = 0;
 };
 
@@ -214,6 +229,8 @@ void Agent::handle(const Message& m) {
       if (sig == 0 || sig >= NSIG) return;
       if (sig == SIGKILL) {
         kill_command(c);
+      } else if (c.sp.cgroup.valid()) {
+        c.sp.cgroup.signal_all(static_cast<int>(sig));
       } else if (c.sp.init_chan) {
         InitRequest r;
         r.op = 'S';
@@ -268,7 +285,8 @@ void Agent::handle_exec(const Message& m) {
   spec.gid = static_cast<uint32_t>(gid);
   spec.env = build_env(env, spec.uid);
 
-  auto sp = spawn_command(spec, opts_.pid_ns);
+  const CgroupRoot* root = cgroup_root_.fd >= 0 ? &cgroup_root_ : nullptr;
+  auto sp = spawn_command(spec, root, ++cgroup_seq_);
   if (!sp) {
     send(proto::make_error(m.id, code_name(sp.error().code), sp.error().sys_errno, sp.error().context));
     return;
@@ -281,28 +299,46 @@ void Agent::handle_exec(const Message& m) {
   c->limit = m.has(Tag::kOutputLimit) ? m.u64(Tag::kOutputLimit) : kDefaultOutputLimit;
   if (auto d = m.get(Tag::kData)) c->stdin_buf.assign(*d);
   c->stdin_eof = !m.flag(Tag::kStdinOpen);
-  inits_[c->sp.init_pid] = m.id;
+  inits_[c->sp.pid] = m.id;
   Command& ref = *c;
   cmds_[m.id] = std::move(c);
+  if (!ref.sp.via_init) {
+    // Cgroup mode: the vfork has returned, so whether execve happened is known.
+    if (ref.sp.failed) {
+      ref.failed = true;
+      const ExecFailure& f = ref.sp.failure;
+      send(proto::make_error(ref.id, code_name(f.err ? code_from_errno(f.err) : Code::kInternal), f.err,
+                             std::string_view(f.what, strnlen(f.what, sizeof(f.what)))));
+      ref.sp.stdin_w.reset();
+      ref.sp.stdout_r.reset();
+      ref.sp.stderr_r.reset();
+      return;  // forgotten once its pid is reaped and its cgroup removed
+    }
+    ref.pid = ref.sp.pid;
+    ref.started = true;
+    Message st(MsgType::kStarted, ref.id);
+    st.add_u64(Tag::kPid, static_cast<uint64_t>(ref.pid));
+    send(std::move(st));
+  }
   on_stdin(ref);
 }
 
-// Asks the command init to kill every process of the command; it then reports
-// the main process's status (SIGKILL) and exits.
+// Kills every process of the command: through its cgroup (the main pid is then
+// reaped and the cgroup drained), or by asking the command init, which then
+// reports the main process's status (SIGKILL) and exits.
 void Agent::kill_command(Command& c) {
   if (c.kill_sent) return;
   c.kill_sent = true;
+  if (!c.sp.via_init) {
+    c.sp.cgroup.kill_all();
+    return;
+  }
   InitRequest r;
   r.op = 'K';
   if (!c.sp.init_chan ||
       ::send(c.sp.init_chan.get(), &r, sizeof(r), MSG_NOSIGNAL | MSG_DONTWAIT) != sizeof(r)) {
-    // No way to ask: in pid-namespace mode SIGKILL of the init kills
-    // everything; otherwise EOF on its channel makes the init sweep and exit.
-    if (c.sp.pid_ns) {
-      ::kill(c.sp.init_pid, SIGKILL);
-    } else {
-      c.sp.init_chan.reset();
-    }
+    // No way to ask: EOF on its channel makes the init sweep and exit.
+    c.sp.init_chan.reset();
   }
 }
 
@@ -428,14 +464,70 @@ void Agent::reap() {
   }
   for (;;) {
     int st = 0;
-    pid_t pid = ::waitpid(-1, &st, WNOHANG);
-    if (pid <= 0) return;
+    rusage ru{};
+    pid_t pid = ::wait4(-1, &st, WNOHANG, &ru);
+    if (pid <= 0) break;
     auto it = inits_.find(pid);
     if (it == inits_.end()) continue;  // an orphan reparented to PID 1
     uint32_t id = it->second;
     inits_.erase(it);
     auto ct = cmds_.find(id);
-    if (ct != cmds_.end()) finish(*ct->second, st);
+    if (ct == cmds_.end()) continue;
+    if (ct->second->sp.via_init) {
+      finish(*ct->second, st);
+    } else {
+      on_main_exit(*ct->second, st, ru);
+    }
+  }
+  // Every process of a command that leaves its cgroup last has the agent as
+  // parent (orphans are reparented to it), so its exit lands here.
+  drain_all();
+}
+
+// Cgroup mode: the command's main process is reaped. Whatever else it started
+// is killed now (the process model), and the command ends once its cgroup is
+// empty.
+void Agent::on_main_exit(Command& c, int status, const rusage& ru) {
+  c.main_done = true;
+  c.report.wait_status = status;
+  c.report.max_rss_kb = static_cast<uint64_t>(ru.ru_maxrss);
+  c.report.wall_us = mono_us() - c.start_us;
+  c.have_report = !c.failed;
+  c.draining = true;
+  drain(c);
+}
+
+// Ends a draining command whose cgroup is empty; else kills again (a fork may
+// have raced a freezer-based kill) and waits for the next reap or tick.
+void Agent::drain(Command& c) {
+  if (!c.draining) return;
+  std::vector<pid_t> p;
+  if (!c.sp.cgroup.read_pids(&p) || !p.empty()) {
+    if (!p.empty()) c.members = std::move(p);
+    // The first check (at the main process's exit) kills at once.
+    if (c.drain_checks++ % 4 == 0) c.sp.cgroup.kill_all();
+    return;
+  }
+  // A process leaves its cgroup a moment before it becomes a zombie: the
+  // command is over only once the agent's own children among the last members
+  // are reaped (0 = still exiting; its SIGCHLD brings us back here).
+  for (pid_t pid : c.members) {
+    int st = 0;
+    if (inits_.count(pid)) continue;  // reused meanwhile by another command's main process
+    if (::waitpid(pid, &st, WNOHANG) == 0) return;
+  }
+  if (auto r = c.sp.cgroup.remove(); !r)
+    log_line("tp-agent: %s\n", r.error().message().c_str());
+  finish(c, 0);
+}
+
+void Agent::drain_all() {
+  std::vector<uint32_t> ids;
+  for (auto& [id, c] : cmds_)
+    if (c->draining) ids.push_back(id);
+  for (uint32_t id : ids) {
+    auto it = cmds_.find(id);
+    if (it != cmds_.end()) drain(*it->second);
   }
 }
 
@@ -444,7 +536,7 @@ void Agent::reap() {
 // channels and pipes still hold, answer, and forget the command; an init still
 // running is reaped later as an orphan (its command id may be reused by then).
 void Agent::finish(Command& c, int init_status) {
-  inits_.erase(c.sp.init_pid);
+  if (c.sp.via_init || !c.main_done) inits_.erase(c.sp.pid);
   if (c.sp.exec_chan) on_exec_chan(c);
   if (c.sp.init_chan) on_init_chan(c);
   if (c.started) {
@@ -479,11 +571,8 @@ void Agent::finish(Command& c, int init_status) {
 
 void Agent::shutdown_commands() {
   for (auto& [id, c] : cmds_) {
-    if (c->sp.pid_ns) {
-      ::kill(c->sp.init_pid, SIGKILL);  // takes the whole namespace with it
-    } else {
-      kill_command(*c);
-    }
+    c->kill_sent = false;  // kill again even if a kill was sent before
+    kill_command(*c);
   }
   for (auto& [pid, id] : inits_) {
     int st;
@@ -491,7 +580,23 @@ void Agent::shutdown_commands() {
     }
   }
   inits_.clear();
-  cmds_.clear();
+  // Cgroup mode: wait (bounded) until every command's cgroup is empty, so that
+  // none is left behind (an agent that is PID 1 takes everything with it anyway).
+  for (int i = 0; i < 5000; ++i) {
+    bool all_empty = true;
+    for (auto& [id, c] : cmds_) {
+      if (c->sp.via_init || c->sp.cgroup.empty()) continue;
+      all_empty = false;
+      if (i % 50 == 49) c->sp.cgroup.kill_all();
+    }
+    if (all_empty) break;
+    while (::waitpid(-1, nullptr, WNOHANG) > 0) {
+    }
+    ::usleep(1000);
+  }
+  while (::waitpid(-1, nullptr, WNOHANG) > 0) {
+  }
+  cmds_.clear();  // removes the cgroups
 }
 
 // After a burst (big frames, many commands) give the heap back to the kernel
@@ -525,6 +630,10 @@ int Agent::run() {
     add(ctl_.get(), ctl_ev, Kind::kCtl, 0);
     add(sigfd_.get(), POLLIN, Kind::kSig, 0);
     uint64_t now = mono_us();
+    if (now - last_drain_us_ >= 20000) {
+      drain_all();
+      last_drain_us_ = now;
+    }
     uint64_t next_deadline = 0;
     for (auto& [id, cp] : cmds_) {
       Command& c = *cp;
@@ -536,6 +645,9 @@ int Agent::run() {
           next_deadline = c.deadline_us;
         }
       }
+      // Cgroup mode, waiting for the cgroup to empty: a reap normally ends it;
+      // the tick covers members leaving in other ways (and forks racing a kill).
+      if (c.draining && (!next_deadline || now + 20000 < next_deadline)) next_deadline = now + 20000;
       if (c.sp.exec_chan) add(c.sp.exec_chan.get(), POLLIN, Kind::kExecChan, id);
       if (c.sp.init_chan) add(c.sp.init_chan.get(), POLLIN, Kind::kInitChan, id);
       if (c.started && c.queued < kMaxQueuedPerCommand) {
@@ -620,7 +732,7 @@ int main(int argc, char** argv) {
   auto opts = parse_options(argc, argv);
   if (!opts) {
     log_line("tp-agent: %s\n", opts.error().message().c_str());
-    log_line("usage: tp-agent [--fd N] [--root DIR] [--no-pid-ns] [--resolve auto|openat2|walk]\n");
+    log_line("usage: tp-agent [--fd N] [--root DIR] [--cgroup-fd N] [--resolve auto|openat2|walk]\n");
     return 2;
   }
   // Keep the heap small and give it back: no dynamic mmap threshold growth,
@@ -655,8 +767,23 @@ int main(int argc, char** argv) {
     log_line("tp-agent: --root: %s\n", resolver.error().message().c_str());
     return 2;
   }
+  CgroupRoot cg_root;
+  if (opts->cgroup_fd >= 0) {
+    // Commands must never get it (they would leave their cgroups).
+    if (::fcntl(opts->cgroup_fd, F_SETFD, FD_CLOEXEC) != 0) {
+      log_line("tp-agent: --cgroup-fd: %s\n", std::strerror(errno));
+      return 2;
+    }
+    auto r = probe_cgroup_root(opts->cgroup_fd);
+    if (!r) {
+      log_line("tp-agent: %s\n", r.error().message().c_str());
+      return 2;
+    }
+    cg_root = *r;
+  }
   int ctl = opts->fd;
   Agent agent(std::move(*opts), ctl, sys::UniqueFd(sfd), FileService(std::move(*resolver)));
+  agent.set_cgroup_root(cg_root);
   return agent.run();
 }
 

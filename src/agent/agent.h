@@ -10,9 +10,13 @@
 //  - Is not dumpable (commands cannot ptrace it or open /proc/1/fd/*); the
 //    control fd is CLOEXEC and never reaches a command.
 //  - Reaps every zombie reparented to it (SIGCHLD via signalfd).
-//  - Runs every kExec in its own pid namespace under a tiny command init (see
-//    command.h): a timeout, kSignal SIGKILL, or the command's main process
-//    exiting kills every process the command started, daemons included.
+//  - Runs every kExec in the agent's own pid namespace (one process world per
+//    sandbox: $$, /proc/<pid>, ps and pgrep work across execs), tracked by a
+//    cgroup of its own under the delegated sandbox cgroup (--cgroup-fd,
+//    command_cgroup.h; without it, a command init's process group and
+//    subreaper sweep, command.h): a timeout, kSignal SIGKILL, or the command's
+//    main process exiting kills every process the command started, daemons
+//    included. The cgroup fd is CLOEXEC and never reaches a command.
 //  - Resolves file paths strictly inside its root (see resolver.h, file_ops.h).
 //  - A malformed frame, or EOF on the control stream, kills every command and
 //    ends the agent (and so the sandbox, when it is PID 1).

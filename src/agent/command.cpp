@@ -10,6 +10,7 @@
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/signalfd.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -39,11 +40,27 @@ struct Prepared {
   const ExecSpec* spec = nullptr;
 };
 
-[[noreturn]] void report_failure(int exec_w, const char* what, const std::string& arg, int err) {
+// Where the command's process reports a failure before execve: the exec
+// channel (fallback) or memory shared with the agent (cgroup mode, CLONE_VM).
+struct ChildCtx {
+  const Prepared* p = nullptr;
+  int stdin_r = -1, stdout_w = -1, stderr_w = -1;
+  int exec_w = -1;                // fallback mode
+  ExecFailure* shared = nullptr;  // cgroup mode
+  int cgroup_dir = -1;            // cgroup mode: the command's cgroup
+  const char* join_file = nullptr;
+};
+
+// No allocation here: in cgroup mode this runs in a CLONE_VM child.
+[[noreturn]] void report_failure(const ChildCtx& ctx, const char* what, const char* arg, int err) {
   ExecFailure f;
   f.err = err;
-  std::snprintf(f.what, sizeof(f.what), "%s %s", what, arg.c_str());
-  (void)::send(exec_w, &f, sizeof(f), MSG_NOSIGNAL);
+  std::snprintf(f.what, sizeof(f.what), "%s %s", what, arg);
+  if (ctx.shared) {
+    *ctx.shared = f;
+  } else {
+    (void)::send(ctx.exec_w, &f, sizeof(f), MSG_NOSIGNAL);
+  }
   ::_exit(127);
 }
 
@@ -81,22 +98,34 @@ void drop_ptrace_cap() {
   (void)::syscall(SYS_capset, &hdr, data);
 }
 
-// The command's process, forked by the command init. Never returns.
-[[noreturn]] void run_command(const Prepared& p, int stdin_r, int stdout_w, int stderr_w,
-                              int exec_w) {
+// The command's process: vforked by the command init (fallback) or cloned
+// with CLONE_VM | CLONE_VFORK by the agent (cgroup mode). Never returns. Uses
+// no heap: in cgroup mode it shares the agent's memory until execve.
+[[noreturn]] void run_command(const ChildCtx& ctx) {
+  const Prepared& p = *ctx.p;
   const ExecSpec& spec = *p.spec;
-  send_hello(exec_w);
+  if (ctx.exec_w >= 0) send_hello(ctx.exec_w);
+  if (ctx.cgroup_dir >= 0) {
+    // First, and while still the agent's uid (the cgroup's files are the
+    // sandbox root's): everything the command starts is born in its cgroup.
+    int fd = ::openat(ctx.cgroup_dir, ctx.join_file, O_WRONLY | O_CLOEXEC);
+    if (fd < 0 || ::write(fd, "0", 1) != 1) report_failure(ctx, "join cgroup", ctx.join_file, errno);
+    ::close(fd);
+  }
   ::setsid();
   // The pipe ends are >= 3 (the agent keeps 0..2 open), so dup2 cannot clobber them.
-  if (::dup2(stdin_r, 0) < 0 || ::dup2(stdout_w, 1) < 0 || ::dup2(stderr_w, 2) < 0)
-    report_failure(exec_w, "dup2", "stdio", errno);
+  if (::dup2(ctx.stdin_r, 0) < 0 || ::dup2(ctx.stdout_w, 1) < 0 || ::dup2(ctx.stderr_w, 2) < 0)
+    report_failure(ctx, "dup2", "stdio", errno);
   // Every other fd closes at execve; exec_w stays usable to report failures.
   if (::syscall(SYS_close_range, 3u, ~0u, 4u /* CLOSE_RANGE_CLOEXEC */) != 0) {
     for (int fd = 3; fd < 1024; ++fd) ::fcntl(fd, F_SETFD, FD_CLOEXEC);
   }
+  // execve resets handled signals; only ignored ones survive it, and the agent
+  // (like the command init) ignores SIGPIPE alone and installs no handler.
+  // One call instead of one per signal: this is on every exec's path.
   struct sigaction dfl {};
   dfl.sa_handler = SIG_DFL;
-  for (int s = 1; s < NSIG; ++s) ::sigaction(s, &dfl, nullptr);
+  ::sigaction(SIGPIPE, &dfl, nullptr);
   sigset_t none;
   sigemptyset(&none);
   ::sigprocmask(SIG_SETMASK, &none, nullptr);
@@ -109,16 +138,19 @@ void drop_ptrace_cap() {
   if (::geteuid() != 0 && (spec.uid == 0 || spec.uid == ::geteuid()) &&
       (spec.gid == 0 || spec.gid == ::getegid()))
     change = false;
-  if (::setgroups(0, nullptr) != 0 && change) report_failure(exec_w, "setgroups", "0", errno);
+  char num[16];
+  if (::setgroups(0, nullptr) != 0 && change) report_failure(ctx, "setgroups", "0", errno);
   if (change) {
-    if (::setresgid(spec.gid, spec.gid, spec.gid) != 0)
-      report_failure(exec_w, "setresgid", std::to_string(spec.gid), errno);
-    if (::setresuid(spec.uid, spec.uid, spec.uid) != 0)
-      report_failure(exec_w, "setresuid", std::to_string(spec.uid), errno);
+    std::snprintf(num, sizeof(num), "%u", spec.gid);
+    if (::setresgid(spec.gid, spec.gid, spec.gid) != 0) report_failure(ctx, "setresgid", num, errno);
+    std::snprintf(num, sizeof(num), "%u", spec.uid);
+    if (::setresuid(spec.uid, spec.uid, spec.uid) != 0) report_failure(ctx, "setresuid", num, errno);
   }
   drop_ptrace_cap();
+  // After the id change, which clears it.
+  (void)::prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
   (void)::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0);
-  if (::chdir(spec.cwd.c_str()) != 0) report_failure(exec_w, "chdir", spec.cwd, errno);
+  if (::chdir(spec.cwd.c_str()) != 0) report_failure(ctx, "chdir", spec.cwd.c_str(), errno);
   int err = ENOENT;
   bool saw_eacces = false;
   for (const auto& c : p.candidates) {
@@ -129,8 +161,10 @@ void drop_ptrace_cap() {
     if (err != ENOENT && err != ENOTDIR && err != EACCES) break;
   }
   if (saw_eacces && (err == ENOENT || err == ENOTDIR)) err = EACCES;
-  report_failure(exec_w, "execve", spec.argv.empty() ? std::string() : spec.argv[0], err);
+  report_failure(ctx, "execve", spec.argv.empty() ? "" : spec.argv[0].c_str(), err);
 }
+
+int command_entry(void* arg) { run_command(*static_cast<const ChildCtx*>(arg)); }
 
 // Pids whose parent is `self`, from /proc (the fallback mode's sweep).
 std::vector<pid_t> children_of(pid_t self) {
@@ -168,7 +202,6 @@ std::vector<pid_t> children_of(pid_t self) {
 }
 
 struct InitState {
-  bool pid_ns = false;
   pid_t main_pid = -1;
   bool main_done = false;
   int main_status = 0;
@@ -195,12 +228,6 @@ void reap_nonblocking(InitState* s) {
 
 // Sends `sig` to every process of the command.
 void signal_all(InitState* s, int sig) {
-  if (s->pid_ns) {
-    // Inside its own pid namespace, kill(-1) reaches every process of the
-    // namespace except the init itself.
-    ::kill(-1, sig);
-    return;
-  }
   bool group_alive = !s->main_done && ::kill(-s->main_pid, sig) == 0;
   // Reparented orphans outside the command's process group (they left it
   // with setsid); members of the group already got the signal once.
@@ -248,18 +275,15 @@ void close_all_but(std::vector<int> keep) {
 }
 
 // The command init. Never returns.
-[[noreturn]] void run_init(const Prepared& p, bool pid_ns, int stdin_r, int stdout_w,
-                           int stderr_w, int exec_w, int init_w) {
+[[noreturn]] void run_init(const Prepared& p, int stdin_r, int stdout_w, int stderr_w, int exec_w,
+                           int init_w) {
   // The agent's other fds (control socket, other commands' pipes) must not
   // stay open in here: they would keep pipes from reaching EOF.
   close_all_but({stdin_r, stdout_w, stderr_w, exec_w, init_w});
-  if (pid_ns) {
-    (void)::prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
-  } else {
-    (void)::prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
-  }
+  // Dies with the agent (its children then with it, see run_command).
+  (void)::prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
+  (void)::prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
   InitState s;
-  s.pid_ns = pid_ns;
   // SIGCHLD stays blocked (inherited from the agent) and is read from a signalfd.
   sigset_t chld;
   sigemptyset(&chld);
@@ -271,8 +295,14 @@ void close_all_but(std::vector<int> keep) {
   // page tables are copied and torn down again (this process is single-threaded
   // and waits meanwhile; run_command never returns and changes nothing of ours
   // that we read afterwards).
+  ChildCtx ctx;
+  ctx.p = &p;
+  ctx.stdin_r = stdin_r;
+  ctx.stdout_w = stdout_w;
+  ctx.stderr_w = stderr_w;
+  ctx.exec_w = exec_w;
   pid_t pid = ::vfork();
-  if (pid == 0) run_command(p, stdin_r, stdout_w, stderr_w, exec_w);
+  if (pid == 0) run_command(ctx);
   if (pid < 0) {
     ExecFailure f;
     f.err = errno;
@@ -350,7 +380,28 @@ std::vector<std::string> exec_candidates(std::string_view argv0, std::string_vie
   return out;
 }
 
-Result<Spawned> spawn_command(const ExecSpec& spec, bool try_pid_ns) {
+namespace {
+
+// The stack of the agent's CLONE_VFORK children: the agent is suspended while
+// one runs, so one stack serves every spawn. Mapped once, with a guard page
+// below it.
+constexpr size_t kChildStack = 64u << 10;
+char* child_stack_top() {
+  static char* top = nullptr;
+  if (!top) {
+    const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+    void* m = ::mmap(nullptr, kChildStack + page, PROT_READ | PROT_WRITE,
+                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK | MAP_NORESERVE, -1, 0);
+    if (m == MAP_FAILED) return nullptr;
+    ::mprotect(m, page, PROT_NONE);
+    top = static_cast<char*>(m) + kChildStack + page;
+  }
+  return top;
+}
+
+}  // namespace
+
+Result<Spawned> spawn_command(const ExecSpec& spec, const CgroupRoot* cgroup_root, uint64_t seq) {
   if (spec.argv.empty()) return fail(Code::kInvalidArgument, "exec: empty argv");
   Prepared p;
   p.spec = &spec;
@@ -360,46 +411,59 @@ Result<Spawned> spawn_command(const ExecSpec& spec, bool try_pid_ns) {
   for (const auto& e : spec.env) p.envp.push_back(const_cast<char*>(e.c_str()));
   p.envp.push_back(nullptr);
 
-  int in[2], out[2], err[2], ex[2], ic[2];
+  int in[2], out[2], err[2];
   if (::pipe2(in, O_CLOEXEC) != 0) return sys_error("pipe2");
   sys::UniqueFd in_r(in[0]), in_w(in[1]);
   if (::pipe2(out, O_CLOEXEC) != 0) return sys_error("pipe2");
   sys::UniqueFd out_r(out[0]), out_w(out[1]);
   if (::pipe2(err, O_CLOEXEC) != 0) return sys_error("pipe2");
   sys::UniqueFd err_r(err[0]), err_w(err[1]);
-  if (::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, ex) != 0) return sys_error("socketpair");
-  sys::UniqueFd ex_a(ex[0]), ex_c(ex[1]);
-  if (::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, ic) != 0) return sys_error("socketpair");
-  sys::UniqueFd ic_a(ic[0]), ic_c(ic[1]);
-  int one = 1;
-  if (::setsockopt(ex_a.get(), SOL_SOCKET, SO_PASSCRED, &one, sizeof(one)) != 0)
-    return sys_error("setsockopt SO_PASSCRED");
-
-  bool pid_ns = false;
-  pid_t pid = -1;
-  if (try_pid_ns) {
-    // A raw clone (fork semantics, no new stack) so that the child is PID 1 of
-    // a new pid namespace without changing the agent's own pid_ns_for_children.
-    // The agent is single-threaded, so no lock can be held across it.
-    pid = static_cast<pid_t>(::syscall(SYS_clone, CLONE_NEWPID | SIGCHLD, nullptr, nullptr,
-                                       nullptr, nullptr));
-    if (pid >= 0) pid_ns = true;
-  }
-  if (pid < 0) pid = ::fork();
-  if (pid < 0) return sys_error("fork");
-  if (pid == 0) {
-    run_init(p, pid_ns, in_r.get(), out_w.get(), err_w.get(), ex_c.get(), ic_c.get());
-  }
-  for (int fd : {in_w.get(), out_r.get(), err_r.get(), ex_a.get(), ic_a.get()})
-    ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
   Spawned s;
-  s.init_pid = pid;
-  s.pid_ns = pid_ns;
+
+  if (cgroup_root) {
+    auto cg = CommandCgroup::make(*cgroup_root, seq);
+    if (!cg) return std::unexpected(cg.error());
+    char* stack = child_stack_top();
+    if (!stack) return sys_error("mmap(command stack)");
+    ChildCtx ctx;
+    ctx.p = &p;
+    ctx.stdin_r = in_r.get();
+    ctx.stdout_w = out_w.get();
+    ctx.stderr_w = err_w.get();
+    ctx.shared = &s.failure;
+    ctx.cgroup_dir = cg->dir_fd();
+    ctx.join_file = cg->join_file();
+    // The agent is single-threaded and has no signal handlers, so the child
+    // can borrow its memory: no page-table copy, and this call returns once
+    // the child has exec'd (or written its failure and exited).
+    pid_t pid = ::clone(command_entry, stack, CLONE_VM | CLONE_VFORK | SIGCHLD, &ctx);
+    if (pid < 0) return sys_error("clone(CLONE_VM|CLONE_VFORK)");
+    s.pid = pid;
+    s.failed = s.failure.err != 0 || s.failure.what[0] != '\0';
+    s.cgroup = std::move(*cg);
+  } else {
+    int ex[2], ic[2];
+    if (::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, ex) != 0) return sys_error("socketpair");
+    sys::UniqueFd ex_a(ex[0]), ex_c(ex[1]);
+    if (::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, ic) != 0) return sys_error("socketpair");
+    sys::UniqueFd ic_a(ic[0]), ic_c(ic[1]);
+    int one = 1;
+    if (::setsockopt(ex_a.get(), SOL_SOCKET, SO_PASSCRED, &one, sizeof(one)) != 0)
+      return sys_error("setsockopt SO_PASSCRED");
+    pid_t pid = ::fork();
+    if (pid < 0) return sys_error("fork");
+    if (pid == 0) run_init(p, in_r.get(), out_w.get(), err_w.get(), ex_c.get(), ic_c.get());
+    for (int fd : {ex_a.get(), ic_a.get()}) ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
+    s.pid = pid;
+    s.via_init = true;
+    s.exec_chan = std::move(ex_a);
+    s.init_chan = std::move(ic_a);
+  }
+  for (int fd : {in_w.get(), out_r.get(), err_r.get()})
+    ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
   s.stdin_w = std::move(in_w);
   s.stdout_r = std::move(out_r);
   s.stderr_r = std::move(err_r);
-  s.exec_chan = std::move(ex_a);
-  s.init_chan = std::move(ic_a);
   return s;
 }
 

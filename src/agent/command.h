@@ -1,45 +1,47 @@
-// Starting one command of a kExec, and the tiny "command init" that owns it.
+// Starting one command of a kExec.
 //
-// Layout of a running command (pid-namespace mode, the default):
+// Every command shares the sandbox's pid namespace (the agent's): `$$`,
+// /proc/<pid>, ps, pgrep and kill behave as on any Linux machine, across
+// execs too. A command's process tree is tracked by a cgroup instead
+// (command_cgroup.h), in one of two modes:
 //
-//   tp-agent ──fork after unshare(CLONE_NEWPID)──> command init (PID 1 of a new
-//   pid namespace) ──vfork──> the command (PID 2) ──> its children, daemons...
+// Cgroup mode (the agent got --cgroup-fd; every sandbox): the agent starts
+// the command directly with clone(CLONE_VM | CLONE_VFORK) on a stack of its
+// own: no copy of the agent's page tables, and the agent resumes only once the
+// child has called execve or given up. The child moves itself into the
+// command's cgroup first, and a failure before execve is written to memory the
+// agent shares with it (CLONE_VM) before _exit(127), so spawn_command() knows
+// synchronously whether the command started. The agent (PID 1, which reaps
+// everything) waits for the main pid itself; peak RSS comes from wait4's rusage.
 //
-// The command init reaps everything in its namespace and reports the command's
-// wait status, peak RSS (getrusage RUSAGE_CHILDREN) and wall time to the agent.
-// When the command's main process exits, the init kills the rest of its
-// namespace and exits; the kernel then guarantees no process of the command
-// survives (setsid/double-fork cannot escape a pid namespace). So background
-// work must be started as its own exec. Killing the init with SIGKILL (agent
-// shutdown, PDEATHSIG when the agent dies) also kills the whole namespace.
-//
-// Fallback mode, when unshare(CLONE_NEWPID) is not permitted (unprivileged
-// unit tests): the init is a child subreaper, the command leads its own
-// session/process group, and "kill everything" is SIGKILL to that group plus a
-// top-down sweep of the init's children (orphans are reparented to the init)
-// until none is left. Signals are forwarded to the group and to reparented
-// orphans.
-//
-// Channels (internal to the agent, not part of the wire protocol), both
-// SOCK_SEQPACKET socketpairs created by the agent:
+// Fallback mode (no cgroup fd: unit tests running the agent as a plain host
+// process): a tiny "command init" forked by the agent is a child subreaper,
+// the command (vforked by the init) leads its own session/process group, and
+// "kill everything" is SIGKILL to that group plus a top-down sweep of the
+// init's children (orphans are reparented to the init) until none is left.
+// Signals are forwarded to the group and to reparented orphans. Channels
+// (SOCK_SEQPACKET socketpairs, internal to the agent):
 //   exec channel: the command sends ExecHello (with SCM_CREDENTIALS, so the
-//     agent learns its pid in the agent's own namespace) right after fork and
-//     an ExecFailure when a step before execve fails. The command's end is
-//     CLOEXEC, so EOF without a failure means execve succeeded.
+//     agent learns its pid) right after the vfork and an ExecFailure when a
+//     step before execve fails. The command's end is CLOEXEC, so EOF without
+//     a failure means execve succeeded.
 //   init channel: agent -> init InitRequest (forward a signal, kill all);
 //     init -> agent InitReport once the command is over. EOF on the init's side
 //     (agent gone) makes the init kill everything and exit.
 //
-// The command's process: new session, stdin/stdout/stderr on pipes, every
-// other fd closed at exec, signal mask and dispositions reset, umask 022,
-// CAP_SYS_PTRACE dropped from the bounding, effective, permitted and
-// inheritable sets, supplementary groups cleared, setresgid/setresuid to the
-// requested ids (an agent that is not root cannot switch: it runs commands as
-// itself when the default ids 0 are asked for), no_new_privs, chdir(cwd), execve (PATH search of the
-// command's own environment when argv[0] has no '/').
+// The command's process, in both modes: (cgroup mode: joins its cgroup) new
+// session, stdin/stdout/stderr on pipes, every other fd closed at exec, signal
+// mask and dispositions reset, umask 022, CAP_SYS_PTRACE dropped from the
+// bounding, effective, permitted and inheritable sets, supplementary groups
+// cleared, setresgid/setresuid to the requested ids (an agent that is not root
+// cannot switch: it runs commands as itself when the default ids 0 are asked
+// for), PR_SET_PDEATHSIG SIGKILL (the command dies with its parent, the agent
+// or the fallback's init: what matters for an agent that is not PID 1),
+// no_new_privs, chdir(cwd), execve (PATH search of the command's own
+// environment when argv[0] has no '/').
 //
 // Thread rules: spawn_command must be called from a single-threaded process
-// (it forks); the agent is one.
+// (it vforks and forks); the agent is one.
 #pragma once
 
 #include <sys/types.h>
@@ -49,6 +51,7 @@
 #include <string_view>
 #include <vector>
 
+#include "agent/command_cgroup.h"
 #include "common/result.h"
 #include "sys/fd.h"  // header-only, libc only: fine for the static agent
 
@@ -98,18 +101,27 @@ struct InitReport {
 };
 
 struct Spawned {
-  pid_t init_pid = -1;  // in the agent's pid namespace
-  bool pid_ns = false;  // the init leads its own pid namespace
+  // Cgroup mode: the command's main pid. Fallback: the command init's pid
+  // (the command's own pid arrives on the exec channel).
+  pid_t pid = -1;
+  bool via_init = false;  // fallback mode
   sys::UniqueFd stdin_w;    // non-blocking
   sys::UniqueFd stdout_r;   // non-blocking
   sys::UniqueFd stderr_r;   // non-blocking
+  // Cgroup mode.
+  CommandCgroup cgroup;
+  bool failed = false;    // the child gave up before execve: `failure` says why
+  ExecFailure failure;
+  // Fallback mode.
   sys::UniqueFd exec_chan;  // agent end, SO_PASSCRED set
   sys::UniqueFd init_chan;  // agent end
 };
 
-// Starts the command init and the command. `try_pid_ns` false forces the
-// fallback mode. Errors are failures of the agent's own calls (pipe, fork);
-// failures inside the command arrive later as ExecFailure.
-Result<Spawned> spawn_command(const ExecSpec& spec, bool try_pid_ns);
+// Starts the command: in its own cgroup under `cgroup_root` (cgroup mode) or,
+// when `cgroup_root` is null, under a command init (fallback). `seq` names the
+// cgroup (c<seq>), unique for the agent's life. Errors are failures of the
+// agent's own calls (pipe, mkdir, clone); a failure inside the command is
+// Spawned::failed (cgroup mode) or arrives later as ExecFailure (fallback).
+Result<Spawned> spawn_command(const ExecSpec& spec, const CgroupRoot* cgroup_root, uint64_t seq);
 
 }  // namespace tp::agent

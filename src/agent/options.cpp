@@ -21,22 +21,20 @@ Result<Options> parse_options(int argc, char** argv) {
       if (i + 1 >= argc) return fail(Code::kInvalidArgument, std::string(a) + " needs a value");
       return std::string_view(argv[++i]);
     };
-    if (a == "--fd") {
+    if (a == "--fd" || a == "--cgroup-fd") {
       auto v = need();
       if (!v) return std::unexpected(v.error());
       std::string s(*v);
       char* end = nullptr;
       long fd = std::strtol(s.c_str(), &end, 10);
       if (s.empty() || *end != '\0' || fd < 0 || fd > 1 << 20)
-        return fail(Code::kInvalidArgument, "--fd: not a file descriptor: " + s);
-      o.fd = static_cast<int>(fd);
+        return fail(Code::kInvalidArgument, std::string(a) + ": not a file descriptor: " + s);
+      (a == "--fd" ? o.fd : o.cgroup_fd) = static_cast<int>(fd);
     } else if (a == "--root") {
       auto v = need();
       if (!v) return std::unexpected(v.error());
       if (v->empty()) return fail(Code::kInvalidArgument, "--root: empty");
       o.root = std::string(*v);
-    } else if (a == "--no-pid-ns" && !has_val) {
-      o.pid_ns = false;
     } else if (a == "--resolve") {
       auto v = need();
       if (!v) return std::unexpected(v.error());

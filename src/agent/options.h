@@ -1,12 +1,14 @@
 // Command line of tp-agent.
 //
-//   tp-agent [--fd N] [--root DIR] [--no-pid-ns] [--resolve auto|openat2|walk]
+//   tp-agent [--fd N] [--root DIR] [--cgroup-fd N] [--resolve auto|openat2|walk]
 //
 //   --fd N        the control stream (default 3)
 //   --root DIR    resolve file paths under DIR instead of "/" (tests; commands
 //                 still run in the agent's own root and cwd)
-//   --no-pid-ns   test-only: never start commands in their own pid namespace
-//                 (exercises the process-group fallback)
+//   --cgroup-fd N a directory fd of the sandbox's delegated cgroup (v2, or the
+//                 v1 freezer hierarchy): each command gets a cgroup under it
+//                 (command_cgroup.h). Without it (a plain host process, unit
+//                 tests) commands run under command inits (command.h, fallback)
 //   --resolve M   test-only: force the path resolver (default auto)
 //
 // Thread rules: pure function.
@@ -22,7 +24,7 @@ namespace tp::agent {
 struct Options {
   int fd = 3;
   std::string root = "/";
-  bool pid_ns = true;
+  int cgroup_fd = -1;  // -1: none
   Resolver::Mode resolve = Resolver::Mode::kAuto;
 };
 

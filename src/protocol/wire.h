@@ -36,11 +36,12 @@
 // Settled details (README.md in this folder has the full description):
 //  - kStarted comes only after execve succeeded; a failure before it (chdir,
 //    setresuid, execve ENOENT...) is one kError and no kExit. PID is the
-//    command's pid in the agent's pid namespace.
+//    command's pid in the agent's pid namespace, which every command shares.
 //  - kExit is sent after all of the command's output and after every process
-//    of the command is gone: each command runs in its own pid namespace, and
-//    when its main process exits (or times out, or gets SIGKILL) the rest of
-//    it is killed. Background work must be its own exec.
+//    of the command is gone: each command has a cgroup of its own (or, where
+//    the agent has none, a process group under a subreaper), and when its main
+//    process exits (or times out, or gets SIGKILL) the rest of it is killed.
+//    Background work must be its own exec.
 //  - kStdin/kSignal for an unknown or finished id are ignored. A running id
 //    reused by kExec answers kError conflict. An unknown message type answers
 //    kError invalid_argument; only a malformed frame closes the connection.

@@ -300,27 +300,64 @@ Result<uint64_t> CgroupManager::oom_kills(const std::string& id) {
   return keyed_value(*t, "oom_kill");
 }
 
+std::string CgroupManager::delegated_dir(const std::string& id) const {
+  return controller_dir(layout_.version == CgroupVersion::kV2 ? "" : "freezer", id);
+}
+
+std::vector<std::string> CgroupManager::delegated_files() const {
+  if (layout_.version == CgroupVersion::kV2)
+    return {"cgroup.procs", "cgroup.subtree_control", "cgroup.threads", "cgroup.kill"};
+  return {"cgroup.procs", "tasks", "freezer.state"};
+}
+
+std::vector<std::string> CgroupManager::subtree(const std::string& dir) {
+  std::vector<std::string> out{dir};
+  for (size_t i = 0; i < out.size(); ++i) {
+    auto subs = sys_.list_dirs(out[i]);
+    if (!subs) continue;
+    for (const auto& s : *subs) out.push_back(out[i] + "/" + s);
+  }
+  return out;
+}
+
+void CgroupManager::thaw_subtree(const std::string& id) {
+  if (layout_.version == CgroupVersion::kV2) return;
+  std::string fz = controller_dir("freezer", id);
+  if (fz.empty()) return;
+  auto all = subtree(fz);
+  for (size_t i = 1; i < all.size(); ++i) (void)sys_.write_file(all[i] + "/freezer.state", "THAWED");
+}
+
 Result<std::vector<pid_t>> CgroupManager::procs(const std::string& id) {
+  // v1: the pids hierarchy has no sub-cgroups (only the freezer's is delegated).
   std::string d = layout_.version == CgroupVersion::kV2 ? controller_dir("", id) : controller_dir("pids", id);
-  auto txt = sys_.read_file(d + "/cgroup.procs");
-  if (!txt) return std::unexpected(txt.error());
   std::vector<pid_t> out;
-  for (auto l : split(*txt, '\n')) {
-    auto v = to_u64(l);
-    if (v) out.push_back(static_cast<pid_t>(v));
+  const auto all = layout_.version == CgroupVersion::kV2 ? subtree(d) : std::vector<std::string>{d};
+  for (size_t i = 0; i < all.size(); ++i) {
+    auto txt = sys_.read_file(all[i] + "/cgroup.procs");
+    if (!txt) {
+      if (i > 0 && txt.error().sys_errno == ENOENT) continue;  // removed meanwhile
+      return std::unexpected(txt.error());
+    }
+    for (auto l : split(*txt, '\n')) {
+      auto v = to_u64(l);
+      if (v) out.push_back(static_cast<pid_t>(v));
+    }
   }
   return out;
 }
 
 Result<bool> CgroupManager::empty(const std::string& id) {
-  for (const auto& d : dirs(id)) {
-    if (!sys_.exists(d)) continue;
-    auto t = sys_.read_file(d + "/cgroup.procs");
-    if (!t) {
-      if (t.error().sys_errno == ENOENT) continue;
-      return std::unexpected(t.error());
+  for (const auto& top : dirs(id)) {
+    if (!sys_.exists(top)) continue;
+    for (const auto& d : subtree(top)) {
+      auto t = sys_.read_file(d + "/cgroup.procs");
+      if (!t) {
+        if (t.error().sys_errno == ENOENT) continue;
+        return std::unexpected(t.error());
+      }
+      if (t->find_first_not_of(" \n") != std::string::npos) return false;
     }
-    if (t->find_first_not_of(" \n") != std::string::npos) return false;
   }
   return true;
 }
@@ -364,6 +401,7 @@ Result<void> CgroupManager::kill_all(const std::string& id) {
       if (frozen) break;
     }
     if (frozen) (void)sys_.write_file(fz + "/freezer.state", "THAWED");
+    thaw_subtree(id);
   }
   for (int i = 0; i < kPolls; ++i) {
     auto e = empty(id);
@@ -379,13 +417,17 @@ Result<void> CgroupManager::kill_all(const std::string& id) {
 }
 
 Result<void> CgroupManager::remove(const std::string& id, int busy_polls) {
-  for (const auto& d : dirs(id)) {
-    for (int i = 0;; ++i) {
-      auto r = sys_.rmdir(d);
-      if (r || r.error().sys_errno == ENOENT) break;
-      // EBUSY: tasks still exiting; the kernel drops them from cgroup.procs shortly.
-      if (r.error().sys_errno != EBUSY || i >= busy_polls) return r;
-      sys_.pause_us(500);
+  for (const auto& top : dirs(id)) {
+    // The agent's command cgroups (normally removed by the agent itself) go first.
+    auto all = subtree(top);
+    for (auto d = all.rbegin(); d != all.rend(); ++d) {
+      for (int i = 0;; ++i) {
+        auto r = sys_.rmdir(*d);
+        if (r || r.error().sys_errno == ENOENT) break;
+        // EBUSY: tasks still exiting; the kernel drops them from cgroup.procs shortly.
+        if (r.error().sys_errno != EBUSY || i >= busy_polls) return r;
+        sys_.pause_us(500);
+      }
     }
   }
   return {};

@@ -6,6 +6,11 @@
 //   memory hard limit without swap (v1: memory.memsw.limit_in_bytes when it
 //   exists, else memory.swappiness = 0; v2: memory.swap.max = 0), cpu quota
 //   (v1 cpu.cfs_quota_us/cfs_period_us, v2 cpu.max), pids.max.
+// Delegation: the sandbox's cgroup directory of one hierarchy (v2: its only
+// one; v1: the freezer's) is handed to the sandbox's root (delegated_dir(),
+// delegated_files(): the container backend chowns them), whose agent makes one
+// cgroup per command under it (src/agent/command_cgroup.h). So a sandbox's
+// cgroup may have sub-cgroups: kill_all(), procs(), remove() cover them.
 // Every file operation goes through the SysApi seam, so the logic is tested
 // with a fake. Paths are computed from a CgroupLayout, which detect_layout()
 // reads from /proc/self/mountinfo (parse_layout() is the pure part).
@@ -95,12 +100,24 @@ class CgroupManager {
   Result<CgroupStats> stats(const std::string& id);
   // OOM kills in the sandbox so far: one file read (the exec path asks around every command).
   Result<uint64_t> oom_kills(const std::string& id);
-  // Pids in the sandbox's cgroup (host pids).
+  // The directory delegated to sandbox `id`'s root: v2 the sandbox's cgroup, v1
+  // its freezer cgroup; empty when v1 has no freezer hierarchy (the agent then
+  // falls back to process groups).
+  std::string delegated_dir(const std::string& id) const;
+  // Files of delegated_dir() its owner needs (besides the directory itself):
+  // v2 cgroup.procs, cgroup.subtree_control, cgroup.threads, cgroup.kill; v1
+  // cgroup.procs, tasks, freezer.state. Some may not exist on older kernels.
+  std::vector<std::string> delegated_files() const;
+  // v1: thaws every cgroup under the sandbox's freezer cgroup, so that tasks of
+  // a command cgroup its agent froze (and was killed before thawing) can die.
+  // No-op on v2, whose frozen tasks die of SIGKILL.
+  void thaw_subtree(const std::string& id);
+  // Pids in the sandbox's cgroup and its sub-cgroups (host pids).
   Result<std::vector<pid_t>> procs(const std::string& id);
   // Kills every process of `id` (v2 cgroup.kill; else freeze, SIGKILL each, thaw) and
   // waits until the cgroup is empty (bounded: kUnavailable if processes remain).
   Result<void> kill_all(const std::string& id);
-  // Removes the cgroup(s) of `id`. Idempotent (missing dirs are fine). Retries
+  // Removes the cgroup(s) of `id`, sub-cgroups first. Idempotent (missing dirs are fine). Retries
   // EBUSY (tasks still exiting) up to `busy_polls` times, 0.5 ms apart.
   Result<void> remove(const std::string& id, int busy_polls = 2000);
   // Ids that have a cgroup under the parent in any hierarchy.
@@ -113,6 +130,8 @@ class CgroupManager {
   std::vector<std::string> hierarchy_roots() const;  // unique mount points in use
   std::string controller_dir(const std::string& ctrl, const std::string& id) const;
   Result<bool> empty(const std::string& id);
+  // `dir` and every cgroup below it, parents first.
+  std::vector<std::string> subtree(const std::string& dir);
 
   SysApi& sys_;
   CgroupLayout layout_;

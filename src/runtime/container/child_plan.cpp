@@ -50,7 +50,7 @@ std::string flag_names(unsigned long f) {
 }
 
 // Exec-sequence step offsets from exec_steps_base.
-enum ExecStep : uint32_t { kDupFds, kStdio, kAgentFd, kCloseRange, kSeccomp, kExec, kExecStepCount };
+enum ExecStep : uint32_t { kDupFds, kStdio, kAgentFd, kCloseRange, kSeccomp, kExec, kCgroupFd, kExecStepCount };
 
 }  // namespace
 
@@ -133,6 +133,7 @@ void ChildPlan::finish() {
   steps.push_back("close_range(4, ~0, CLOSE_RANGE_CLOEXEC)");
   steps.push_back("prctl(PR_SET_NO_NEW_PRIVS) + seccomp(SECCOMP_SET_MODE_FILTER)");
   steps.push_back("execveat(tp-agent, \"\", AT_EMPTY_PATH)");
+  steps.push_back("dup3(cgroup directory, 4)");
 }
 
 void build_root_ops(const RootRecipe& r, ChildPlan* p) {
@@ -308,8 +309,10 @@ int run_child(void* arg) {
   long exe = raw::call(SYS_fcntl, p.exe_fd, F_DUPFD_CLOEXEC, 10);
   long err = raw::call(SYS_fcntl, err_fd, F_DUPFD_CLOEXEC, 10);
   long agent = raw::call(SYS_fcntl, p.agent_child, F_DUPFD_CLOEXEC, 10);
+  long cg = p.cgroup_fd >= 0 ? raw::call(SYS_fcntl, p.cgroup_fd, F_DUPFD_CLOEXEC, 10) : 0;
   if (err >= 0) err_fd = static_cast<int>(err);
-  if (exe < 0 || err < 0 || agent < 0) die(err_fd, e + kDupFds, exe < 0 ? exe : err < 0 ? err : agent);
+  if (exe < 0 || err < 0 || agent < 0 || cg < 0)
+    die(err_fd, e + kDupFds, exe < 0 ? exe : err < 0 ? err : agent < 0 ? agent : cg);
   long null_fd = raw::call(SYS_openat, AT_FDCWD, "/dev/null", O_RDWR);
   if (null_fd < 0) die(err_fd, e + kStdio, null_fd);
   for (int i = 0; i < 3; ++i) {
@@ -320,8 +323,13 @@ int run_child(void* arg) {
   if (null_fd > 2) raw::call(SYS_close, null_fd);
   long r = raw::call(SYS_dup3, agent, 3, 0);
   if (r < 0) die(err_fd, e + kAgentFd, r);
+  if (p.cgroup_fd >= 0) {
+    // The agent makes it CLOEXEC at once, so no command ever gets it.
+    r = raw::call(SYS_dup3, cg, 4, 0);
+    if (r < 0) die(err_fd, e + kCgroupFd, r);
+  }
   // Anything the daemon left without CLOEXEC must not reach the sandbox.
-  r = raw::call(SYS_close_range, 4, ~0U, CLOSE_RANGE_CLOEXEC);
+  r = raw::call(SYS_close_range, p.cgroup_fd >= 0 ? 5 : 4, ~0U, CLOSE_RANGE_CLOEXEC);
   if (r < 0) die(err_fd, e + kCloseRange, r);
   // Default dispositions, then unblock (the parent blocked everything around clone).
   KernelSigaction dfl{};

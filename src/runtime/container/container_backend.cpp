@@ -107,6 +107,13 @@ class ContainerInstance final : public SandboxInstance {
     agent_.reset();
     // PID 1 dying makes the kernel kill the whole pid namespace.
     TP_TRY(proc_.signal(SIGKILL));
+    // v1: a command cgroup the agent froze for a kill (and was killed before
+    // thawing) would keep its tasks, and so PID 1's exit, from completing.
+    const bool v1 = sh_->cgroups->layout().version == sys::CgroupVersion::kV1;
+    for (int i = 0; v1 && i < 2000 && !proc_.exited(); ++i) {
+      sh_->cgroups->thaw_subtree(id_);
+      if (!proc_.exited()) ::usleep(i < 20 ? 100 : 1000);
+    }
     auto reaped = proc_.reap();
     if (!reaped) {
       TP_SB_ERROR(id_, "reap: {}", reaped.error().message());
@@ -262,6 +269,10 @@ Result<std::unique_ptr<SandboxInstance>> ContainerBackend::create_impl(const San
   plan.seccomp = sh_->seccomp.get();
   plan.exe_fd = sh_->agent_exe.get();
   for (const char* a : {"tp-agent", "--fd", "3"}) plan.argv.push_back(const_cast<char*>(plan.keep(a)));
+  // The agent's cgroup fd (see below); the child places it at fd 4.
+  const std::string cg_dir = sh_->cgroups->delegated_dir(spec.id);
+  if (!cg_dir.empty())
+    for (const char* a : {"--cgroup-fd", "4"}) plan.argv.push_back(const_cast<char*>(plan.keep(a)));
   plan.argv.push_back(nullptr);
   std::map<std::string, std::string> env = spec.env;
   env.try_emplace("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin");
@@ -294,6 +305,30 @@ Result<std::unique_ptr<SandboxInstance>> ContainerBackend::create_impl(const San
     (void)sh_->cgroups->kill_all(spec.id);
     if (auto r = sh_->cgroups->remove(spec.id); !r) TP_SB_ERROR(spec.id, "unwind: {}", r.error().message());
   };
+  // Delegation: the sandbox's root (uid_base) owns its cgroup directory (v2;
+  // v1: the freezer one) and the files a delegatee writes, so that its agent
+  // can make, join, kill and remove one cgroup per command. The agent gets the
+  // directory as an fd: the sandbox has no cgroupfs (no /sys, mount denied).
+  UniqueFd cg_fd;
+  if (!cg_dir.empty()) {
+    auto own = [&](const std::string& p, bool must) -> Result<void> {
+      if (::chown(p.c_str(), sh_->opts.uid_base, sh_->opts.uid_base) == 0 || (!must && errno == ENOENT))
+        return {};
+      return sys_fail("chown(" + p + ")");
+    };
+    Result<void> d = own(cg_dir, true);
+    for (const auto& f : sh_->cgroups->delegated_files())
+      if (d) d = own(cg_dir + "/" + f, false);
+    if (d) {
+      cg_fd.reset(::open(cg_dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+      if (!cg_fd) d = sys_fail("open(" + cg_dir + ", O_DIRECTORY)");
+    }
+    if (!d) {
+      drop_cgroup();
+      return std::unexpected(d.error());
+    }
+    plan.cgroup_fd = cg_fd.get();
+  }
 
   void* stack = ::mmap(nullptr, kChildStack, PROT_READ | PROT_WRITE,
                        MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK | MAP_NORESERVE, -1, 0);
@@ -357,6 +392,7 @@ Result<std::unique_ptr<SandboxInstance>> ContainerBackend::create_impl(const San
   sync_rd.reset();
   err_wr.reset();
   agent_child.reset();
+  cg_fd.reset();
 
   auto abort_child = [&](Error err) -> Result<std::unique_ptr<SandboxInstance>> {
     sync_wr.reset();  // child blocked on the sync pipe exits on EOF

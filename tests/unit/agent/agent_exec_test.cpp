@@ -17,15 +17,45 @@ std::string read_host_file(const std::string& p) {
   return ss.str();
 }
 
-// Parameter: true = commands in their own pid namespace, false = the
-// process-group fallback (--no-pid-ns).
-class AgentExecTest : public AgentTestBase, public ::testing::WithParamInterface<bool> {
+// Parameter: how the agent tracks a command's processes. kCgroupV2/kCgroupV1:
+// a cgroup of its own under a delegated cgroup (--cgroup-fd, as in a sandbox;
+// needs root and that hierarchy), kProcessGroup: the command-init fallback
+// (process group + subreaper sweep).
+enum class Mode { kCgroupV2, kCgroupV1, kProcessGroup };
+
+class AgentExecTest : public AgentTestBase, public ::testing::WithParamInterface<Mode> {
  protected:
-  void SetUp() override { start(AgentOptions{.pid_ns = GetParam()}); }
+  void SetUp() override {
+    if (GetParam() == Mode::kProcessGroup) return start(AgentOptions{});
+    if (::geteuid() != 0) GTEST_SKIP() << "needs root to make a cgroup";
+    cg_ = std::make_unique<TestCgroup>(GetParam() == Mode::kCgroupV2);
+    if (cg_->path().empty()) {
+      cg_.reset();
+      GTEST_SKIP() << "no such cgroup hierarchy on this host";
+    }
+    start(AgentOptions{.cgroup_fd = cg_->fd()});
+  }
+  void TearDown() override {
+    stop();
+    if (cg_) {
+      // Every command's cgroup is gone with its command, or at the latest with the agent.
+      auto left = cg_->children();
+      EXPECT_TRUE(left.empty()) << left.front();
+      cg_.reset();
+    }
+  }
+  bool cgroup_mode() const { return cg_ != nullptr; }
+
+  std::unique_ptr<TestCgroup> cg_;
 };
 
-INSTANTIATE_TEST_SUITE_P(Modes, AgentExecTest, ::testing::Values(true, false),
-                         [](const auto& info) { return info.param ? "PidNs" : "ProcessGroup"; });
+INSTANTIATE_TEST_SUITE_P(Modes, AgentExecTest,
+                         ::testing::Values(Mode::kCgroupV2, Mode::kCgroupV1, Mode::kProcessGroup),
+                         [](const auto& info) {
+                           return info.param == Mode::kCgroupV2   ? "CgroupV2"
+                                  : info.param == Mode::kCgroupV1 ? "CgroupV1"
+                                                                  : "ProcessGroup";
+                         });
 
 TEST_P(AgentExecTest, PingAnswers) {
   auto r = await<void>([&](auto cb) { client_->ping(cb); });
@@ -261,12 +291,13 @@ TEST_P(AgentExecTest, CwdUidAndGid) {
 }
 
 TEST_P(AgentExecTest, CommandSeesOnlyItsStdioAndNoPtraceCap) {
-  // /proc/self: /proc here is the host's, where the shell's $$ (2 in its pid
-  // namespace) means another process. ls and grep inherit what sh has.
+  // ls and grep inherit what sh has.
   auto o = exec(sh("ls -l /proc/self/fd/; grep -E '^(Cap(Bnd|Eff|Prm)|NoNewPrivs):' /proc/self/status"));
   ASSERT_TRUE(o.result.has_value());
-  // No socket (control stream, internal channels) reaches the command.
+  // No socket (control stream, internal channels) reaches the command, nor
+  // the agent's cgroup directory.
   EXPECT_EQ(o.out.find("socket:"), std::string::npos) << o.out;
+  EXPECT_EQ(o.out.find("/sys/fs/cgroup"), std::string::npos) << o.out;
   std::istringstream in(o.out);
   std::string line;
   int caps = 0;
@@ -290,14 +321,81 @@ TEST_P(AgentExecTest, OrphanedZombiesAreReaped) {
   EXPECT_EQ(again.out, "still\n");
 }
 
-class AgentPidNsTest : public AgentTestBase {};
-
-TEST_F(AgentPidNsTest, CommandIsPidTwoOfItsOwnNamespace) {
-  if (::geteuid() != 0) GTEST_SKIP() << "needs CLONE_NEWPID";
-  start();
-  auto o = exec(sh("echo $$"));
+// One process world: the pid the agent reports is the shell's own $$, and
+// /proc/$$ is that shell (the agent runs as a host process here, so this is
+// the host's /proc).
+TEST_P(AgentExecTest, DollarDollarIsTheReportedPid) {
+  auto o = exec(sh("echo $$; grep '^Name:' /proc/$$/status"));
   ASSERT_TRUE(o.result.has_value());
-  EXPECT_EQ(o.out, "2\n");  // the command init is 1
+  ASSERT_TRUE(o.started);
+  EXPECT_EQ(o.out, std::to_string(o.pid) + "\nName:\tsh\n");
+}
+
+// A process started by one exec is found and stopped by the next one.
+TEST_P(AgentExecTest, LaterExecFindsAndStopsAnEarlierOne) {
+  // A duration nothing else on the host uses, as the process's marker.
+  const std::string marker = "sleep 4242." + std::to_string(::getpid() % 1000 + 1000);
+  node::ExecRequest bg;
+  bg.argv = {"sh", "-c", "exec " + marker};
+  bool done = false, started = false;
+  uint32_t bg_pid = 0;
+  Result<node::ExecResult> bg_result = std::unexpected(Error{});
+  node::ExecHandlers h;
+  h.on_started = [&](uint32_t pid) {
+    started = true;
+    bg_pid = pid;
+  };
+  h.on_done = [&](Result<node::ExecResult> r) {
+    bg_result = std::move(r);
+    done = true;
+  };
+  client_->exec(bg, std::move(h));
+  ASSERT_TRUE(run_until([&] { return started; }));
+  // pgrep from another exec sees it under the pid the agent reported.
+  auto found = exec(sh("for i in $(seq 100); do p=$(pgrep -xf '" + marker +
+                       "') && break; sleep 0.05; done; echo $p; kill -TERM $p"));
+  ASSERT_TRUE(found.result.has_value());
+  EXPECT_EQ(found.result->exit_code, 0) << found.err;
+  EXPECT_EQ(found.out, std::to_string(bg_pid) + "\n");
+  ASSERT_TRUE(run_until([&] { return done; }));
+  ASSERT_TRUE(bg_result.has_value());
+  EXPECT_EQ(bg_result->signal, SIGTERM);
+}
+
+// Cgroup mode: the command runs in a cgroup of its own under the delegated
+// one, and the cgroup is removed when the command ends.
+TEST_P(AgentExecTest, CommandRunsInItsOwnCgroup) {
+  if (!cgroup_mode()) GTEST_SKIP() << "cgroup mode only";
+  auto o = exec(sh("cat /proc/self/cgroup"));
+  ASSERT_TRUE(o.result.has_value());
+  const std::string leaf = cg_->path().substr(cg_->path().rfind('/')) + "/c";
+  EXPECT_NE(o.out.find(leaf), std::string::npos) << o.out;
+  EXPECT_TRUE(cg_->children().empty());
+  // Also after a command that never started.
+  node::ExecRequest bad;
+  bad.argv = {"tp-no-such-command-cg"};
+  auto f = exec(bad);
+  ASSERT_FALSE(f.result.has_value());
+  EXPECT_EQ(f.result.error().code, Code::kNotFound);
+  auto again = exec(sh("true"));  // a round trip after the failure's reap
+  ASSERT_TRUE(again.result.has_value());
+  EXPECT_TRUE(cg_->children().empty());
+}
+
+// Cgroup mode: a double-forked daemon whose parent chain is gone entirely
+// (not a child of the main process, nor of its process group) still dies
+// when the main process exits.
+TEST_P(AgentExecTest, DoubleForkedDaemonDiesWithMainProcess) {
+  std::string pidfile = host_path("/dd.pid");
+  auto o = exec(sh("(setsid sh -c 'read -r p rest < /proc/self/stat; echo $p > " + pidfile +
+                   ".tmp; mv " + pidfile + ".tmp " + pidfile +
+                   "; exec sleep 1000' </dev/null >/dev/null 2>&1 &) ; "
+                   "while [ ! -s " + pidfile + " ]; do sleep 0.01; done; echo ok"));
+  ASSERT_TRUE(o.result.has_value());
+  EXPECT_EQ(o.out, "ok\n");
+  std::string pid = read_host_file(pidfile);
+  ASSERT_FALSE(pid.empty());
+  EXPECT_TRUE(process_gone(std::stoi(pid))) << "daemon " << pid << " survived";
 }
 
 }  // namespace

@@ -11,6 +11,7 @@
 #include <sys/mount.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -54,8 +55,61 @@ class TempDir {
   std::string path_;
 };
 
+// A fresh cgroup for one agent (what the container backend delegates to a
+// sandbox): v2 under /sys/fs/cgroup (or a hybrid host's /sys/fs/cgroup/unified),
+// v1 under the freezer hierarchy. Needs root; path() is empty when this host
+// has no such hierarchy or the cgroup could not be made.
+class TestCgroup {
+ public:
+  explicit TestCgroup(bool v2) {
+    struct statfs sf {};
+    std::string base;
+    const std::vector<std::string> bases =
+        v2 ? std::vector<std::string>{"/sys/fs/cgroup", "/sys/fs/cgroup/unified"}
+           : std::vector<std::string>{"/sys/fs/cgroup/freezer"};
+    for (const auto& b : bases) {
+      if (::statfs(b.c_str(), &sf) == 0 && sf.f_type == (v2 ? 0x63677270 : 0x27e0eb)) {
+        base = b;
+        break;
+      }
+    }
+    if (base.empty()) return;
+    static int n = 0;
+    std::string p = base + "/tp-agent-test-" + std::to_string(::getpid()) + "-" + std::to_string(++n);
+    if (::mkdir(p.c_str(), 0755) != 0) return;
+    fd_ = ::open(p.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd_ < 0) {
+      ::rmdir(p.c_str());
+      return;
+    }
+    path_ = p;
+  }
+  ~TestCgroup() {
+    if (fd_ >= 0) ::close(fd_);
+    if (path_.empty()) return;
+    for (const auto& c : children()) ::rmdir((path_ + "/" + c).c_str());
+    ::rmdir(path_.c_str());
+  }
+  TestCgroup(const TestCgroup&) = delete;
+  TestCgroup& operator=(const TestCgroup&) = delete;
+  const std::string& path() const { return path_; }
+  int fd() const { return fd_; }
+  // Names of the cgroups under it (the agent's command cgroups).
+  std::vector<std::string> children() const {
+    std::vector<std::string> out;
+    std::error_code ec;
+    for (const auto& e : std::filesystem::directory_iterator(path_, ec))
+      if (e.is_directory(ec)) out.push_back(e.path().filename().string());
+    return out;
+  }
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+};
+
 struct AgentOptions {
-  bool pid_ns = true;          // false: --no-pid-ns (process-group fallback)
+  int cgroup_fd = -1;          // >= 0: --cgroup-fd (passed as fd 4); else the command-init fallback
   std::string resolve = "auto";
   bool mount_proc = false;     // run the agent in a private mount ns with proc at <root>/proc
 };
@@ -67,7 +121,10 @@ class AgentProcess {
     if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) return;
     std::string bin = agent_binary();
     std::vector<std::string> args = {bin, "--fd", "3", "--root", root, "--resolve", o.resolve};
-    if (!o.pid_ns) args.push_back("--no-pid-ns");
+    if (o.cgroup_fd >= 0) {
+      args.push_back("--cgroup-fd");
+      args.push_back("4");
+    }
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
@@ -82,6 +139,7 @@ class AgentProcess {
           ::_exit(122);
       }
       if (::dup2(sv[1], 3) < 0) ::_exit(123);
+      if (o.cgroup_fd >= 0 && ::dup2(o.cgroup_fd, 4) < 0) ::_exit(124);
       ::execv(argv[0], argv.data());
       ::_exit(127);
     }

@@ -26,13 +26,13 @@ TEST(AgentOptions, DefaultsAndFlags) {
   ASSERT_TRUE(d.has_value());
   EXPECT_EQ(d->fd, 3);
   EXPECT_EQ(d->root, "/");
-  EXPECT_TRUE(d->pid_ns);
+  EXPECT_EQ(d->cgroup_fd, -1);
   EXPECT_EQ(d->resolve, Resolver::Mode::kAuto);
-  auto o = parse({"tp-agent", "--fd", "7", "--root=/tmp/x", "--no-pid-ns", "--resolve", "walk"});
+  auto o = parse({"tp-agent", "--fd", "7", "--root=/tmp/x", "--cgroup-fd", "4", "--resolve", "walk"});
   ASSERT_TRUE(o.has_value());
   EXPECT_EQ(o->fd, 7);
   EXPECT_EQ(o->root, "/tmp/x");
-  EXPECT_FALSE(o->pid_ns);
+  EXPECT_EQ(o->cgroup_fd, 4);
   EXPECT_EQ(o->resolve, Resolver::Mode::kWalk);
 }
 
@@ -43,6 +43,10 @@ TEST(AgentOptions, RejectsBadInput) {
   EXPECT_FALSE(parse({"tp-agent", "--root", ""}).has_value());
   EXPECT_FALSE(parse({"tp-agent", "--resolve", "magic"}).has_value());
   EXPECT_FALSE(parse({"tp-agent", "--bogus"}).has_value());
+  EXPECT_FALSE(parse({"tp-agent", "--cgroup-fd", "x"}).has_value());
+  EXPECT_FALSE(parse({"tp-agent", "--cgroup-fd"}).has_value());
+  // The pid-namespace mode is gone, and so is its switch.
+  EXPECT_FALSE(parse({"tp-agent", "--no-pid-ns"}).has_value());
 }
 
 TEST(AgentEnv, DefaultAndGiven) {

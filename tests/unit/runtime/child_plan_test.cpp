@@ -120,8 +120,9 @@ TEST(ChildPlanTest, DevOnANodevDataDirBindsTheHostNodes) {
 
 TEST(ChildPlanTest, ExecStepsHaveDescriptions) {
   auto p = make_plan({"/a"}, {});
-  ASSERT_EQ(p.steps.size(), p.exec_steps_base + 6);
-  EXPECT_NE(p.steps.back().find("execveat"), std::string::npos);
+  ASSERT_EQ(p.steps.size(), p.exec_steps_base + 7);
+  EXPECT_NE(p.steps[p.exec_steps_base + 5].find("execveat"), std::string::npos);
+  EXPECT_NE(p.steps.back().find("cgroup directory, 4"), std::string::npos);
 }
 
 }  // namespace

@@ -243,6 +243,40 @@ TEST_F(ContainerBackendTest, CreateIsolatesAndDestroyLeavesNothing) {
   EXPECT_EQ(count_fds(), fds_before_);
 }
 
+// The sandbox's cgroup directory (v2; v1: the freezer's) is delegated to the
+// sandbox's root and reaches the agent as fd 4, named by --cgroup-fd 4.
+TEST_F(ContainerBackendTest, CgroupIsDelegatedToTheSandboxRoot) {
+  auto s = spec();
+  auto r = backend_->create(s);
+  ASSERT_TRUE(r) << r.error().message();
+  pid_t pid = (*r)->pid();
+  const std::string dir = cg_->delegated_dir(s.id);
+  ASSERT_FALSE(dir.empty()) << "no freezer hierarchy: the agent falls back to process groups";
+  struct stat st {};
+  ASSERT_EQ(stat(dir.c_str(), &st), 0);
+  EXPECT_EQ(st.st_uid, opts_.uid_base);
+  EXPECT_EQ(st.st_gid, opts_.uid_base);
+  int owned = 0;
+  for (const auto& f : cg_->delegated_files()) {
+    if (stat((dir + "/" + f).c_str(), &st) != 0) continue;  // e.g. no cgroup.kill before 5.14
+    EXPECT_EQ(st.st_uid, opts_.uid_base) << f;
+    ++owned;
+  }
+  EXPECT_GE(owned, 3);
+  // Nothing else is handed over (e.g. the limits).
+  const bool v2 = cg_->layout().version == sys::CgroupVersion::kV2;
+  if (stat((dir + (v2 ? "/pids.max" : "/freezer.self_freezing")).c_str(), &st) == 0) EXPECT_EQ(st.st_uid, 0u);
+  EXPECT_NE(slurp("/proc/" + std::to_string(pid) + "/cmdline").find(std::string("--cgroup-fd\0004", 13)),
+            std::string::npos);
+  std::error_code ec;
+  EXPECT_EQ(fs::read_symlink("/proc/" + std::to_string(pid) + "/fd/4", ec).string(), dir);
+  // A sub-cgroup left behind (an agent killed mid-command) does not keep destroy from removing it all.
+  ASSERT_EQ(mkdir((dir + "/c1").c_str(), 0755), 0);
+  ASSERT_TRUE((*r)->destroy());
+  expect_gone(s.id, pid);
+  r->reset();
+}
+
 TEST_F(ContainerBackendTest, MemoryAndPidLimitsHold) {
   auto s = spec();
   s.memory_bytes = 64ull << 20;
@@ -447,6 +481,17 @@ TEST(ContainerRealAgentTest, RunsACommandThroughTheWireProtocol) {
     ASSERT_TRUE(m);
     ASSERT_EQ(m->type, proto::MsgType::kExit) << m->str(proto::Tag::kMessage);
     EXPECT_EQ(m->i64(proto::Tag::kExitCode), 7);
+    {
+      // The command had a cgroup of its own; the agent removed it before kExit.
+      auto layout = sys::detect_layout(sys::real_sys());
+      sys::CgroupManager cg(sys::real_sys(), *layout, o.cgroup_name);
+      std::error_code ec;
+      int subs = 0;
+      for (const auto& e : std::filesystem::directory_iterator(cg.delegated_dir(s.id), ec))
+        if (e.is_directory(ec)) ++subs;
+      EXPECT_FALSE(ec) << ec.message();
+      EXPECT_EQ(subs, 0);
+    }
     ASSERT_TRUE((*r)->destroy());
     auto layout = sys::detect_layout(sys::real_sys());
     sys::CgroupManager cg(sys::real_sys(), *layout, o.cgroup_name);

@@ -272,6 +272,39 @@ TEST_F(CgroupV1Test, ListUnionsHierarchies) {
   EXPECT_EQ(m_.list(), (std::vector<std::string>{"a"}));
 }
 
+TEST_F(CgroupV1Test, DelegatesTheFreezerCgroup) {
+  EXPECT_EQ(m_.delegated_dir("sb1"), "/sys/fs/cgroup/freezer/tidepool/sb1");
+  EXPECT_EQ(m_.delegated_files(), (std::vector<std::string>{"cgroup.procs", "tasks", "freezer.state"}));
+  CgroupLayout no_freezer = layout_;
+  no_freezer.v1_mounts.erase("freezer");
+  CgroupManager m(f_, no_freezer, "tidepool");
+  EXPECT_EQ(m.delegated_dir("sb1"), "");
+}
+
+TEST_F(CgroupV1Test, RemoveTakesCommandCgroupsFirst) {
+  ASSERT_TRUE(m_.create("sb1", {}));
+  const std::string fz = "/sys/fs/cgroup/freezer/tidepool/sb1";
+  ASSERT_TRUE(f_.mkdir(fz + "/c3", 0755));
+  ASSERT_TRUE(f_.mkdir(fz + "/c3/deeper", 0755));
+  ASSERT_TRUE(m_.remove("sb1"));
+  EXPECT_FALSE(f_.dirs.contains(fz + "/c3"));
+  EXPECT_FALSE(f_.dirs.contains(fz));
+  EXPECT_TRUE(m_.list().empty());
+}
+
+TEST_F(CgroupV1Test, KillAllThawsCommandCgroups) {
+  ASSERT_TRUE(m_.create("sb1", {}));
+  const std::string fz = "/sys/fs/cgroup/freezer/tidepool/sb1";
+  ASSERT_TRUE(f_.mkdir(fz + "/c3", 0755));
+  f_.files[fz + "/freezer.state"] = "FROZEN\n";
+  ASSERT_TRUE(m_.kill_all("sb1"));
+  EXPECT_EQ(f_.written(fz + "/c3/freezer.state"), "THAWED");
+  f_.writes.clear();
+  m_.thaw_subtree("sb1");
+  EXPECT_EQ(f_.written(fz + "/c3/freezer.state"), "THAWED");
+  EXPECT_EQ(f_.written(fz + "/freezer.state"), "<unwritten>");  // only the agent's cgroups
+}
+
 class CgroupV2Test : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -338,6 +371,33 @@ TEST_F(CgroupV2Test, KillAllUsesCgroupKill) {
   EXPECT_TRUE(f_.kills.empty());
   ASSERT_TRUE(m_.remove("sb1"));
   EXPECT_FALSE(f_.dirs.contains("/cg/tidepool/sb1"));
+}
+
+TEST_F(CgroupV2Test, DelegatesTheSandboxCgroup) {
+  EXPECT_EQ(m_.delegated_dir("sb1"), "/cg/tidepool/sb1");
+  EXPECT_EQ(m_.delegated_files(), (std::vector<std::string>{"cgroup.procs", "cgroup.subtree_control",
+                                                            "cgroup.threads", "cgroup.kill"}));
+}
+
+TEST_F(CgroupV2Test, ProcsEmptyAndRemoveCoverCommandCgroups) {
+  ASSERT_TRUE(m_.create("sb1", {}));
+  const std::string d = "/cg/tidepool/sb1";
+  ASSERT_TRUE(f_.mkdir(d + "/c1", 0755));
+  f_.files[d + "/cgroup.procs"] = "7\n";
+  f_.files[d + "/c1/cgroup.procs"] = "42\n";
+  auto p = m_.procs("sb1");
+  ASSERT_TRUE(p);
+  EXPECT_EQ(*p, (std::vector<pid_t>{7, 42}));
+  f_.files[d + "/cgroup.procs"] = "";
+  // A member of the command cgroup alone keeps the sandbox from being empty.
+  auto k = m_.kill_all("sb1");
+  ASSERT_FALSE(k);
+  EXPECT_EQ(k.error().code, Code::kUnavailable);
+  f_.files[d + "/c1/cgroup.procs"] = "";
+  ASSERT_TRUE(m_.kill_all("sb1"));
+  ASSERT_TRUE(m_.remove("sb1"));
+  EXPECT_FALSE(f_.dirs.contains(d + "/c1"));
+  EXPECT_FALSE(f_.dirs.contains(d));
 }
 
 TEST(KeyedValueTest, FindsExactKeys) {

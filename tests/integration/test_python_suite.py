@@ -1,0 +1,107 @@
+"""CPython's own regression tests for processes, signals and files, in a sandbox and on the host.
+
+Debian's libpython3.11-testsuite (installed here when missing; scripts/install-deps.sh lists
+it) is visible in sandboxes of the `host` image, which bind the host's /usr. Each module runs
+once on the host as root (the same privilege as the sandbox's root) and once in a sandbox;
+every test that passes on the host must pass in the sandbox, except those in ALLOWED below
+with the reason the sandbox differs. A module that fails on the host proves nothing and is
+only reported.
+
+Slow (minutes): marked `slow`. TP_PY_SUITE="test_signal test_posix" runs only those modules.
+"""
+import os
+import re
+import subprocess
+import time
+
+import pytest
+
+MODULES = ("test_os test_posix test_signal test_subprocess test_threading test_pty test_asyncio "
+           "test_multiprocessing_fork test_shutil test_tempfile").split()
+PYTHON = "/usr/bin/python3"
+TESTSUITE = "/usr/lib/python3.11/test/test_signal.py"
+MODULE_TIMEOUT = 1800  # seconds for one module, in either place
+
+# Test ids ("module.Class.test") that may fail in a sandbox although they pass on the host.
+ALLOWED = {
+    # The sandbox's user namespace maps 65536 ids; chown to an unmapped id is EINVAL there.
+    "test.test_posix.PosixTester.test_chown": "chown to an id outside the sandbox's id map: EINVAL",
+    "test.test_posix.PosixTester.test_fchown": "chown to an id outside the sandbox's id map: EINVAL",
+    "test.test_posix.PosixTester.test_lchown": "chown to an id outside the sandbox's id map: EINVAL",
+    "test.test_os.ChownFileTests.test_chown_gid": "chown to an id outside the sandbox's id map: EINVAL",
+    "test.test_os.ChownFileTests.test_chown_with_root": "chown to an id outside the sandbox's id map: EINVAL",
+    "test.test_shutil.TestMisc.test_chown": "chown to an id outside the sandbox's id map: EINVAL",
+    # Only the sandbox's own ids exist: the host's supplementary groups are unmapped.
+    "test.test_posix.PosixTester.test_setgroups": "setgroups is denied in a user namespace whose "
+                                                  "setgroups file says deny or without mapped gids",
+    "test.test_posix.PosixTester.test_initgroups": "initgroups needs the host's groups, unmapped here",
+    # Resource limits the sandbox sets on purpose (RLIMIT_NOFILE, no core dumps).
+    "test.test_os.TestSendfile.test_headers": "sandbox nofile/size limits",
+}
+
+pytestmark = pytest.mark.slow
+
+FAIL_LINE = re.compile(r"^(?:FAIL|ERROR): (\w+) \(([\w.]+)\)", re.M)
+
+
+def failing_tests(output: str):
+    """Ids of the failing or erroring test cases in regrtest -v output."""
+    out = set()
+    for name, where in FAIL_LINE.findall(output):
+        out.add(where if where.endswith("." + name) else f"{where}.{name}")
+    return out
+
+
+def module_cmd(module: str, tmp: str):
+    return (f"mkdir -p {tmp} && cd {tmp} && TMPDIR={tmp} exec {PYTHON} -m test -v "
+            f"--timeout {MODULE_TIMEOUT} {module}")
+
+
+@pytest.fixture(scope="module")
+def testsuite():
+    if not os.path.exists(TESTSUITE):
+        r = subprocess.run(["apt-get", "install", "-y", "-q", "libpython3.11-testsuite"],
+                           env=dict(os.environ, DEBIAN_FRONTEND="noninteractive"),
+                           capture_output=True, text=True)
+        if r.returncode != 0 or not os.path.exists(TESTSUITE):
+            pytest.skip(f"libpython3.11-testsuite is not installed and apt-get failed: {r.stderr[-500:]}")
+    return TESTSUITE
+
+
+def modules():
+    only = os.environ.get("TP_PY_SUITE")
+    return only.split() if only else MODULES
+
+
+@pytest.mark.parametrize("module", modules())
+def test_module_passes_in_sandbox_as_on_host(testsuite, client, module, tmp_path):
+    t0 = time.monotonic()
+    host = subprocess.run(["sh", "-c", module_cmd(module, str(tmp_path / "work"))],
+                          capture_output=True, text=True, timeout=MODULE_TIMEOUT + 60)
+    host_s = time.monotonic() - t0
+    host_failed = failing_tests(host.stdout + host.stderr)
+    if host.returncode != 0 and not host_failed:
+        pytest.skip(f"{module} fails on the host before running tests (rc {host.returncode}): "
+                    f"{(host.stdout + host.stderr)[-800:]}")
+
+    sb = client.create(image="host", memory_mb=4096, pids=4096, disk_mb=4096, ttl=MODULE_TIMEOUT + 600)
+    try:
+        t1 = time.monotonic()
+        r = sb.exec(module_cmd(module, "/root/pysuite"), timeout=MODULE_TIMEOUT + 60,
+                    max_output_bytes=64 << 20)
+        sb_s = time.monotonic() - t1
+    finally:
+        client.kill(sb.id)
+    out = r.stdout + r.stderr
+    assert not r.timed_out, f"{module} timed out in the sandbox:\n{out[-3000:]}"
+    sb_failed = failing_tests(out)
+    if r.exit_code != 0 and not sb_failed:
+        pytest.fail(f"{module} failed in the sandbox without a failing test case (rc {r.exit_code}, "
+                    f"signal {r.signal}):\n{out[-3000:]}")
+    regressions = sorted(t for t in sb_failed - host_failed if t not in ALLOWED)
+    print(f"{module}: host {host_s:.0f}s rc {host.returncode} failed {sorted(host_failed)}; "
+          f"sandbox {sb_s:.0f}s rc {r.exit_code} failed {sorted(sb_failed)}")
+    assert not regressions, (f"{module}: pass on the host, fail in the sandbox: {regressions}\n"
+                             + "\n".join(l for l in out.splitlines() if l.startswith(("FAIL", "ERROR",
+                                                                                   "Traceback")))[-4000:]
+                             + "\n" + out[-3000:])
