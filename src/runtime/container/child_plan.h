@@ -63,6 +63,7 @@ struct ChildPlan {
   const sys::SeccompProgram* seccomp = nullptr;
   // fds (numbers in the parent's table, inherited by the child)
   int sync_rd = -1, sync_wr = -1, err_rd = -1, err_wr = -1, agent_child = -1, exe_fd = -1;
+  int agent_listen = -1;  // live restore: the agent's listening socket, fd 4 in the agent (-1: none)
   uint32_t exec_steps_base = 0;  // first of the fixed exec-sequence step descriptions
 
   const char* keep(std::string s) { return strings.emplace_back(std::move(s)).c_str(); }
