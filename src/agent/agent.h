@@ -8,7 +8,7 @@
 //    a writer queue, and a command whose unacknowledged output reaches a cap is
 //    not read again until the node has acknowledged it (the pipe then
 //    back-pressures it).
-//  - Sends kReady (VERSION, PID) when it is ready.
+//  - Sends kReady (VERSION, PID, HIGH_ID, SESSION...) at the start of every session.
 //  - Is not dumpable (commands cannot ptrace it or open /proc/1/fd/*); the
 //    control fd is CLOEXEC and never reaches a command.
 //  - Reaps every zombie reparented to it (SIGCHLD via signalfd).
