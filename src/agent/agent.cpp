@@ -25,6 +25,7 @@
 #include "agent/command.h"
 #include "agent/file_ops.h"
 #include "agent/options.h"
+#include "agent/session.h"
 #include "protocol/wire.h"
 
 namespace tp::agent {
@@ -35,9 +36,10 @@ using proto::MsgType;
 using proto::Tag;
 
 constexpr uint64_t kDefaultOutputLimit = 16ull << 20;
-// A command's output waiting in the writer queue beyond this stops reads of
-// its pipes (the pipe then blocks the command): a slow node costs memory
-// bounded by this per command, not by the command's output rate.
+// A command's output not yet acknowledged by the node (session.h) beyond
+// this stops reads of its pipes (the pipe then blocks the command): a slow or
+// absent node costs memory bounded by this per command, not by the command's
+// output rate, and nothing is lost.
 constexpr size_t kMaxQueuedPerCommand = 256u << 10;
 // Beyond this much queued in total, the agent stops reading requests too.
 constexpr size_t kMaxOutQueue = 8u << 20;
@@ -82,20 +84,21 @@ struct Command {
   bool stdin_eof = false;    // close stdin once stdin_buf is written
   uint64_t forwarded[3] = {0, 0, 0};
   bool truncated[3] = {false, false, false};
-  size_t queued = 0;         // bytes of this command's frames in the writer queue
 };
 
 class Agent {
  public:
   Agent(Options opts, int ctl, sys::UniqueFd sigfd, FileService files)
-      : opts_(std::move(opts)), ctl_(ctl), sigfd_(std::move(sigfd)), files_(std::move(files)) {}
+      : opts_(std::move(opts)), ctl_(ctl), sigfd_(std::move(sigfd)), files_(std::move(files)) {
+    if (opts_.listen_fd >= 0) listen_.reset(opts_.listen_fd);
+  }
 
   int run();
   // Cgroup mode (see command.h); without it commands run under command inits.
   void set_cgroup_root(CgroupRoot r) { cgroup_root_ = r; }
 
  private:
-  enum class Kind { kCtl, kSig, kExecChan, kInitChan, kStdout, kStderr, kStdin };
+  enum class Kind { kCtl, kListen, kSig, kExecChan, kInitChan, kStdout, kStderr, kStdin };
   struct Slot {
     Kind kind;
     uint32_t id;
@@ -103,7 +106,9 @@ class Agent {
 
   void send(Message m, uint32_t owner = 0);
   bool flush();
-  bool read_ctl();  // false: the agent must end
+  bool read_ctl();  // false: the session ended (see lose_ctl)
+  bool lose_ctl();  // the session ended; false: the agent must end
+  void accept_ctl();
   void handle(const Message& m);
   void handle_exec(const Message& m);
   void kill_command(Command& c);
@@ -123,15 +128,11 @@ class Agent {
   sys::UniqueFd ctl_;
   sys::UniqueFd sigfd_;
   FileService files_;
+  sys::UniqueFd listen_;           // --listen-fd: where a node connects again
+  uint64_t orphan_since_us_ = 0;   // when the last session ended (no ctl_)
   std::optional<proto::FrameReader> reader_{std::in_place};
   size_t reader_fed_ = 0;  // bytes fed since the reader was last renewed
-  struct OutFrame {
-    std::string bytes;
-    uint32_t owner;  // command id whose output this is, 0 for others
-  };
-  std::deque<OutFrame> outq_;
-  size_t out_off_ = 0;
-  size_t out_bytes_ = 0;
+  Session session_;        // what goes to the node, and what is kept until it acks
   bool heap_used_ = false;
   std::map<uint32_t, std::unique_ptr<Command>> cmds_;
   // Pids the agent waits for: the command's main process (cgroup mode) or
@@ -143,38 +144,49 @@ class Agent {
   int exit_code_ = 0;
 };
 
+// Answers of a kExec (its kStarted, kOutput, kExit, or a kError for an id the
+// session knows as an exec) are held until the node acknowledges them.
 void Agent::send(Message m, uint32_t owner) {
-  std::string bytes = proto::encode(m);
-  out_bytes_ += bytes.size();
-  if (owner) {
-    auto it = cmds_.find(owner);
-    if (it != cmds_.end()) it->second->queued += bytes.size();
-  }
-  if (bytes.size() > 4096) heap_used_ = true;
-  outq_.push_back(OutFrame{std::move(bytes), owner});
+  (void)owner;
+  bool exec = m.type == MsgType::kStarted || m.type == MsgType::kOutput || m.type == MsgType::kExit ||
+              (m.type == MsgType::kError && session_.holds(m.id));
+  size_t size = 0;
+  for (const auto& f : m.fields) size += f.second.size();
+  if (size > 4096) heap_used_ = true;
+  session_.send(std::move(m), exec);
 }
 
 // Writes what the control stream takes now. False when the stream broke.
 bool Agent::flush() {
-  while (!outq_.empty()) {
-    OutFrame& f = outq_.front();
-    ssize_t n = ::write(ctl_.get(), f.bytes.data() + out_off_, f.bytes.size() - out_off_);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      if (errno == EAGAIN) return true;
-      return false;
-    }
-    out_off_ += static_cast<size_t>(n);
-    if (out_off_ < f.bytes.size()) continue;
-    out_bytes_ -= f.bytes.size();
-    if (f.owner) {
-      auto it = cmds_.find(f.owner);
-      if (it != cmds_.end()) it->second->queued -= f.bytes.size();
-    }
-    outq_.pop_front();
-    out_off_ = 0;
-  }
+  if (!ctl_) return true;
+  return session_.flush(ctl_.get());
+}
+
+// The control stream ended (EOF, error). With a listening socket the commands
+// keep running and their answers wait for the next session; a protocol error
+// or no listening socket ends the agent.
+bool Agent::lose_ctl() {
+  if (!listen_ || exit_code_ != 0) return false;
+  ctl_.reset();
+  session_.end();
+  reader_.emplace();
+  reader_fed_ = 0;
+  orphan_since_us_ = mono_us();
+  log_line("tp-agent: the node is gone; commands keep running until it connects again\n");
   return true;
+}
+
+// A node connected to the listening socket: a new session, replacing the
+// current one if there is one (the node restarted without our noticing).
+void Agent::accept_ctl() {
+  int fd = ::accept4(listen_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+  if (fd < 0) return;  // EAGAIN, or the peer gave up already
+  if (ctl_) log_line("tp-agent: a new connection replaces the current session\n");
+  ctl_.reset(fd);
+  session_.end();
+  reader_.emplace();
+  reader_fed_ = 0;
+  session_.begin(static_cast<uint64_t>(::getpid()));
 }
 
 bool Agent::read_ctl() {
@@ -250,6 +262,12 @@ void Agent::handle(const Message& m) {
     case MsgType::kPing:
       send(Message(MsgType::kOk, m.id));
       return;
+    case MsgType::kHello:
+      session_.hello(m.u64(Tag::kEpoch));
+      return;
+    case MsgType::kAck:
+      session_.ack(m.u64(Tag::kSeq));
+      return;
     default: {
       char what[64];
       std::snprintf(what, sizeof(what), "unknown message type %u", static_cast<unsigned>(m.type));
@@ -262,7 +280,16 @@ void Agent::handle_exec(const Message& m) {
   auto reject = [&](Code code, std::string_view msg) {
     send(proto::make_error(m.id, code_name(code), 0, msg));
   };
-  if (cmds_.count(m.id)) return reject(Code::kConflict, "request id already in use");
+  // Refusals of an id already in use are not the command's answers: not held.
+  if (cmds_.count(m.id) || session_.holds(m.id)) {
+    session_.send(proto::make_error(m.id, code_name(Code::kConflict), 0, "request id already in use"), false);
+    return;
+  }
+  if (auto meta = m.get(Tag::kMeta); meta && meta->size() > proto::kMaxMeta) {
+    session_.send(proto::make_error(m.id, code_name(Code::kInvalidArgument), 0, "exec: META too large"), false);
+    return;
+  }
+  session_.note_exec(m.id, m.get(Tag::kMeta).value_or(""));
   ExecSpec spec;
   for (auto a : m.all(Tag::kArg)) spec.argv.emplace_back(a);
   std::vector<std::string> env;
@@ -602,23 +629,17 @@ void Agent::shutdown_commands() {
 // After a burst (big frames, many commands) give the heap back to the kernel
 // once the agent is idle again.
 void Agent::maybe_trim() {
-  if (!heap_used_ || !cmds_.empty() || !outq_.empty()) return;
+  if (!heap_used_ || !cmds_.empty() || !session_.idle()) return;
   heap_used_ = false;
-  std::deque<OutFrame>().swap(outq_);
   ::malloc_trim(0);
 }
 
 int Agent::run() {
-  {
-    Message ready(MsgType::kReady, 0);
-    ready.add_u64(Tag::kVersion, proto::kVersion);
-    ready.add_u64(Tag::kPid, static_cast<uint64_t>(::getpid()));
-    send(std::move(ready));
-  }
+  session_.begin(static_cast<uint64_t>(::getpid()));
   std::vector<pollfd> pfds;
   std::vector<Slot> slots;
   for (;;) {
-    if (!flush()) break;
+    if (!flush() && !lose_ctl()) break;
     maybe_trim();
     pfds.clear();
     slots.clear();
@@ -626,8 +647,11 @@ int Agent::run() {
       pfds.push_back(pollfd{fd, ev, 0});
       slots.push_back(Slot{k, id});
     };
-    short ctl_ev = (out_bytes_ < kMaxOutQueue ? POLLIN : 0) | (outq_.empty() ? 0 : POLLOUT);
-    add(ctl_.get(), ctl_ev, Kind::kCtl, 0);
+    if (ctl_) {
+      short ctl_ev = (session_.unsent_bytes() < kMaxOutQueue ? POLLIN : 0) | (session_.want_write() ? POLLOUT : 0);
+      add(ctl_.get(), ctl_ev, Kind::kCtl, 0);
+    }
+    if (listen_) add(listen_.get(), POLLIN, Kind::kListen, 0);
     add(sigfd_.get(), POLLIN, Kind::kSig, 0);
     uint64_t now = mono_us();
     if (now - last_drain_us_ >= 20000) {
@@ -635,6 +659,15 @@ int Agent::run() {
       last_drain_us_ = now;
     }
     uint64_t next_deadline = 0;
+    if (!ctl_) {
+      // No node for too long: it is not coming back; do not run forever.
+      uint64_t orphan_end = orphan_since_us_ + uint64_t{opts_.orphan_timeout_s} * 1000000ull;
+      if (now >= orphan_end) {
+        log_line("tp-agent: no node connected within --orphan-timeout; exiting\n");
+        break;
+      }
+      next_deadline = orphan_end;
+    }
     for (auto& [id, cp] : cmds_) {
       Command& c = *cp;
       if (c.deadline_us && !c.kill_sent) {
@@ -650,7 +683,7 @@ int Agent::run() {
       if (c.draining && (!next_deadline || now + 20000 < next_deadline)) next_deadline = now + 20000;
       if (c.sp.exec_chan) add(c.sp.exec_chan.get(), POLLIN, Kind::kExecChan, id);
       if (c.sp.init_chan) add(c.sp.init_chan.get(), POLLIN, Kind::kInitChan, id);
-      if (c.started && c.queued < kMaxQueuedPerCommand) {
+      if (c.started && session_.held_bytes(id) < kMaxQueuedPerCommand) {
         if (c.sp.stdout_r) add(c.sp.stdout_r.get(), POLLIN, Kind::kStdout, id);
         if (c.sp.stderr_r) add(c.sp.stderr_r.get(), POLLIN, Kind::kStderr, id);
       }
@@ -672,16 +705,22 @@ int Agent::run() {
       if (!re) continue;
       const Slot s = slots[i];
       if (s.kind == Kind::kCtl) {
+        bool lost = false;
         if (re & POLLOUT) {
-          if (!flush()) stop = true;
+          if (!flush()) lost = true;
         }
-        if (!stop && (re & (POLLIN | POLLHUP | POLLERR))) {
+        if (!lost && (re & (POLLIN | POLLHUP | POLLERR))) {
           if (re & POLLIN) {
-            if (!read_ctl()) stop = true;
+            if (!read_ctl()) lost = true;
           } else {
-            stop = true;  // hung up with nothing left to read
+            lost = true;  // hung up with nothing left to read
           }
         }
+        if (lost && !lose_ctl()) stop = true;
+        continue;
+      }
+      if (s.kind == Kind::kListen) {
+        accept_ctl();
         continue;
       }
       if (s.kind == Kind::kSig) {
@@ -732,7 +771,8 @@ int main(int argc, char** argv) {
   auto opts = parse_options(argc, argv);
   if (!opts) {
     log_line("tp-agent: %s\n", opts.error().message().c_str());
-    log_line("usage: tp-agent [--fd N] [--root DIR] [--cgroup-fd N] [--resolve auto|openat2|walk]\n");
+    log_line("usage: tp-agent [--fd N] [--listen-fd N] [--orphan-timeout S] [--root DIR] [--cgroup-fd N] "
+             "[--resolve auto|openat2|walk]\n");
     return 2;
   }
   // Keep the heap small and give it back: no dynamic mmap threshold growth,
@@ -749,6 +789,14 @@ int main(int argc, char** argv) {
   // As a plain process (tests), collect orphans the way PID 1 would.
   if (::getpid() != 1) ::prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
   ::fcntl(opts->fd, F_SETFD, FD_CLOEXEC);
+  if (opts->listen_fd >= 0) {
+    if (::fcntl(opts->listen_fd, F_GETFD) < 0 || opts->listen_fd == opts->fd) {
+      log_line("tp-agent: --listen-fd: %s\n", std::strerror(errno ? errno : EINVAL));
+      return 2;
+    }
+    ::fcntl(opts->listen_fd, F_SETFD, FD_CLOEXEC);
+    ::fcntl(opts->listen_fd, F_SETFL, ::fcntl(opts->listen_fd, F_GETFL) | O_NONBLOCK);
+  }
   ::fcntl(opts->fd, F_SETFL, ::fcntl(opts->fd, F_GETFL) | O_NONBLOCK);
   ::signal(SIGPIPE, SIG_IGN);
   sigset_t chld;

@@ -30,6 +30,16 @@ Result<Options> parse_options(int argc, char** argv) {
       if (s.empty() || *end != '\0' || fd < 0 || fd > 1 << 20)
         return fail(Code::kInvalidArgument, std::string(a) + ": not a file descriptor: " + s);
       (a == "--fd" ? o.fd : o.cgroup_fd) = static_cast<int>(fd);
+    } else if (a == "--listen-fd" || a == "--orphan-timeout") {
+      auto v = need();
+      if (!v) return std::unexpected(v.error());
+      std::string s(*v);
+      char* end = nullptr;
+      long n = std::strtol(s.c_str(), &end, 10);
+      if (s.empty() || *end != '\0' || n < 0 || n > 1 << 20)
+        return fail(Code::kInvalidArgument, std::string(a) + ": not a number in range: " + s);
+      if (a == "--listen-fd") o.listen_fd = static_cast<int>(n);
+      else o.orphan_timeout_s = static_cast<unsigned>(n);
     } else if (a == "--root") {
       auto v = need();
       if (!v) return std::unexpected(v.error());

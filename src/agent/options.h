@@ -1,8 +1,15 @@
 // Command line of tp-agent.
 //
-//   tp-agent [--fd N] [--root DIR] [--cgroup-fd N] [--resolve auto|openat2|walk]
+//   tp-agent [--fd N] [--listen-fd N] [--orphan-timeout S] [--root DIR] [--cgroup-fd N]
+//            [--resolve auto|openat2|walk]
 //
 //   --fd N        the control stream (default 3)
+//   --listen-fd N a listening unix stream socket: when the control stream ends
+//                 the agent keeps its commands and waits for the node to
+//                 connect again there (a new connection also replaces a live
+//                 one). Without it, the end of the control stream ends the agent.
+//   --orphan-timeout S  with --listen-fd: after S seconds without a node
+//                 (default 3600) the agent kills every command and exits
 //   --root DIR    resolve file paths under DIR instead of "/" (tests; commands
 //                 still run in the agent's own root and cwd)
 //   --cgroup-fd N a directory fd of the sandbox's delegated cgroup (v2, or the
@@ -23,6 +30,8 @@ namespace tp::agent {
 
 struct Options {
   int fd = 3;
+  int listen_fd = -1;
+  unsigned orphan_timeout_s = 3600;
   std::string root = "/";
   int cgroup_fd = -1;  // -1: none
   Resolver::Mode resolve = Resolver::Mode::kAuto;

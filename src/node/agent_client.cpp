@@ -4,18 +4,27 @@
 #include "node/agent_client.h"
 
 #include <fcntl.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cstring>
 #include <boost/asio/bind_executor.hpp>
 #include <boost/asio/buffer.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/posix/stream_descriptor.hpp>
+#include <boost/asio/steady_timer.hpp>
 #include <boost/asio/strand.hpp>
 #include <boost/asio/write.hpp>
 #include <deque>
+#include <mutex>
+#include <set>
 
 #include "node/agent_client_codec.h"
+#include "sys/fd.h"
 #include "protocol/wire.h"
 
 namespace tp::node {
@@ -27,11 +36,26 @@ using proto::MsgType;
 using proto::Tag;
 
 constexpr size_t kReadChunk = 64u << 10;
+// How long replayed answers of a resumed command wait for attach(): after it,
+// nobody wants them; they are dropped and acknowledged.
+constexpr auto kAttachWait = std::chrono::seconds(10);
+
+// This process's session epoch (kHello EPOCH): the wall clock at first use,
+// so that an agent can tell the sessions of different daemon runs apart.
+uint64_t session_epoch() {
+  static const uint64_t epoch = [] {
+    timespec ts{};
+    ::clock_gettime(CLOCK_REALTIME, &ts);
+    uint64_t v = static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<uint64_t>(ts.tv_nsec);
+    return v ? v : 1;
+  }();
+  return epoch;
+}
 
 class AgentClientImpl final : public AgentClient {
  public:
   AgentClientImpl(asio::io_context& io, int fd, std::string sandbox_id)
-      : strand_(asio::make_strand(io)), sd_(strand_), sandbox_id_(std::move(sandbox_id)) {
+      : strand_(asio::make_strand(io)), sd_(strand_), attach_timer_(strand_), sandbox_id_(std::move(sandbox_id)) {
     int d = ::fcntl(fd, F_DUPFD_CLOEXEC, 3);
     if (d < 0) {
       dup_errno_ = errno;
@@ -56,6 +80,9 @@ class AgentClientImpl final : public AgentClient {
         return;
       }
       self->on_ready_ = std::move(cb);
+      Message hello(MsgType::kHello, 0);
+      hello.add_u64(Tag::kEpoch, session_epoch());
+      self->send(proto::encode(hello));
       self->do_read();
     });
   }
@@ -188,6 +215,46 @@ class AgentClientImpl final : public AgentClient {
 
   size_t pending() const override { return pending_count_.load(); }
 
+  std::vector<ResumedCommand> resumed() const override {
+    std::lock_guard lock(resumed_mu_);
+    return resumed_list_;
+  }
+
+  Result<void> attach(uint32_t exec_id, ExecHandlers handlers) override {
+    {
+      std::lock_guard lock(resumed_mu_);
+      auto it = std::find_if(resumed_list_.begin(), resumed_list_.end(),
+                             [&](const ResumedCommand& c) { return c.id == exec_id; });
+      if (it == resumed_list_.end() || attachable_.erase(exec_id) == 0)
+        return fail(Code::kNotFound, "command " + std::to_string(exec_id) + " of " + sandbox_id_ +
+                                         " was not resumed, or was attached or abandoned already");
+    }
+    pending_count_.fetch_add(1);
+    asio::post(strand_, [self = self(), exec_id, h = std::move(handlers)]() mutable {
+      auto it = self->unattached_.find(exec_id);
+      std::vector<Message> backlog;
+      if (it != self->unattached_.end()) {
+        backlog = std::move(it->second);
+        self->unattached_.erase(it);
+      }
+      if (self->closed_) {
+        self->pending_count_.fetch_sub(1);
+        if (h.on_done) h.on_done(std::unexpected(self->closed_error()));
+        return;
+      }
+      Pending p;
+      p.is_exec = true;
+      p.exec = std::move(h);
+      self->pending_.emplace(exec_id, std::move(p));
+      for (auto& m : backlog) {
+        self->buffered_seqs_.erase(m.u64(Tag::kSeq));
+        if (!self->closed_) self->dispatch(std::move(m));
+      }
+      self->maybe_ack();
+    });
+    return {};
+  }
+
  private:
   using Reply = std::function<void(Result<Message>)>;
   struct Pending {
@@ -210,6 +277,15 @@ class AgentClientImpl final : public AgentClient {
 
   std::shared_ptr<AgentClientImpl> self() {
     return std::static_pointer_cast<AgentClientImpl>(shared_from_this());
+  }
+
+  // Ids continue above every id the agent still knows (kReady HIGH_ID).
+  void ids_above(uint64_t high) {
+    if (high >= 0xffffffffull) return;
+    uint32_t want = static_cast<uint32_t>(high) + 1;
+    uint32_t cur = next_id_.load();
+    while (cur < want && !next_id_.compare_exchange_weak(cur, want)) {
+    }
   }
 
   uint32_t new_id() {
@@ -367,6 +443,9 @@ class AgentClientImpl final : public AgentClient {
             self->on_message(std::move(*m));
           }
           if (self->closed_) return;
+          // After the handlers returned: the agent may drop these answers and
+          // read more of the commands' output (its back-pressure reaches the node).
+          self->maybe_ack();
           if (self->reader_.failed()) {
             self->fail_all(Error{Code::kUnavailable, 0,
                                  "protocol error from agent of " + self->sandbox_id_ + ": " +
@@ -377,10 +456,68 @@ class AgentClientImpl final : public AgentClient {
         }));
   }
 
+  // Acknowledges every held frame handled so far, up to the first one still
+  // buffered for a resumed command not attached yet.
+  void maybe_ack() {
+    if (closed_) return;
+    uint64_t to = last_seq_;
+    if (!buffered_seqs_.empty()) to = std::min(to, *buffered_seqs_.begin() - 1);
+    if (to <= acked_) return;
+    acked_ = to;
+    Message a(MsgType::kAck, 0);
+    a.add_u64(Tag::kSeq, to);
+    send(proto::encode(a));
+  }
+
+  // Nobody attached to these resumed commands in time: drop what they had.
+  void abandon_unattached() {
+    {
+      std::lock_guard lock(resumed_mu_);
+      attachable_.clear();
+    }
+    for (auto& [id, msgs] : unattached_)
+      for (auto& m : msgs) buffered_seqs_.erase(m.u64(Tag::kSeq));
+    unattached_.clear();
+    maybe_ack();
+  }
+
   void on_message(Message m) {
+    uint64_t seq = m.u64(Tag::kSeq, 0);
+    if (seq) {
+      auto u = unattached_.find(m.id);
+      if (u != unattached_.end()) {
+        buffered_seqs_.insert(seq);
+        u->second.push_back(std::move(m));
+        return;
+      }
+    }
+    dispatch(std::move(m));
+    if (seq > last_seq_) last_seq_ = seq;
+  }
+
+  void dispatch(Message m) {
+    if (m.type == MsgType::kResumed) {
+      if (ready_) return;
+      ResumedCommand c;
+      c.id = m.id;
+      c.meta = m.str(Tag::kMeta);
+      c.running = m.flag(Tag::kRunning);
+      unattached_[c.id];
+      std::lock_guard lock(resumed_mu_);
+      attachable_.insert(c.id);
+      resumed_list_.push_back(std::move(c));
+      return;
+    }
     if (m.type == MsgType::kReady) {
       if (!ready_) {
         ready_ = true;
+        ids_above(m.u64(Tag::kHighId, 0));
+        if (!unattached_.empty()) {
+          attach_timer_.expires_after(kAttachWait);
+          attach_timer_.async_wait(asio::bind_executor(strand_, [self = self()](boost::system::error_code ec) {
+            if (!ec) self->abandon_unattached();
+          }));
+        }
         if (auto cb = std::exchange(on_ready_, nullptr)) cb({});
       }
       return;
@@ -431,6 +568,13 @@ class AgentClientImpl final : public AgentClient {
     close_reason_ = why;
     boost::system::error_code ignored;
     sd_.close(ignored);
+    attach_timer_.cancel();
+    unattached_.clear();
+    buffered_seqs_.clear();
+    {
+      std::lock_guard lock(resumed_mu_);
+      attachable_.clear();
+    }
     if (!writing_) wq_.clear();
     auto pending = std::move(pending_);
     pending_.clear();
@@ -451,6 +595,7 @@ class AgentClientImpl final : public AgentClient {
 
   asio::strand<asio::io_context::executor_type> strand_;
   asio::posix::stream_descriptor sd_;
+  asio::steady_timer attach_timer_;
   std::string sandbox_id_;
   int dup_errno_ = 0;
   // Everything below is touched only on strand_.
@@ -464,6 +609,15 @@ class AgentClientImpl final : public AgentClient {
   std::function<void(Result<void>)> on_ready_;
   std::function<void(const Error&)> on_closed_;
   std::map<uint32_t, Pending> pending_;
+  // Sessions: answers of resumed commands not attached yet, and acks.
+  std::map<uint32_t, std::vector<Message>> unattached_;
+  std::set<uint64_t> buffered_seqs_;
+  uint64_t last_seq_ = 0;  // highest SEQ handled
+  uint64_t acked_ = 0;     // highest SEQ acknowledged
+  // Guarded by resumed_mu_ (read from any thread).
+  mutable std::mutex resumed_mu_;
+  std::vector<ResumedCommand> resumed_list_;
+  std::set<uint32_t> attachable_;
   // Touched from any thread.
   std::atomic<uint32_t> next_id_{1};
   std::atomic<size_t> pending_count_{0};
@@ -474,6 +628,39 @@ class AgentClientImpl final : public AgentClient {
 std::shared_ptr<AgentClient> AgentClient::create(boost::asio::io_context& io, int fd,
                                                  std::string sandbox_id) {
   return std::make_shared<AgentClientImpl>(io, fd, std::move(sandbox_id));
+}
+
+Result<std::shared_ptr<AgentClient>> AgentClient::connect(boost::asio::io_context& io,
+                                                          const std::string& address,
+                                                          std::string sandbox_id) {
+  sockaddr_un sa{};
+  sa.sun_family = AF_UNIX;
+  if (address.empty() || address[0] != '/')
+    return fail(Code::kInvalidArgument, "agent address of " + sandbox_id + " is not an absolute path: " + address);
+  std::string path = address;
+  sys::UniqueFd dir_fd;
+  if (path.size() >= sizeof(sa.sun_path)) {
+    // Too long for sun_path: connect through the directory's fd.
+    size_t slash = path.rfind('/');
+    std::string dir = slash == 0 ? "/" : path.substr(0, slash);
+    dir_fd.reset(::open(dir.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
+    if (!dir_fd) return sys_fail("open(" + dir + ", O_PATH) for the agent of " + sandbox_id);
+    path = "/proc/self/fd/" + std::to_string(dir_fd.get()) + path.substr(slash);
+    if (path.size() >= sizeof(sa.sun_path)) return fail(Code::kInvalidArgument, "agent socket name too long: " + address);
+  }
+  std::memcpy(sa.sun_path, path.data(), path.size());
+  sys::UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (!fd) return sys_fail("socket(AF_UNIX) for " + sandbox_id);
+  int rc;
+  do rc = ::connect(fd.get(), reinterpret_cast<const sockaddr*>(&sa), sizeof(sa));
+  while (rc != 0 && errno == EINTR);
+  if (rc != 0) {
+    int e = errno;
+    // No listener: the agent (and so the sandbox) is gone.
+    Code c = (e == ECONNREFUSED || e == ENOENT) ? Code::kNotFound : Code::kUnavailable;
+    return std::unexpected(Error{c, e, "connect(" + address + ") to the agent of " + sandbox_id});
+  }
+  return std::shared_ptr<AgentClient>(std::make_shared<AgentClientImpl>(io, fd.get(), std::move(sandbox_id)));
 }
 
 }  // namespace tp::node

@@ -9,6 +9,15 @@
 // invoked on that strand (never inline from the calling thread), exactly once
 // for the final callbacks (on_done / result callbacks). When the connection
 // closes or fails, every pending request completes with Code::kUnavailable.
+//
+// Sessions (src/protocol/README.md): start() sends kHello; every answer of a
+// command is acknowledged (kAck) once its handler has returned, so the agent
+// keeps what the node has not handled yet and its back-pressure reaches the
+// handlers. A session made by connect() lists what the agent still holds
+// (resumed()); the answers of those commands wait in the client for attach()
+// (up to 10 s after on_ready; then they are dropped and acknowledged). Request
+// ids continue above the highest id the agent reported, so issue requests
+// only after on_ready on a resumed session.
 #pragma once
 
 #include <boost/asio/io_context.hpp>

@@ -17,6 +17,7 @@ Result<std::vector<std::string>> exec_frames(const ExecRequest& req, uint32_t id
   m.add_u64(Tag::kGid, req.gid);
   if (req.timeout_ms) m.add_u64(Tag::kTimeoutMs, req.timeout_ms);
   m.add_u64(Tag::kOutputLimit, req.output_limit);
+  if (!req.meta.empty()) m.add(Tag::kMeta, req.meta);
   std::string_view in = req.stdin_data;
   std::string_view first = in.substr(0, std::min<size_t>(in.size(), proto::kMaxChunk));
   std::string_view rest = in.substr(first.size());
@@ -26,6 +27,8 @@ Result<std::vector<std::string>> exec_frames(const ExecRequest& req, uint32_t id
   m.add_bool(Tag::kStdinOpen, req.stdin_open || !rest.empty());
   std::vector<std::string> frames;
   frames.push_back(proto::encode(m));
+  if (req.meta.size() > proto::kMaxMeta)
+    return fail(Code::kPayloadTooLarge, "exec: meta exceeds " + std::to_string(proto::kMaxMeta) + " bytes");
   if (frames[0].size() > proto::kMaxFrame)
     return fail(Code::kPayloadTooLarge, "exec: argv and env exceed one frame");
   if (!rest.empty()) {

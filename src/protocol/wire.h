@@ -31,7 +31,12 @@
 //   kFileRemove-> kOk or kError
 //   kMkdir     -> kOk or kError
 //   kPing      -> kOk
-// The agent sends kReady (id 0, VERSION, PID) once, when it is ready to serve.
+// The agent sends kReady (id 0, VERSION, PID, HIGH_ID, SESSION) at the start
+// of every session, when it is ready to serve.
+// Sessions (README.md): the node's first frame is kHello (EPOCH). Answers of
+// kExec carry SEQ and are kept by the agent until kAck (SEQ, cumulative); a
+// new connection on the agent's listening socket starts a new session:
+// kResumed* (held commands), kReady, then every unacknowledged frame again.
 //
 // Settled details (README.md in this folder has the full description):
 //  - kStarted comes only after execve succeeded; a failure before it (chdir,
@@ -76,6 +81,8 @@ enum class MsgType : uint8_t {
   kExec = 1,
   kStdin = 2,
   kSignal = 3,
+  kHello = 4,          // first frame of a node's session: EPOCH. No answer.
+  kAck = 5,            // SEQ: every held frame up to SEQ was handled. No answer.
   kFileWrite = 10,
   kFileRead = 11,
   kFileStat = 12,
@@ -85,6 +92,7 @@ enum class MsgType : uint8_t {
   kPing = 20,
   // agent -> node
   kReady = 100,
+  kResumed = 104,      // before kReady of a new session, one per held command (id = its id)
   kStarted = 101,
   kOutput = 102,
   kExit = 103,
@@ -104,6 +112,7 @@ enum class Tag : uint16_t {
                        //      STDOUT_TRUNCATED / STDERR_TRUNCATED is set in kExit.
   kStdinOpen = 8,      // u64 bool; 1 = stdin stays open for kStdin frames, else it is
                        //      closed right after the initial DATA (if any)
+  kMeta = 9,           // bytes, at most kMaxMeta; opaque to the agent, listed back in kResumed
   // generic
   kData = 20,          // bytes
   kEof = 21,           // u64 bool
@@ -139,7 +148,17 @@ enum class Tag : uint16_t {
   kErrCode = 60,       // string, a tp::code_name ("not_found", ...)
   kErrno = 61,         // u64
   kMessage = 62,       // string
+  // sessions (README.md, "Sessions")
+  kSeq = 80,           // u64: on every held frame (answers of kExec); in kAck, cumulative
+  kEpoch = 81,         // u64: kHello, the node's session epoch
+  kHighId = 82,        // u64: kReady, the highest kExec id the agent has seen
+  kRunning = 83,       // u64 bool: kResumed, the command still runs
+  kSession = 84,       // u64: kReady, 1 for the agent's first session, then 2, 3...
+  kPrevEpoch = 85,     // u64: kReady, EPOCH of the last kHello of an earlier session (0: none)
+  kResumedCount = 86,  // u64: kReady, how many kResumed frames preceded it
 };
+
+inline constexpr size_t kMaxMeta = 16u << 10;  // kExec META; larger is invalid_argument
 
 // A decoded frame: type, id and its fields in order.
 struct Message {

@@ -448,3 +448,53 @@ void CgroupManager::remove_parent_if_empty() {
 }
 
 }  // namespace tp::sys
+
+namespace tp::sys {
+
+std::string freezer_dir(const CgroupManager& m, const std::string& id) {
+  auto ds = m.dirs(id);
+  if (m.layout().version == CgroupVersion::kV2) return ds.empty() ? std::string() : ds.front();
+  auto it = m.layout().v1_mounts.find("freezer");
+  if (it == m.layout().v1_mounts.end()) return {};
+  for (const auto& d : ds)
+    if (d.starts_with(it->second + "/")) return d;
+  return {};
+}
+
+Result<bool> is_frozen(SysApi& sys, const CgroupManager& m, const std::string& id) {
+  std::string d = freezer_dir(m, id);
+  if (d.empty()) return fail(Code::kInvalidArgument, "no cgroup freezer on this host");
+  if (m.layout().version == CgroupVersion::kV2) {
+    auto ev = sys.read_file(d + "/cgroup.events");
+    if (!ev) return std::unexpected(ev.error());
+    return keyed_value(*ev, "frozen") == 1;
+  }
+  auto st = sys.read_file(d + "/freezer.state");
+  if (!st) return std::unexpected(st.error());
+  return st->starts_with("FROZEN");
+}
+
+Result<void> set_frozen(SysApi& sys, const CgroupManager& m, const std::string& id, bool frozen) {
+  constexpr int kPolls = 5000;  // x 1 ms
+  std::string d = freezer_dir(m, id);
+  if (d.empty()) return fail(Code::kInvalidArgument, "no cgroup freezer on this host");
+  if (!sys.exists(d)) return fail(Code::kNotFound, "cgroup of " + id + " does not exist");
+  const bool v2 = m.layout().version == CgroupVersion::kV2;
+  if (v2) {
+    TP_TRY(sys.write_file(d + "/cgroup.freeze", frozen ? "1" : "0"));
+  } else {
+    TP_TRY(sys.write_file(d + "/freezer.state", frozen ? "FROZEN" : "THAWED"));
+  }
+  for (int i = 0; i < kPolls; ++i) {
+    auto now = is_frozen(sys, m, id);
+    if (!now) return std::unexpected(now.error());
+    if (*now == frozen) return {};
+    // v1 retries the transition: a task in an uninterruptible sleep can make
+    // the kernel fall back to FREEZING; writing FROZEN again continues it.
+    if (!v2 && frozen && i % 100 == 99) (void)sys.write_file(d + "/freezer.state", "FROZEN");
+    sys.pause_us(1000);
+  }
+  return fail(Code::kUnavailable, std::string("cgroup of ") + id + (frozen ? " did not freeze" : " did not thaw"));
+}
+
+}  // namespace tp::sys

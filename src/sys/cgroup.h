@@ -142,3 +142,19 @@ class CgroupManager {
 uint64_t keyed_value(std::string_view text, std::string_view key);
 
 }  // namespace tp::sys
+
+// Freezing a sandbox's processes (live restore: a consistent pause; the
+// daemon's freeze/thaw of an instance). v2: <cgroup>/cgroup.freeze, settled
+// when cgroup.events says "frozen 1"/"frozen 0"; v1: the freezer hierarchy's
+// freezer.state (FROZEN / THAWED; FREEZING while in progress).
+namespace tp::sys {
+// The directory whose files freeze `id`; "" when v1 has no freezer mounted.
+std::string freezer_dir(const CgroupManager& m, const std::string& id);
+// Freezes (true) or thaws (false) every process of `id` and waits until the
+// kernel reports it done (bounded: kUnavailable after about 5 s, then the
+// request stays written). kInvalidArgument without a freezer; kNotFound when
+// the cgroup does not exist.
+Result<void> set_frozen(SysApi& sys, const CgroupManager& m, const std::string& id, bool frozen);
+// Whether `id` is frozen now (a v1 FREEZING counts as not frozen).
+Result<bool> is_frozen(SysApi& sys, const CgroupManager& m, const std::string& id);
+}  // namespace tp::sys

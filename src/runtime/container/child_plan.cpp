@@ -129,8 +129,8 @@ void ChildPlan::finish() {
   exec_steps_base = static_cast<uint32_t>(steps.size());
   steps.push_back("fcntl(F_DUPFD_CLOEXEC)");
   steps.push_back("open(/dev/null) for stdio");
-  steps.push_back("dup3(agent socket, 3)");
-  steps.push_back("close_range(4, ~0, CLOSE_RANGE_CLOEXEC)");
+  steps.push_back("dup3(agent socket, 3) / dup3(agent listening socket, 4)");
+  steps.push_back("close_range(4 or 5, ~0, CLOSE_RANGE_CLOEXEC)");
   steps.push_back("prctl(PR_SET_NO_NEW_PRIVS) + seccomp(SECCOMP_SET_MODE_FILTER)");
   steps.push_back("execveat(tp-agent, \"\", AT_EMPTY_PATH)");
   steps.push_back("dup3(cgroup directory, 4)");
@@ -310,6 +310,8 @@ int run_child(void* arg) {
   long err = raw::call(SYS_fcntl, err_fd, F_DUPFD_CLOEXEC, 10);
   long agent = raw::call(SYS_fcntl, p.agent_child, F_DUPFD_CLOEXEC, 10);
   long cg = p.cgroup_fd >= 0 ? raw::call(SYS_fcntl, p.cgroup_fd, F_DUPFD_CLOEXEC, 10) : 0;
+  long listen = p.agent_listen >= 0 ? raw::call(SYS_fcntl, p.agent_listen, F_DUPFD_CLOEXEC, 10) : -1;
+  if (p.agent_listen >= 0 && listen < 0) die(err_fd, e + kDupFds, listen);
   if (err >= 0) err_fd = static_cast<int>(err);
   if (exe < 0 || err < 0 || agent < 0 || cg < 0)
     die(err_fd, e + kDupFds, exe < 0 ? exe : err < 0 ? err : agent < 0 ? agent : cg);
@@ -328,8 +330,12 @@ int run_child(void* arg) {
     r = raw::call(SYS_dup3, cg, 4, 0);
     if (r < 0) die(err_fd, e + kCgroupFd, r);
   }
+  if (listen >= 0) {
+    r = raw::call(SYS_dup3, listen, 5, 0);
+    if (r < 0) die(err_fd, e + kAgentFd, r);
+  }
   // Anything the daemon left without CLOEXEC must not reach the sandbox.
-  r = raw::call(SYS_close_range, p.cgroup_fd >= 0 ? 5 : 4, ~0U, CLOSE_RANGE_CLOEXEC);
+  r = raw::call(SYS_close_range, listen >= 0 ? 6 : p.cgroup_fd >= 0 ? 5 : 4, ~0U, CLOSE_RANGE_CLOEXEC);
   if (r < 0) die(err_fd, e + kCloseRange, r);
   // Default dispositions, then unblock (the parent blocked everything around clone).
   KernelSigaction dfl{};

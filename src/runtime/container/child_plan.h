@@ -64,6 +64,7 @@ struct ChildPlan {
   // fds (numbers in the parent's table, inherited by the child)
   int sync_rd = -1, sync_wr = -1, err_rd = -1, err_wr = -1, agent_child = -1, exe_fd = -1;
   int cgroup_fd = -1;  // the sandbox's delegated cgroup directory, placed at fd 4 (-1: none)
+  int agent_listen = -1;  // live restore: the agent's listening socket, placed at fd 5 (-1: none)
   uint32_t exec_steps_base = 0;  // first of the fixed exec-sequence step descriptions
 
   const char* keep(std::string s) { return strings.emplace_back(std::move(s)).c_str(); }

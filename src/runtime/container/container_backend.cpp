@@ -1,6 +1,7 @@
 #include "runtime/container/container_backend.h"
 
 #include <fcntl.h>
+#include <poll.h>
 #include <sched.h>
 #include <signal.h>
 #include <sys/mman.h>
@@ -10,7 +11,9 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
+#include <sys/syscall.h>
 #include <sys/sysmacros.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -18,7 +21,10 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
+#include <fstream>
 #include <set>
+#include <sstream>
 
 #include "common/log.h"
 #include "image/host_image.h"
@@ -74,12 +80,101 @@ struct Shared {
   std::string mnt_dir;
   container::RootRecipe common;  // what every sandbox's recipe shares (prepared dirs, /proc masks)
   int dumpable = 1;  // the daemon's PR_GET_DUMPABLE at start
+  std::string run_dir;  // <data_dir>/containers/run, root-only: per-sandbox agent socket and state
 };
+
+// Live restore. Each sandbox has <run_dir>/<id>/ (0700, root) holding
+// agent.sock, the agent's listening socket (bound here, its fd passed to the
+// agent: the sandbox cannot reach the path), and `state`: the init's host pid
+// and its start time (field 22 of /proc/<pid>/stat), so that a later daemon
+// run adopts the right process and not one that reused the pid.
+std::string sandbox_run_dir(const Shared& sh, const std::string& id) { return sh.run_dir + "/" + id; }
+
+// Field 22 of /proc/<pid>/stat (start time in clock ticks since boot); 0 if unreadable.
+uint64_t proc_start_time(pid_t pid) {
+  std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
+  std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  // comm (field 2) may hold spaces and parentheses: count from the last ')'.
+  size_t close = text.rfind(')');
+  if (close == std::string::npos) return 0;
+  std::istringstream rest(text.substr(close + 1));
+  std::string field;
+  for (int i = 3; i <= 22 && (rest >> field); ++i) {
+    if (i == 22) return std::strtoull(field.c_str(), nullptr, 10);
+  }
+  return 0;
+}
+
+void remove_run_dir(const std::string& dir) {
+  for (const char* f : {"/agent.sock", "/state", "/state.tmp"}) (void)::unlink((dir + f).c_str());
+  if (::rmdir(dir.c_str()) != 0 && errno != ENOENT) spdlog::warn("rmdir({}): {}", dir, std::strerror(errno));
+}
+
+// Makes <run_dir>/<id>/ afresh with a listening agent.sock in it; the fd.
+Result<UniqueFd> make_agent_socket(const std::string& dir) {
+  remove_run_dir(dir);  // a stale one of an earlier sandbox with this id
+  if (::mkdir(dir.c_str(), 0700) != 0) return sys_fail("mkdir(" + dir + ")");
+  std::string path = dir + "/agent.sock";
+  sockaddr_un sa{};
+  sa.sun_family = AF_UNIX;
+  UniqueFd dir_fd;
+  if (path.size() >= sizeof(sa.sun_path)) {
+    // A deep data_dir: bind through the directory's fd (clients do the same).
+    dir_fd.reset(::open(dir.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
+    if (!dir_fd) return sys_fail("open(" + dir + ", O_PATH)");
+    path = "/proc/self/fd/" + std::to_string(dir_fd.get()) + "/agent.sock";
+  }
+  std::memcpy(sa.sun_path, path.data(), path.size());
+  UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (!fd) return sys_fail("socket(AF_UNIX) for " + path);
+  if (::bind(fd.get(), reinterpret_cast<const sockaddr*>(&sa), sizeof(sa)) != 0) return sys_fail("bind(" + path + ")");
+  if (::listen(fd.get(), 4) != 0) return sys_fail("listen(" + path + ")");
+  return fd;
+}
+
+// Writes <dir>/state atomically: "pid <pid>\nstarttime <ticks>\n".
+Result<void> write_state(const std::string& dir, pid_t pid) {
+  uint64_t start = proc_start_time(pid);
+  if (!start) return fail(Code::kInternal, "no start time in /proc/" + std::to_string(pid) + "/stat");
+  const std::string tmp = dir + "/state.tmp";
+  std::string text = "pid " + std::to_string(pid) + "\nstarttime " + std::to_string(start) + "\n";
+  UniqueFd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600));
+  if (!fd) return sys_fail("open(" + tmp + ")");
+  if (::write(fd.get(), text.data(), text.size()) != static_cast<ssize_t>(text.size())) return sys_fail("write(" + tmp + ")");
+  fd.reset();
+  if (::rename(tmp.c_str(), (dir + "/state").c_str()) != 0) return sys_fail("rename(" + tmp + ")");
+  return {};
+}
+
+struct SavedState {
+  pid_t pid = 0;
+  uint64_t start = 0;
+};
+
+Result<SavedState> read_state(const std::string& dir) {
+  std::ifstream f(dir + "/state");
+  if (!f) return fail(Code::kNotFound, "no state file in " + dir);
+  SavedState st;
+  std::string key;
+  uint64_t v;
+  while (f >> key >> v) {
+    if (key == "pid") st.pid = static_cast<pid_t>(v);
+    if (key == "starttime") st.start = v;
+  }
+  if (st.pid <= 0 || st.start == 0) return fail(Code::kNotFound, "malformed state file in " + dir);
+  return st;
+}
 
 class ContainerInstance final : public SandboxInstance {
  public:
   ContainerInstance(std::shared_ptr<const Shared> sh, std::string id, sys::Pidfd proc, UniqueFd agent)
       : sh_(std::move(sh)), id_(std::move(id)), proc_(std::move(proc)), agent_(std::move(agent)) {}
+  // Live restore: the run dir exists (create, adopt); `adopted`: a previous
+  // daemon run created it, so its init is not our child.
+  void set_restore(bool has_run_dir, bool adopted) {
+    has_run_dir_ = has_run_dir;
+    adopted_ = adopted;
+  }
   ~ContainerInstance() override {
     auto r = destroy();
     if (!r) TP_SB_ERROR(id_, "destroy in destructor: {}", r.error().message());
@@ -102,9 +197,43 @@ class ContainerInstance final : public SandboxInstance {
     return sh_->cgroups->oom_kills(id_);
   }
 
+  std::string agent_address() const override {
+    return has_run_dir_ && !destroyed_ ? sandbox_run_dir(*sh_, id_) + "/agent.sock" : std::string();
+  }
+
+  Result<void> freeze() override {
+    if (destroyed_) return fail(Code::kConflict, "sandbox " + id_ + " is destroyed");
+    auto r = sys::set_frozen(sys::real_sys(), *sh_->cgroups, id_, true);
+    if (!r) {
+      // Half-frozen is worse than running: undo.
+      (void)sys::set_frozen(sys::real_sys(), *sh_->cgroups, id_, false);
+      return r;
+    }
+    frozen_ = true;
+    return {};
+  }
+
+  Result<void> thaw() override {
+    if (destroyed_) return fail(Code::kConflict, "sandbox " + id_ + " is destroyed");
+    TP_TRY(sys::set_frozen(sys::real_sys(), *sh_->cgroups, id_, false));
+    frozen_ = false;
+    return {};
+  }
+
+  // Everything keeps running: a later daemon run adopts the sandbox.
+  void release() override {
+    if (destroyed_) return;
+    agent_.reset();
+    proc_.close();
+    destroyed_ = true;
+    TP_SB_DEBUG(id_, "released (left running)");
+  }
+
   Result<void> destroy() override {
     if (destroyed_) return {};
     agent_.reset();
+    // A v1-frozen task does not die of SIGKILL until thawed.
+    if (frozen_) (void)sys::set_frozen(sys::real_sys(), *sh_->cgroups, id_, false);
     // PID 1 dying makes the kernel kill the whole pid namespace.
     TP_TRY(proc_.signal(SIGKILL));
     // v1: a command cgroup the agent froze for a kill (and was killed before
@@ -113,6 +242,13 @@ class ContainerInstance final : public SandboxInstance {
     for (int i = 0; v1 && i < 2000 && !proc_.exited(); ++i) {
       sh_->cgroups->thaw_subtree(id_);
       if (!proc_.exited()) ::usleep(i < 20 ? 100 : 1000);
+    }
+    if (adopted_) {
+      // Not our child (its parent is whoever took it when the daemon that
+      // made it exited): waitid cannot wait for it, its pidfd can.
+      pollfd pfd{proc_.fd(), POLLIN, 0};
+      while (::poll(&pfd, 1, -1) < 0 && errno == EINTR) {
+      }
     }
     auto reaped = proc_.reap();
     if (!reaped) {
@@ -136,6 +272,7 @@ class ContainerInstance final : public SandboxInstance {
       return rm;
     }
     proc_.close();
+    if (has_run_dir_) remove_run_dir(sandbox_run_dir(*sh_, id_));
     destroyed_ = true;
     TP_SB_DEBUG(id_, "destroyed");
     return {};
@@ -147,6 +284,9 @@ class ContainerInstance final : public SandboxInstance {
   sys::Pidfd proc_;
   UniqueFd agent_;
   bool destroyed_ = false;
+  bool has_run_dir_ = false;
+  bool adopted_ = false;
+  bool frozen_ = false;
 };
 
 // Blocks every signal in this thread for the duration (the clone child starts with this mask).
@@ -201,9 +341,22 @@ class ContainerBackend final : public Backend {
     return r;
   }
 
+  Result<std::unique_ptr<SandboxInstance>> adopt(const SandboxSpec& spec) override {
+    auto r = adopt_impl(spec);
+    if (!r) TP_SB_WARN(spec.id, "adopt failed: {}", r.error().message());
+    return r;
+  }
+
   std::vector<std::string> cleanup_orphans(const std::vector<std::string>& keep) override {
     std::set<std::string> keep_set(keep.begin(), keep.end());
     std::vector<std::string> cleaned;
+    // Run dirs of sandboxes not kept (their cgroups, if any, go below).
+    if (auto runs = sys::real_sys().list_dirs(sh_->run_dir)) {
+      for (const auto& id : *runs) {
+        if (keep_set.contains(id)) continue;
+        remove_run_dir(sandbox_run_dir(*sh_, id));
+      }
+    }
     for (const auto& id : sh_->cgroups->list()) {
       if (keep_set.contains(id)) continue;
       auto k = sh_->cgroups->kill_all(id);
@@ -224,6 +377,7 @@ class ContainerBackend final : public Backend {
 
  private:
   Result<std::unique_ptr<SandboxInstance>> create_impl(const SandboxSpec& spec);
+  Result<std::unique_ptr<SandboxInstance>> adopt_impl(const SandboxSpec& spec);
 
   std::shared_ptr<Shared> sh_;
 };
@@ -273,6 +427,8 @@ Result<std::unique_ptr<SandboxInstance>> ContainerBackend::create_impl(const San
   const std::string cg_dir = sh_->cgroups->delegated_dir(spec.id);
   if (!cg_dir.empty())
     for (const char* a : {"--cgroup-fd", "4"}) plan.argv.push_back(const_cast<char*>(plan.keep(a)));
+  // Live restore: the agent's listening socket, fd 5 in the agent.
+  for (const char* a : {"--listen-fd", "5"}) plan.argv.push_back(const_cast<char*>(plan.keep(a)));
   plan.argv.push_back(nullptr);
   std::map<std::string, std::string> env = spec.env;
   env.try_emplace("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin");
@@ -295,6 +451,21 @@ Result<std::unique_ptr<SandboxInstance>> ContainerBackend::create_impl(const San
   plan.err_rd = err_rd.get();
   plan.err_wr = err_wr.get();
   plan.agent_child = agent_child.get();
+  // Live restore: <run_dir>/<id>/agent.sock, bound here, before the clone,
+  // where the sandbox cannot reach it; the agent gets the fd.
+  const std::string run_dir = sandbox_run_dir(*sh_, spec.id);
+  auto listen_made = make_agent_socket(run_dir);
+  if (!listen_made) {
+    remove_run_dir(run_dir);
+    return std::unexpected(listen_made.error());
+  }
+  UniqueFd listen_sock = std::move(*listen_made);
+  plan.agent_listen = listen_sock.get();
+  struct RunDirOwner {
+    const std::string& dir;
+    bool owned = true;
+    ~RunDirOwner() { if (owned) remove_run_dir(dir); }
+  } run_dir_owner{run_dir};
 
   // The limits are written while the child sets up its root (below): it runs only
   // our setup code and the idle agent until create() returns.
@@ -432,9 +603,43 @@ Result<std::unique_ptr<SandboxInstance>> ContainerBackend::create_impl(const San
                                  std::string(si.si_code == CLD_EXITED ? "status " : "signal ") +
                                  std::to_string(si.si_status) + ")"});
   }
+  // Live restore: the state file next to the agent's socket.
+  listen_sock.reset();  // the agent has its own
+  if (auto r = write_state(run_dir, pid); !r) return abort_child(r.error());
+  run_dir_owner.owned = false;
   cgroup_owned = false;
   TP_SB_DEBUG(spec.id, "started, pid {}", pid);
-  return std::make_unique<ContainerInstance>(sh_, spec.id, std::move(proc), std::move(agent_host));
+  auto inst = std::make_unique<ContainerInstance>(sh_, spec.id, std::move(proc), std::move(agent_host));
+  inst->set_restore(true, false);
+  return inst;
+}
+
+Result<std::unique_ptr<SandboxInstance>> ContainerBackend::adopt_impl(const SandboxSpec& spec) {
+  if (!valid_name(spec.id)) return fail(Code::kInvalidArgument, "invalid sandbox id '" + spec.id + "'");
+  const std::string dir = sandbox_run_dir(*sh_, spec.id);
+  auto st = read_state(dir);
+  if (!st) return std::unexpected(st.error());
+  int pfd = static_cast<int>(::syscall(SYS_pidfd_open, st->pid, 0));
+  if (pfd < 0) {
+    if (errno == ESRCH) return fail(Code::kNotFound, "init of sandbox " + spec.id + " (pid " + std::to_string(st->pid) + ") is gone");
+    return sys_fail("pidfd_open(" + std::to_string(st->pid) + ")");
+  }
+  sys::Pidfd proc(pfd, st->pid);
+  // Checked after pidfd_open: the pidfd then names the process whose start time matched.
+  if (proc_start_time(st->pid) != st->start || proc.exited())
+    return fail(Code::kNotFound, "init of sandbox " + spec.id + " (pid " + std::to_string(st->pid) + ") is gone");
+  for (const auto& d : sh_->cgroups->dirs(spec.id)) {
+    struct stat cs {};
+    if (::stat(d.c_str(), &cs) != 0 || !S_ISDIR(cs.st_mode))
+      return fail(Code::kNotFound, "cgroup " + d + " of sandbox " + spec.id + " is missing");
+  }
+  struct stat ss {};
+  if (::lstat((dir + "/agent.sock").c_str(), &ss) != 0 || !S_ISSOCK(ss.st_mode))
+    return fail(Code::kNotFound, "agent socket of sandbox " + spec.id + " is missing");
+  TP_SB_INFO(spec.id, "adopted, pid {}", st->pid);
+  auto inst = std::make_unique<ContainerInstance>(sh_, spec.id, std::move(proc), UniqueFd());
+  inst->set_restore(true, true);
+  return inst;
 }
 
 // Makes `path` a root-owned entry of the wanted kind and mode, keeping it when it
@@ -548,6 +753,9 @@ Result<std::unique_ptr<Backend>> make_container_backend(const ContainerOptions& 
   for (const std::string& d : {dd + "/containers", sh->mnt_dir}) {
     if (::mkdir(d.c_str(), 0755) != 0 && errno != EEXIST) return sys_fail("mkdir(" + d + ")");
   }
+  // Root only: the agents' sockets are the daemon's way in, not the sandboxes'.
+  sh->run_dir = dd + "/containers/run";
+  TP_TRY(ensure_node(sh->run_dir, S_IFDIR, 0700, 0));
 
   sh->agent_exe.reset(::open(opts.agent_path.c_str(), O_PATH | O_CLOEXEC));
   if (!sh->agent_exe) return sys_fail("open(" + opts.agent_path + ", O_PATH)");

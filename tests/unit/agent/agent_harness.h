@@ -12,10 +12,12 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/vfs.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <boost/asio/io_context.hpp>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <functional>
@@ -112,6 +114,8 @@ struct AgentOptions {
   int cgroup_fd = -1;          // >= 0: --cgroup-fd (passed as fd 4); else the command-init fallback
   std::string resolve = "auto";
   bool mount_proc = false;     // run the agent in a private mount ns with proc at <root>/proc
+  bool listen = false;         // --listen-fd 4: a unix socket at <root>.sock (see socket_path())
+  int orphan_timeout_s = -1;   // --orphan-timeout, when >= 0
 };
 
 class AgentProcess {
@@ -125,6 +129,25 @@ class AgentProcess {
       args.push_back("--cgroup-fd");
       args.push_back("4");
     }
+    int lfd = -1;
+    if (o.listen) {
+      // Beside the root, not in it: commands run in the host's root anyway.
+      socket_path_ = root + ".sock";
+      lfd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+      sockaddr_un sa{};
+      sa.sun_family = AF_UNIX;
+      std::snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", socket_path_.c_str());
+      ::unlink(socket_path_.c_str());
+      if (lfd < 0 || ::bind(lfd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) != 0 || ::listen(lfd, 8) != 0) {
+        if (lfd >= 0) ::close(lfd);
+        ::close(sv[0]);
+        ::close(sv[1]);
+        return;
+      }
+      args.insert(args.end(), {"--listen-fd", "5"});
+      listen_ = true;
+    }
+    if (o.orphan_timeout_s >= 0) args.insert(args.end(), {"--orphan-timeout", std::to_string(o.orphan_timeout_s)});
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
@@ -140,14 +163,20 @@ class AgentProcess {
       }
       if (::dup2(sv[1], 3) < 0) ::_exit(123);
       if (o.cgroup_fd >= 0 && ::dup2(o.cgroup_fd, 4) < 0) ::_exit(124);
+      if (lfd >= 0 && ::dup2(lfd, 5) < 0) ::_exit(125);
       ::execv(argv[0], argv.data());
       ::_exit(127);
     }
     ::close(sv[1]);
+    if (lfd >= 0) ::close(lfd);
     fd_ = sv[0];
   }
   ~AgentProcess() {
     close_fd();
+    // With a listening socket EOF does not end the agent; its commands die
+    // with it (the command inits' PDEATHSIG or EOF on their channels).
+    if (listen_ && pid_ > 0 && !reaped_) ::kill(pid_, SIGKILL);
+    if (!socket_path_.empty()) ::unlink(socket_path_.c_str());
     if (pid_ > 0 && !reaped_) {
       // EOF on the control stream makes the agent kill its commands and exit.
       wait_exit();
@@ -158,6 +187,7 @@ class AgentProcess {
 
   int fd() const { return fd_; }
   pid_t pid() const { return pid_; }
+  const std::string& socket_path() const { return socket_path_; }
   void close_fd() {
     if (fd_ >= 0) ::close(fd_);
     fd_ = -1;
@@ -176,6 +206,8 @@ class AgentProcess {
   int fd_ = -1;
   bool reaped_ = false;
   int status_ = 0;
+  bool listen_ = false;
+  std::string socket_path_;
 };
 
 struct ExecOutcome {

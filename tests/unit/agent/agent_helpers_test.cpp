@@ -49,6 +49,20 @@ TEST(AgentOptions, RejectsBadInput) {
   EXPECT_FALSE(parse({"tp-agent", "--no-pid-ns"}).has_value());
 }
 
+TEST(AgentOptions, ListenFdAndOrphanTimeout) {
+  auto d = parse({"tp-agent"});
+  ASSERT_TRUE(d.has_value());
+  EXPECT_EQ(d->listen_fd, -1);
+  EXPECT_EQ(d->orphan_timeout_s, 3600u);
+  auto o = parse({"tp-agent", "--listen-fd", "4", "--orphan-timeout=60"});
+  ASSERT_TRUE(o.has_value());
+  EXPECT_EQ(o->listen_fd, 4);
+  EXPECT_EQ(o->orphan_timeout_s, 60u);
+  EXPECT_FALSE(parse({"tp-agent", "--listen-fd"}).has_value());
+  EXPECT_FALSE(parse({"tp-agent", "--listen-fd", "-2"}).has_value());
+  EXPECT_FALSE(parse({"tp-agent", "--orphan-timeout", "soon"}).has_value());
+}
+
 TEST(AgentEnv, DefaultAndGiven) {
   auto d = build_env({}, 0);
   EXPECT_EQ(d, (std::vector<std::string>{std::string("PATH=") + kDefaultPath, "LANG=C.UTF-8",

@@ -85,6 +85,132 @@ TEST_F(AgentClientTest, BadFdFailsStart) {
   EXPECT_EQ(r.error().code, Code::kUnavailable);
 }
 
+// Live restore through the client: a command outlives its first client, a
+// second one connects through the agent's socket, lists it, attaches to it
+// and gets what the first did not acknowledge; new ids continue above it.
+TEST_F(AgentClientTest, ResumeListsAttachesAndContinuesIds) {
+  AgentOptions o;
+  o.listen = true;
+  start(o);
+  node::ExecRequest req = sh("echo a; read x; echo \"b$x\"");
+  req.stdin_open = true;
+  req.meta = "restore-meta";
+  std::string first_out;
+  bool first_done = false;
+  node::ExecHandlers h;
+  h.on_output = [&](int, std::string_view d) { first_out.append(d); };
+  h.on_done = [&](Result<node::ExecResult>) { first_done = true; };
+  uint32_t id = client_->exec(req, std::move(h));
+  ASSERT_TRUE(run_until([&] { return first_out == "a\n"; }));
+  // A ping after the output: its answer means the ack of "a" was read.
+  ASSERT_TRUE(await<void>([&](auto cb) { client_->ping(cb); }).has_value());
+  client_->close();
+  agent_->close_fd();
+  ASSERT_TRUE(run_until([&] { return first_done; }));
+
+  auto c2 = node::AgentClient::connect(io_, agent_->socket_path(), "sb-test");
+  ASSERT_TRUE(c2.has_value()) << c2.error().message();
+  auto client2 = *c2;
+  auto r = await<void>([&](auto cb) { client2->start(cb); });
+  ASSERT_TRUE(r.has_value()) << r.error().message();
+  auto listed = client2->resumed();
+  ASSERT_EQ(listed.size(), 1u);
+  EXPECT_EQ(listed[0].id, id);
+  EXPECT_EQ(listed[0].meta, "restore-meta");
+  EXPECT_TRUE(listed[0].running);
+  EXPECT_EQ(client2->attach(id + 1000, {}).error().code, Code::kNotFound);
+
+  std::string out;
+  std::optional<Result<node::ExecResult>> done;
+  node::ExecHandlers h2;
+  h2.on_output = [&](int, std::string_view d) { out.append(d); };
+  h2.on_done = [&](Result<node::ExecResult> res) { done.emplace(std::move(res)); };
+  ASSERT_TRUE(client2->attach(id, std::move(h2)).has_value());
+  EXPECT_EQ(client2->attach(id, {}).error().code, Code::kNotFound) << "attached twice";
+  client2->send_stdin(id, "1\n", true);
+  ASSERT_TRUE(run_until([&] { return done.has_value(); }));
+  ASSERT_TRUE(done->has_value()) << done->error().message();
+  EXPECT_EQ((*done)->exit_code, 0);
+  EXPECT_EQ(out, "b1\n") << "acknowledged output must not come again";
+
+  // New requests of the second client get ids above the resumed one.
+  std::optional<Result<node::ExecResult>> d3;
+  node::ExecHandlers h3;
+  h3.on_done = [&](Result<node::ExecResult> res) { d3.emplace(std::move(res)); };
+  uint32_t id3 = client2->exec(sh("true"), std::move(h3));
+  EXPECT_GT(id3, id);
+  ASSERT_TRUE(run_until([&] { return d3.has_value(); }));
+  EXPECT_TRUE(d3->has_value());
+  client2->close();
+  io_.restart();
+  io_.run();
+}
+
+// Answers of a resumed command that arrive before attach() wait for it.
+TEST_F(AgentClientTest, ReplayedAnswersWaitForAttach) {
+  AgentOptions o;
+  o.listen = true;
+  start(o);
+  const std::string marker = host_path("/ended");
+  uint32_t pid = 0;
+  node::ExecHandlers h;
+  // The first client goes away as soon as the command started: nothing after
+  // that is acknowledged.
+  h.on_started = [&](uint32_t p) {
+    pid = p;
+    client_->close();
+  };
+  h.on_done = [](Result<node::ExecResult>) {};
+  uint32_t id = client_->exec(sh("read x; echo one; echo two >&2; : > " + marker + "; exit 4"), std::move(h));
+  (void)id;
+  ASSERT_TRUE(run_until([&] { return pid != 0; }));
+  io_.restart();
+  io_.run();
+  agent_->close_fd();
+  // The command waits for stdin, which a second client gives.
+  auto c2 = node::AgentClient::connect(io_, agent_->socket_path(), "sb-test");
+  ASSERT_TRUE(c2.has_value());
+  auto client2 = *c2;
+  ASSERT_TRUE(await<void>([&](auto cb) { client2->start(cb); }).has_value());
+  ASSERT_EQ(client2->resumed().size(), 1u);
+  uint32_t rid = client2->resumed()[0].id;
+  client2->send_stdin(rid, "\n", true);
+  ASSERT_TRUE(await<void>([&](auto cb) { client2->ping(cb); }).has_value());  // the stdin went out
+  // Wait until the command is over, then reconnect once more: this session's
+  // replay then holds everything and arrives before attach() below.
+  for (int i = 0; i < 3000 && !(::access(marker.c_str(), F_OK) == 0 && process_gone(static_cast<pid_t>(pid))); ++i)
+    ::usleep(10000);
+  auto c3 = node::AgentClient::connect(io_, agent_->socket_path(), "sb-test");
+  ASSERT_TRUE(c3.has_value());
+  auto client3 = *c3;
+  ASSERT_TRUE(await<void>([&](auto cb) { client3->start(cb); }).has_value());
+  ASSERT_EQ(client3->resumed().size(), 1u);
+  EXPECT_EQ(client3->resumed()[0].id, rid);
+  // A round trip: the agent wrote the replay before it read this.
+  ASSERT_TRUE(await<void>([&](auto cb) { client3->ping(cb); }).has_value());
+  std::string out, err;
+  std::optional<Result<node::ExecResult>> done;
+  node::ExecHandlers h3;
+  h3.on_output = [&](int s, std::string_view d) { (s == 1 ? out : err).append(d); };
+  h3.on_done = [&](Result<node::ExecResult> res) { done.emplace(std::move(res)); };
+  ASSERT_TRUE(client3->attach(rid, std::move(h3)).has_value());
+  ASSERT_TRUE(run_until([&] { return done.has_value(); }));
+  ASSERT_TRUE(done->has_value()) << done->error().message();
+  EXPECT_EQ((*done)->exit_code, 4);
+  EXPECT_EQ(out, "one\n");
+  EXPECT_EQ(err, "two\n");
+  client2->close();
+  client3->close();
+  io_.restart();
+  io_.run();
+}
+
+TEST_F(AgentClientTest, ConnectWithoutAgentIsNotFound) {
+  auto c = node::AgentClient::connect(io_, root_.path() + "/no-such.sock", "sb-none");
+  ASSERT_FALSE(c.has_value());
+  EXPECT_EQ(c.error().code, Code::kNotFound);
+}
+
 // A scripted agent on the other end of a socketpair, run on its own thread.
 class FakeAgent {
  public:
@@ -109,9 +235,13 @@ class FakeAgent {
 
   void send(const Message& m) { send_raw(proto::encode(m)); }
   void send_raw(const std::string& b) { ASSERT_EQ(::write(fd_, b.data(), b.size()), static_cast<ssize_t>(b.size())); }
+  // The next request; the client's kHello and kAck frames are skipped.
   std::optional<Message> recv() {
     for (;;) {
-      if (auto m = reader_.next()) return m;
+      if (auto m = reader_.next()) {
+        if (m->type == MsgType::kHello || m->type == MsgType::kAck) continue;
+        return m;
+      }
       char buf[65536];
       ssize_t n = ::read(fd_, buf, sizeof(buf));
       if (n <= 0) return std::nullopt;

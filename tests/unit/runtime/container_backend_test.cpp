@@ -6,7 +6,9 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -500,6 +502,285 @@ TEST(ContainerRealAgentTest, RunsACommandThroughTheWireProtocol) {
     b->reset();
     for (const auto& d : cg.dirs("x")) rmdir(std::filesystem::path(d).parent_path().c_str());
   }
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace tp::runtime
+
+// Live restore below the sandbox manager: release(), a new backend, adopt().
+namespace tp::runtime {
+namespace {
+
+// Frames over one fd, with the test's generous per-read timeout.
+struct FrameConn {
+  int fd;
+  proto::FrameReader reader;
+  std::optional<proto::Message> next() {
+    for (int i = 0; i < 100000; ++i) {
+      if (auto m = reader.next()) return m;
+      std::string chunk = read_some(fd, 1, 20000);
+      if (chunk.empty()) return std::nullopt;
+      reader.feed(chunk.data(), chunk.size());
+    }
+    return std::nullopt;
+  }
+  bool send(const proto::Message& m) {
+    std::string b = proto::encode(m);
+    return write(fd, b.data(), b.size()) == static_cast<ssize_t>(b.size());
+  }
+  // Answers of `id` until its kExit or kError (acknowledging them).
+  std::optional<proto::Message> until_end(uint32_t id, std::string* out = nullptr) {
+    for (;;) {
+      auto m = next();
+      if (!m) return m;
+      if (uint64_t seq = m->u64(proto::Tag::kSeq)) send(proto::Message(proto::MsgType::kAck, 0).add_u64(proto::Tag::kSeq, seq));
+      if (m->id != id) continue;
+      if (out && m->type == proto::MsgType::kOutput) out->append(m->str(proto::Tag::kData));
+      if (m->type == proto::MsgType::kExit || m->type == proto::MsgType::kError) return m;
+    }
+  }
+};
+
+int connect_unix(const std::string& path) {
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_un sa{};
+  sa.sun_family = AF_UNIX;
+  snprintf(sa.sun_path, sizeof sa.sun_path, "%s", path.c_str());
+  if (connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+proto::Message sh_exec(uint32_t id, const std::string& script, const std::string& meta = {}) {
+  proto::Message m(proto::MsgType::kExec, id);
+  m.add(proto::Tag::kArg, "/bin/sh").add(proto::Tag::kArg, "-c").add(proto::Tag::kArg, script);
+  if (!meta.empty()) m.add(proto::Tag::kMeta, meta);
+  return m;
+}
+
+TEST_F(ContainerBackendTest, RunDirIsRootOnlyAndDestroyRemovesIt) {
+  auto r = backend_->create(spec());
+  ASSERT_TRUE(r) << r.error().message();
+  auto& sb = **r;
+  ASSERT_TRUE(wait_ready(sb.agent_fd()));
+  std::string addr = sb.agent_address();
+  ASSERT_EQ(addr, dir_ + "/containers/run/" + sb.id() + "/agent.sock");
+  struct stat st {};
+  ASSERT_EQ(stat((dir_ + "/containers/run").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0700u);
+  EXPECT_EQ(st.st_uid, 0u);
+  ASSERT_EQ(stat(addr.c_str(), &st), 0);
+  EXPECT_TRUE(S_ISSOCK(st.st_mode));
+  std::string state = slurp(dir_ + "/containers/run/" + sb.id() + "/state");
+  EXPECT_NE(state.find("pid " + std::to_string(sb.pid()) + "\n"), std::string::npos) << state;
+  // The agent got it as fd 4 (the fake agent ignores it) and nothing else.
+  const std::string fds = "/proc/" + std::to_string(sb.pid()) + "/fd/";
+  ASSERT_EQ(stat((fds + "4").c_str(), &st), 0);
+  EXPECT_TRUE(S_ISSOCK(st.st_mode));
+  EXPECT_FALSE(fs::exists(fds + "5"));
+  std::string id = sb.id();
+  pid_t pid = sb.pid();
+  ASSERT_TRUE(sb.destroy());
+  expect_gone(id, pid);
+  EXPECT_FALSE(fs::exists(dir_ + "/containers/run/" + id));
+  EXPECT_EQ(sb.agent_address(), "");
+}
+
+TEST_F(ContainerBackendTest, ReleasedSandboxIsAdoptedByANewBackend) {
+  SandboxSpec s = spec();
+  auto r = backend_->create(s);
+  ASSERT_TRUE(r) << r.error().message();
+  ASSERT_TRUE(wait_ready((*r)->agent_fd()));
+  ASSERT_EQ(status_of(**r, "true"), 0);
+  pid_t pid = (*r)->pid();
+  (*r)->release();
+  EXPECT_TRUE((*r)->destroy().has_value());  // a no-op now
+  r->reset();
+  backend_.reset();  // the daemon goes away
+  EXPECT_EQ(kill(pid, 0), 0) << "released sandbox must keep running";
+  auto b = make_container_backend(opts_);
+  ASSERT_TRUE(b) << b.error().message();
+  backend_ = std::move(*b);
+  auto a = backend_->adopt(s);
+  ASSERT_TRUE(a) << a.error().message();
+  EXPECT_EQ((*a)->agent_fd(), -1);
+  EXPECT_EQ((*a)->pid(), pid);
+  EXPECT_TRUE((*a)->alive());
+  EXPECT_EQ((*a)->agent_address(), dir_ + "/containers/run/" + s.id + "/agent.sock");
+  auto u = (*a)->usage();
+  ASSERT_TRUE(u) << u.error().message();
+  EXPECT_GT(u->pids, 0u);
+  // cleanup_orphans keeps what is kept.
+  EXPECT_TRUE(backend_->cleanup_orphans({s.id}).empty());
+  EXPECT_TRUE(fs::exists(dir_ + "/containers/run/" + s.id + "/state"));
+  ASSERT_TRUE((*a)->destroy());
+  expect_gone(s.id, pid);
+  EXPECT_FALSE(fs::exists(dir_ + "/containers/run/" + s.id));
+  // Gone now: nothing to adopt.
+  auto again = backend_->adopt(s);
+  ASSERT_FALSE(again);
+  EXPECT_EQ(again.error().code, Code::kNotFound);
+}
+
+TEST_F(ContainerBackendTest, AdoptRefusesAReusedPidAndCleanupRemovesRunDirs) {
+  SandboxSpec s = spec();
+  auto r = backend_->create(s);
+  ASSERT_TRUE(r) << r.error().message();
+  ASSERT_TRUE(wait_ready((*r)->agent_fd()));
+  pid_t pid = (*r)->pid();
+  const std::string run = dir_ + "/containers/run/" + s.id;
+  // Same pid, other start time: another process than the one recorded.
+  {
+    std::ofstream f(run + "/state");
+    f << "pid " << pid << "\nstarttime 1\n";
+  }
+  auto a = backend_->adopt(s);
+  ASSERT_FALSE(a);
+  EXPECT_EQ(a.error().code, Code::kNotFound);
+  EXPECT_EQ(kill(pid, 0), 0) << "a refused adopt touches nothing";
+  // A run dir of a sandbox that is not kept goes with it.
+  (*r)->release();
+  r->reset();
+  auto cleaned = backend_->cleanup_orphans({});
+  ASSERT_EQ(cleaned.size(), 1u);
+  EXPECT_FALSE(fs::exists(run));
+  // The released init is our child here: reap it.
+  int st;
+  EXPECT_EQ(waitpid(pid, &st, 0), pid);
+  for (const auto& d : cg_->dirs(s.id)) EXPECT_FALSE(fs::exists(d));
+  auto none = backend_->adopt(spec("never-made"));
+  ASSERT_FALSE(none);
+  EXPECT_EQ(none.error().code, Code::kNotFound);
+}
+
+TEST_F(ContainerBackendTest, FreezeStopsEveryProcessAndThawResumes) {
+  auto r = backend_->create(spec());
+  ASSERT_TRUE(r) << r.error().message();
+  auto& sb = **r;
+  ASSERT_TRUE(wait_ready(sb.agent_fd()));
+  if (sys::freezer_dir(*cg_, sb.id()).empty()) GTEST_SKIP() << "no freezer";
+  ASSERT_TRUE(sb.freeze());
+  auto fz = sys::is_frozen(sys::real_sys(), *cg_, sb.id());
+  ASSERT_TRUE(fz) << fz.error().message();
+  EXPECT_TRUE(*fz);
+  // A frozen agent does not answer: the line stays unread.
+  const std::string line = "true\n";
+  ASSERT_EQ(write(sb.agent_fd(), line.data(), line.size()), static_cast<ssize_t>(line.size()));
+  pollfd p{sb.agent_fd(), POLLIN, 0};
+  EXPECT_EQ(poll(&p, 1, 200), 0);
+  ASSERT_TRUE(sb.thaw());
+  fz = sys::is_frozen(sys::real_sys(), *cg_, sb.id());
+  ASSERT_TRUE(fz);
+  EXPECT_FALSE(*fz);
+  std::string ans = read_some(sb.agent_fd(), 7, 20000);
+  EXPECT_EQ(ans, "exit 0\n");
+  // Destroying a frozen sandbox works too.
+  ASSERT_TRUE(sb.freeze());
+  std::string id = sb.id();
+  pid_t pid = sb.pid();
+  ASSERT_TRUE(sb.destroy());
+  expect_gone(id, pid);
+  EXPECT_FALSE(sb.freeze());
+}
+
+// With the real tp-agent: a command keeps running across release() and a
+// new backend's adopt(); a new session lists it, replays its unacknowledged
+// output, execs, and destroy leaves nothing.
+TEST(ContainerRealAgentTest, AdoptedSandboxKeepsItsCommandsAndServesANewSession) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root";
+  std::string agent;
+  if (const char* b = getenv("TP_BIN_DIR")) agent = std::string(b) + "/tp-agent";
+  if (agent.empty() || access(agent.c_str(), X_OK) != 0) GTEST_SKIP() << "no tp-agent in TP_BIN_DIR";
+  char tmpl[] = "/tmp/tp-ra-XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  std::string dir = tmpl;
+  chmod(dir.c_str(), 0755);
+  ContainerOptions o;
+  o.data_dir = dir;
+  o.agent_path = agent;
+  o.cgroup_name = "tp-test-" + ids::random_hex(4);
+  auto layout = sys::detect_layout(sys::real_sys());
+  ASSERT_TRUE(layout);
+  sys::CgroupManager cg(sys::real_sys(), *layout, o.cgroup_name);
+  SandboxSpec s;
+  s.id = "ra-" + ids::random_hex(4);
+  pid_t pid = 0;
+  {
+    auto b = make_container_backend(o);
+    ASSERT_TRUE(b) << b.error().message();
+    auto r = (*b)->create(s);
+    ASSERT_TRUE(r) << r.error().message();
+    pid = (*r)->pid();
+    FrameConn c{(*r)->agent_fd(), {}};
+    auto ready = c.next();
+    ASSERT_TRUE(ready);
+    ASSERT_EQ(ready->type, proto::MsgType::kReady);
+    ASSERT_TRUE(c.send(proto::Message(proto::MsgType::kHello, 0).add_u64(proto::Tag::kEpoch, 1)));
+    ASSERT_TRUE(c.send(sh_exec(3, "echo before; exec sleep 1000", "bg")));
+    std::string out;
+    while (out != "before\n") {
+      auto m = c.next();
+      ASSERT_TRUE(m);
+      if (m->type == proto::MsgType::kOutput) out += m->str(proto::Tag::kData);
+    }
+    (*r)->release();
+    r->reset();
+  }  // the backend goes away; nothing acknowledged the output
+  ASSERT_EQ(kill(pid, 0), 0);
+  {
+    auto b = make_container_backend(o);
+    ASSERT_TRUE(b) << b.error().message();
+    auto a = (*b)->adopt(s);
+    ASSERT_TRUE(a) << a.error().message();
+    int fd = connect_unix((*a)->agent_address());
+    ASSERT_GE(fd, 0);
+    FrameConn c{fd, {}};
+    auto listed = c.next();
+    ASSERT_TRUE(listed);
+    ASSERT_EQ(listed->type, proto::MsgType::kResumed);
+    EXPECT_EQ(listed->id, 3u);
+    EXPECT_EQ(listed->str(proto::Tag::kMeta), "bg");
+    EXPECT_TRUE(listed->flag(proto::Tag::kRunning));
+    auto ready = c.next();
+    ASSERT_TRUE(ready);
+    ASSERT_EQ(ready->type, proto::MsgType::kReady);
+    EXPECT_EQ(ready->u64(proto::Tag::kSession), 2u);
+    EXPECT_EQ(ready->u64(proto::Tag::kHighId), 3u);
+    ASSERT_TRUE(c.send(proto::Message(proto::MsgType::kHello, 0).add_u64(proto::Tag::kEpoch, 2)));
+    // The replay: kStarted and the output nobody acknowledged.
+    std::string replayed;
+    while (replayed != "before\n") {
+      auto m = c.next();
+      ASSERT_TRUE(m);
+      ASSERT_EQ(m->id, 3u);
+      if (m->type == proto::MsgType::kOutput) replayed += m->str(proto::Tag::kData);
+      c.send(proto::Message(proto::MsgType::kAck, 0).add_u64(proto::Tag::kSeq, m->u64(proto::Tag::kSeq)));
+    }
+    ASSERT_TRUE(c.send(sh_exec(4, "test \"$(hostname)\" = " + s.id + " && exit 7")));
+    auto x = c.until_end(4);
+    ASSERT_TRUE(x);
+    ASSERT_EQ(x->type, proto::MsgType::kExit) << x->str(proto::Tag::kMessage);
+    EXPECT_EQ(x->i64(proto::Tag::kExitCode), 7);
+    // Freeze and thaw the adopted sandbox.
+    if (!sys::freezer_dir(cg, s.id).empty()) {
+      ASSERT_TRUE((*a)->freeze());
+      ASSERT_TRUE((*a)->thaw());
+      ASSERT_TRUE(c.send(proto::Message(proto::MsgType::kPing, 5)));
+      auto ok = c.next();
+      ASSERT_TRUE(ok);
+      EXPECT_EQ(ok->type, proto::MsgType::kOk);
+    }
+    ASSERT_TRUE((*a)->destroy());
+    close(fd);
+    EXPECT_EQ(kill(pid, 0), -1);
+    EXPECT_TRUE(cg.list().empty());
+    EXPECT_FALSE(std::filesystem::exists(dir + "/containers/run/" + s.id));
+    a->reset();
+  }
+  for (const auto& d : cg.dirs("x")) rmdir(std::filesystem::path(d).parent_path().c_str());
   std::filesystem::remove_all(dir);
 }
 
