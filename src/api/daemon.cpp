@@ -17,11 +17,12 @@
 #include "api/routes.h"
 #include "common/log.h"
 #include <fmt/format.h>
-#include "control/store.h"
+#include "control/sqlite/sandbox_store.h"
 #include "image/image_store.h"
 #include "image/image_user.h"
 #include "node/sandbox_manager.h"
 #include "runtime/container/container_backend.h"
+#include "runtime/registry.h"
 
 namespace tp::api {
 
@@ -46,6 +47,7 @@ int daemon_main(int argc, char** argv) {
   unsigned io_threads = 2;
   uint64_t image_budget_mb = 0;
   uint64_t layer_max_mb = 64 << 10;
+  bool stop_sandboxes_on_exit = false;
   app.add_option("--listen", listen, "HOST:PORT to serve HTTP on")->capture_default_str();
   app.add_option("--data-dir", data_dir, "directory for state, images and sandboxes")
       ->capture_default_str();
@@ -60,6 +62,8 @@ int daemon_main(int argc, char** argv) {
   app.add_option("--image-budget-mb", image_budget_mb, "total size of stored image layers; 0 = no budget")
       ->capture_default_str();
   app.add_option("--layer-max-mb", layer_max_mb, "largest unpacked layer accepted")->capture_default_str();
+  app.add_flag("--stop-sandboxes-on-exit", stop_sandboxes_on_exit,
+               "on SIGTERM/SIGINT stop every sandbox instead of leaving them running for the next daemon");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -89,7 +93,7 @@ int daemon_main(int argc, char** argv) {
   // Broken client connections must not kill the daemon.
   signal(SIGPIPE, SIG_IGN);
 
-  auto store = control::Store::open(data_dir + "/state.db");
+  auto store = control::sqlite::SqliteSandboxStore::open(data_dir + "/state.db");
   if (!store) return die(store.error().message());
 
   runtime::ContainerOptions copts;
@@ -105,10 +109,16 @@ int daemon_main(int argc, char** argv) {
   auto backend = runtime::make_container_backend(copts);
   if (!backend) return die("container runtime: " + backend.error().message());
 
+  runtime::Registry registry;
+  if (auto r = registry.add(std::move(*backend)); !r) return die(r.error().message());
+
   asio::io_context io;
   Metrics metrics;
-  node::SandboxManager mgr(io, std::move(*backend), **store, metrics, node);
-  if (auto r = mgr.recover(); !r) return die("recover: " + r.error().message());
+  node::ManagerOptions mopts;
+  mopts.node_name = node;
+  mopts.data_dir = data_dir;
+  mopts.stop_on_exit = stop_sandboxes_on_exit;
+  node::SandboxManager mgr(io, registry, **store, metrics, std::move(mopts));
   Api api(mgr, metrics);
   // Images (issue 4): layer store under the data dir, resolver for create, routes.
   image::StoreOptions sopts;
@@ -128,6 +138,8 @@ int daemon_main(int argc, char** argv) {
     img.gid = ids->second;
     return img;
   });
+  // After the resolver: adopted sandboxes resolve their images again (layers, pins).
+  if (auto r = mgr.recover(); !r) return die("recover: " + r.error().message());
   api.add_provider(std::make_shared<ImageRoutes>(*images));
   HttpServer server(io, [&api](Request& req, std::shared_ptr<Responder> res) { api.handle(req, res); },
                     1ull << 30);
