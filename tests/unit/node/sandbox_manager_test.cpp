@@ -510,11 +510,15 @@ TEST_F(ManagerTest, RandomInterleavingsEndConsistent) {
     for (size_t i = 0; i < creates.size(); ++i) {
       auto r = get_or_fail(creates[i]);
       created_ok[ids[i]] = r.has_value();
-      if (r) EXPECT_EQ(r->state, "running") << "seed " << seed;
+      if (r) {
+        EXPECT_EQ(r->state, "running") << "seed " << seed;
+      }
     }
     for (auto& d : deletes) {
       auto r = get_or_fail(d);
-      if (r) EXPECT_TRUE(r->state == "stopped") << "seed " << seed << " " << r->state;
+      if (r) {
+        EXPECT_EQ(r->state, "stopped") << "seed " << seed;
+      }
     }
     if (!shut) {
       // Settle: stop what is left (agent deaths may still be stopping some).

@@ -65,7 +65,9 @@ TEST(StateMachine, StoredNamesAreTodaysStrings) {
   EXPECT_FALSE(stored_name(State::kAdopting));
   EXPECT_FALSE(stored_name(State::kReleased));
   for (State s : kStates)
-    if (auto n = stored_name(s)) EXPECT_EQ(state_from_stored(*n), s);
+    if (auto n = stored_name(s)) {
+      EXPECT_EQ(state_from_stored(*n), s);
+    }
   EXPECT_FALSE(state_from_stored("stopping"));
 }
 
