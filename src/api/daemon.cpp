@@ -19,12 +19,13 @@
 #include "api/routes.h"
 #include "common/log.h"
 #include <fmt/format.h>
-#include "control/store.h"
+#include "control/sqlite/sandbox_store.h"
 #include "image/image_store.h"
 #include "image/image_user.h"
 #include "node/sandbox_manager.h"
 #include "node/step_log.h"
 #include "runtime/container/container_backend.h"
+#include "runtime/registry.h"
 
 namespace tp::api {
 
@@ -96,6 +97,7 @@ int daemon_main(int argc, char** argv) {
   app.add_option("--import-root", import_roots,
                  "directory under which admin API keys may name host paths (repeatable)");
   std::string step_retention = "24h";
+  bool stop_sandboxes_on_exit = false;
   app.add_option("--data-dir", data_dir, "directory for state, images and sandboxes")
       ->capture_default_str();
   app.add_option("--role", role, "all (API + node + embedded store)")->capture_default_str();
@@ -112,6 +114,8 @@ int daemon_main(int argc, char** argv) {
   app.add_option("--step-retention", step_retention,
                  "how long a sandbox's step log (and its Idempotency-Keys) outlives the sandbox")
       ->capture_default_str();
+  app.add_flag("--stop-sandboxes-on-exit", stop_sandboxes_on_exit,
+               "on SIGTERM/SIGINT stop every sandbox instead of leaving them running for the next daemon");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -151,7 +155,7 @@ int daemon_main(int argc, char** argv) {
   // Broken client connections must not kill the daemon.
   signal(SIGPIPE, SIG_IGN);
 
-  auto store = control::Store::open(data_dir + "/state.db");
+  auto store = control::sqlite::SqliteSandboxStore::open(data_dir + "/state.db");
   if (!store) return die(store.error().message());
 
   runtime::ContainerOptions copts;
@@ -167,10 +171,16 @@ int daemon_main(int argc, char** argv) {
   auto backend = runtime::make_container_backend(copts);
   if (!backend) return die("container runtime: " + backend.error().message());
 
+  runtime::Registry registry;
+  if (auto r = registry.add(std::move(*backend)); !r) return die(r.error().message());
+
   asio::io_context io;
   Metrics metrics;
-  node::SandboxManager mgr(io, std::move(*backend), **store, metrics, node);
-  if (auto r = mgr.recover(); !r) return die("recover: " + r.error().message());
+  node::ManagerOptions mopts;
+  mopts.node_name = node;
+  mopts.data_dir = data_dir;
+  mopts.stop_on_exit = stop_sandboxes_on_exit;
+  node::SandboxManager mgr(io, registry, **store, metrics, std::move(mopts));
   Api api(mgr, metrics);
   auto retention = node::StepLog::parse_duration(step_retention);
   if (!retention) return die("--step-retention: " + retention.error().message());
@@ -202,6 +212,8 @@ int daemon_main(int argc, char** argv) {
     img.gid = ids->second;
     return img;
   });
+  // After the resolver: adopted sandboxes resolve their images again (layers, pins).
+  if (auto r = mgr.recover(); !r) return die("recover: " + r.error().message());
   api.add_provider(std::make_shared<ImageRoutes>(*images));
   AuthOptions aopts;
   aopts.key_file = KeyFile::in_data_dir(data_dir);

@@ -124,7 +124,7 @@ std::vector<std::string_view> segments(std::string_view p) {
 
 }  // namespace
 
-Api::Api(node::SandboxManager& mgr, Metrics& metrics) : mgr_(mgr), metrics_(metrics) {
+Api::Api(node::Service& mgr, Metrics& metrics) : mgr_(mgr), metrics_(metrics) {
   metrics_.set_state_source([this] { return mgr_.count_by_state(); });
 }
 
@@ -419,7 +419,7 @@ void Api::get(Request&, const Params& p, std::shared_ptr<Responder> res) {
 }
 
 void Api::destroy(Request&, const Params& p, std::shared_ptr<Responder> res) {
-  mgr_.destroy(p[0], "deleted", [res](Result<SandboxRecord> r) {
+  mgr_.destroy(p[0], node::EndReason::kDeleted, [res](Result<SandboxRecord> r) {
     if (!r) return res->send_error(r.error());
     res->send_json(200, to_json(*r));
   });

@@ -13,7 +13,7 @@
 #include "api/http_server.h"
 #include "api/idempotency.h"
 #include "common/metrics.h"
-#include "node/sandbox_manager.h"
+#include "node/service.h"
 
 namespace tp::api {
 
@@ -35,7 +35,7 @@ class Api {
   // How long a keyed command whose client vanished waits for the client's retry.
   static constexpr auto kRetryGrace = std::chrono::seconds(5);
 
-  Api(node::SandboxManager& mgr, Metrics& metrics);
+  Api(node::Service& mgr, Metrics& metrics);
   void handle(Request& req, std::shared_ptr<Responder> res);
   // Providers are asked before the core routes, in the order added. Add before serving.
   void add_provider(std::shared_ptr<RouteProvider> p) { providers_.push_back(std::move(p)); }
@@ -78,7 +78,7 @@ class Api {
   void tar_download(Request&, const Params&, std::shared_ptr<Responder>);
   void tar_upload(Request&, const Params&, std::shared_ptr<Responder>);
 
-  node::SandboxManager& mgr_;
+  node::Service& mgr_;
   Metrics& metrics_;
   std::vector<std::shared_ptr<RouteProvider>> providers_;
   IdempotencyCache idempotency_;

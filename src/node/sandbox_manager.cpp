@@ -1,9 +1,20 @@
 #include "node/sandbox_manager.h"
 
-#include <boost/asio/post.hpp>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
+#include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/json.hpp>
+
+#include <algorithm>
 #include <chrono>
+#include <filesystem>
+#include <fstream>
 #include <future>
+#include <sstream>
+#include <thread>
 
 #include "common/ids.h"
 #include "common/log.h"
@@ -11,6 +22,7 @@
 namespace tp::node {
 
 namespace asio = boost::asio;
+namespace json = boost::json;
 using control::SandboxRecord;
 
 int64_t now_ms() {
@@ -25,79 +37,308 @@ int64_t mono_us() {
              std::chrono::steady_clock::now().time_since_epoch())
       .count();
 }
-constexpr auto kAgentReadyTimeout = std::chrono::seconds(15);
-}  // namespace
-
-struct SandboxManager::BgProc {
-  std::mutex mu;
-  ProcessInfo info;  // out/err accumulate here
-  std::vector<std::function<void()>> waiters;  // run once when it exits
-};
-
-struct SandboxManager::Live {
-  std::mutex mu;  // guards rec, last_active_ms, running_execs, destroying
-  SandboxRecord rec;
-  std::unique_ptr<runtime::SandboxInstance> inst;  // immutable once live
-  ResolvedImage image;                             // immutable once live
-  std::shared_ptr<AgentClient> agent;              // immutable once live
-  uint64_t disk_bytes = 0;
-  int64_t last_active_ms = 0;
-  int running_execs = 0;
-  bool destroying = false;
-  // Ended, but its final record could not be stored (e.g. a full disk): it stays in
-  // live_ (so that it is reported stopped, not the stale stored state) until on_tick
-  // stores it.
-  bool unrecorded = false;
-  std::map<uint32_t, std::shared_ptr<BgProc>> procs;
-};
-
-namespace {
 // Background processes kept per sandbox; the oldest exited ones are forgotten first.
 constexpr size_t kMaxProcs = 1024;
+
+// ExecRequest::meta of a command: what a restarted daemon needs to take it over.
+//   {"kind":"exec"}  a request's command (its client is gone after a restart: killed)
+//   {"kind":"process","handle":N,"argv":[..],"started_ms":T,"limit":L}  a background process
+std::string exec_meta() { return R"({"kind":"exec"})"; }
+std::string process_meta(const ProcessInfo& i, uint64_t limit) {
+  json::object o;
+  o["kind"] = "process";
+  o["handle"] = i.pid;
+  json::array a;
+  for (const auto& s : i.argv) a.emplace_back(json::string(s));
+  o["argv"] = std::move(a);
+  o["started_ms"] = i.started_ms;
+  o["limit"] = limit;
+  return json::serialize(o);
+}
+
+std::string read_file_or_empty(const std::string& path) {
+  if (path.empty()) return {};
+  std::ifstream f(path, std::ios::binary);
+  std::ostringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+int open_append(const std::string& path) {
+  return ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+}
+
+// Appends up to the stream's limit; short writes of a full disk drop the rest.
+void append_capped(int fd, uint64_t limit, uint64_t* written, std::string_view data) {
+  if (fd < 0 || *written >= limit) return;
+  size_t n = std::min<uint64_t>(data.size(), limit - *written);
+  while (n > 0) {
+    ssize_t w = ::write(fd, data.data(), n);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return;
+    *written += static_cast<uint64_t>(w);
+    data.remove_prefix(static_cast<size_t>(w));
+    n -= static_cast<size_t>(w);
+  }
+}
+
+void proc_output(const std::shared_ptr<BgProc>& bg, int stream, std::string_view data) {
+  std::lock_guard lk(bg->mu);
+  if (stream == 2) append_capped(bg->err_fd, bg->limit, &bg->err_bytes, data);
+  else append_capped(bg->out_fd, bg->limit, &bg->out_bytes, data);
+}
+
+void proc_done(const std::shared_ptr<BgProc>& bg, Result<ExecOutcome> r) {
+  std::vector<std::function<void()>> waiters;
+  {
+    std::lock_guard lk(bg->mu);
+    bg->info.exited = true;
+    if (r) bg->info.outcome = *r;
+    else bg->info.error = r.error();
+    bg->close_files();
+    waiters.swap(bg->waiters);
+  }
+  for (auto& w : waiters) w();
+}
+
+Error ended_while_creating(const std::string& id, EndReason why) {
+  if (why == EndReason::kDeleted) return Error{Code::kConflict, 0, "sandbox " + id + " was deleted while creating"};
+  return Error{Code::kConflict, 0,
+               "sandbox " + id + " was stopped while creating (" + std::string(to_string(why)) + ")"};
+}
+
+runtime::SandboxSpec spec_of(const SandboxRecord& r, const ResolvedImage& img) {
+  runtime::SandboxSpec spec;
+  spec.id = r.id;
+  spec.image = r.image;
+  spec.layers = img.layers;
+  spec.memory_bytes = r.memory_mb << 20;
+  spec.cpus = r.cpus;
+  spec.pids_max = static_cast<uint32_t>(r.pids);
+  spec.disk_bytes = r.disk_mb << 20;
+  for (const auto& [k, v] : img.env) spec.env.emplace(k, v);
+  for (const auto& [k, v] : r.env) spec.env[k] = v;
+  return spec;
+}
 }  // namespace
 
-SandboxManager::SandboxManager(asio::io_context& io, std::unique_ptr<runtime::Backend> backend,
-                               control::Store& store, Metrics& metrics, std::string node_name)
+SandboxManager::SandboxManager(asio::io_context& io, runtime::Registry& registry,
+                               control::SandboxStore& store, Metrics& metrics, ManagerOptions opts)
     : io_(io),
-      backend_(std::move(backend)),
+      registry_(registry),
       store_(store),
       metrics_(metrics),
-      node_(std::move(node_name)),
-      timer_(io) {}
+      opts_(std::move(opts)),
+      blocking_(opts_.blocking_threads),
+      timer_(io) {
+  if (!opts_.agent_from_fd)
+    opts_.agent_from_fd = [](asio::io_context& io, int fd, std::string id) {
+      return AgentClient::create(io, fd, std::move(id));
+    };
+}
 
 SandboxManager::~SandboxManager() { blocking_.join(); }
 
-void SandboxManager::persist(const SandboxRecord& r) {
-  auto res = store_.put(r);
-  if (!res) TP_SB_ERROR(r.id, "store: {}", res.error().message());
+std::string SandboxManager::sandbox_dir(const std::string& id) const {
+  return opts_.data_dir.empty() ? std::string() : opts_.data_dir + "/sandboxes/" + id;
 }
 
+// ---- restart ---------------------------------------------------------------
+
 Result<void> SandboxManager::recover() {
-  auto recs = store_.list(/*live_only=*/true);
+  control::SandboxQuery q;
+  q.live_only = true;
+  auto recs = store_.list(q);
   if (!recs) return std::unexpected(recs.error());
-  // A record that cannot be marked stopped (e.g. a full disk) would stay "running"
-  // for a sandbox that is gone: refuse to serve, after cleaning up, so that the
-  // next start (with space again) records it.
+  // Agent sessions need the io_context: run it on a helper thread meanwhile.
+  auto guard = asio::make_work_guard(io_);
+  std::thread runner([this] { io_.run(); });
+  std::vector<std::string> keep;
   std::optional<Error> unrecorded;
   for (auto& r : *recs) {
-    TP_SB_WARN(r.id, "left behind by a previous run (state {}): cleaning up", r.state);
-    r.state = "stopped";
-    r.ended_at_ms = now_ms();
-    r.end_reason = "daemon_restart";
-    if (auto res = store_.put(r); !res && !unrecorded)
-      unrecorded = Error{res.error().code, res.error().sys_errno,
-                         "cannot record " + r.id + " as stopped: " + res.error().message()};
+    auto kept = adopt_one(r);
+    if (!kept) {
+      if (!unrecorded) unrecorded = kept.error();
+    } else if (*kept) {
+      keep.push_back(r.id);
+    }
   }
-  auto cleaned = backend_->cleanup_orphans({});
-  for (const auto& id : cleaned) TP_SB_WARN(id, "removed leftovers of a previous run");
+  guard.reset();
+  io_.stop();
+  runner.join();
+  io_.restart();
+  for (auto* b : registry_.all())
+    for (const auto& id : b->cleanup_orphans(keep)) TP_SB_WARN(id, "removed leftovers of a previous run");
+  // Output directories of sandboxes that are no more.
+  if (!opts_.data_dir.empty()) {
+    std::error_code ec;
+    for (const auto& e : std::filesystem::directory_iterator(opts_.data_dir + "/sandboxes", ec)) {
+      std::string id = e.path().filename().string();
+      if (std::find(keep.begin(), keep.end(), id) == keep.end()) std::filesystem::remove_all(e.path(), ec);
+    }
+  }
+  // A record that cannot be marked stopped (e.g. a full disk) would stay "running"
+  // for a sandbox that is gone: refuse to serve, so that the next start records it.
   if (unrecorded) return std::unexpected(*unrecorded);
   // Forget ended sandboxes after a day.
   (void)store_.prune_ended(now_ms() - 24ll * 3600 * 1000);
   return {};
 }
 
+Result<bool> SandboxManager::adopt_one(SandboxRecord r) {
+  auto sb = std::make_shared<Sandbox>(r, State::kAdopting);
+  EndReason why = EndReason::kDaemonRestart;
+  std::string detail;
+  runtime::Backend* b = registry_.find(r.tier);
+  Result<std::unique_ptr<runtime::SandboxInstance>> inst =
+      fail(Code::kNotFound, "tier " + r.tier + " is not available");
+  if (b) {
+    bool resolved = true;
+    if (r.image != "host") {
+      auto img = resolver_ ? resolver_(r.image) : fail(Code::kNotFound, "no image resolver");
+      if (img) sb->image = std::move(*img);
+      else {
+        inst = std::unexpected(img.error());
+        resolved = false;
+      }
+    }
+    if (resolved) inst = b->adopt(spec_of(r, sb->image));
+  }
+  if (inst) {
+    std::string addr = (*inst)->agent_address();
+    Result<std::shared_ptr<AgentClient>> agent = fail(Code::kUnavailable, "no way to reach its agent");
+    if (!addr.empty() && opts_.agent_connect) agent = opts_.agent_connect(io_, addr, r.id);
+    Result<void> ready = agent ? Result<void>{} : Result<void>{std::unexpected(agent.error())};
+    if (agent) {
+      auto p = std::make_shared<std::promise<Result<void>>>();
+      auto once = std::make_shared<std::once_flag>();
+      auto f = p->get_future();
+      (*agent)->start([p, once](Result<void> ok) { std::call_once(*once, [&] { p->set_value(ok); }); });
+      if (f.wait_for(opts_.agent_ready_timeout) != std::future_status::ready)
+        ready = fail(Code::kDeadlineExceeded, "agent did not answer in time");
+      else
+        ready = f.get();
+    }
+    if (ready) {
+      sb->backend = b;
+      sb->inst = std::move(*inst);
+      sb->agent = *agent;
+      SandboxRecord snap;
+      {
+        std::lock_guard lk(sb->mu);
+        sb->apply(Event::kAdopted);
+        sb->last_active_ms = now_ms();
+        snap = sb->rec;
+      }
+      if (snap.state != r.state) {  // e.g. left "creating" by a crash: it runs now
+        auto v = store_.update(snap);
+        if (v) {
+          std::lock_guard lk(sb->mu);
+          sb->rec.version = *v;
+        }
+      }
+      {
+        std::lock_guard lk(mu_);
+        live_[r.id] = sb;
+      }
+      watch_agent(sb);
+      // Its commands: background processes come back, requests' commands are killed.
+      for (const auto& c : sb->agent->resumed()) {
+        boost::system::error_code ec;
+        json::value m = json::parse(c.meta, ec);
+        const json::object* o = (!ec && m.is_object()) ? &m.as_object() : nullptr;
+        const json::value* kind = o ? o->if_contains("kind") : nullptr;
+        const json::value* handle = o ? o->if_contains("handle") : nullptr;
+        if (kind && kind->is_string() && kind->as_string() == "process" && handle && handle->is_int64()) {
+          auto bg = std::make_shared<BgProc>();
+          bg->info.pid = static_cast<uint32_t>(handle->as_int64());
+          if (auto* a = o->if_contains("argv"); a && a->is_array())
+            for (const auto& s : a->as_array())
+              if (s.is_string()) bg->info.argv.emplace_back(s.as_string());
+          if (auto* t = o->if_contains("started_ms"); t && t->is_int64()) bg->info.started_ms = t->as_int64();
+          bg->limit = 16ull << 20;
+          if (auto* l = o->if_contains("limit"); l && (l->is_uint64() || l->is_int64()))
+            bg->limit = l->to_number<uint64_t>();
+          bg->exec_id = c.id;
+          attach_proc(sb, bg);
+        } else {
+          ExecHandlers h;
+          h.on_done = [](Result<ExecResult>) {};
+          (void)sb->agent->attach(c.id, std::move(h));
+          sb->agent->signal(c.id, 9);
+        }
+      }
+      TP_SB_INFO(r.id, "adopted from a previous run");
+      return true;
+    }
+    why = EndReason::kAgentLost;
+    detail = ready.error().message();
+    if (agent) (*agent)->close();
+    (void)(*inst)->destroy();
+  } else {
+    detail = inst.error().message();
+  }
+  sb->image.pin.reset();
+  TP_SB_WARN(r.id, "left behind by a previous run (state {}), not adoptable ({}): {}", r.state,
+             to_string(why), detail);
+  SandboxRecord snap;
+  {
+    std::lock_guard lk(sb->mu);
+    sb->apply(Event::kAdoptFailed);
+    sb->rec.ended_at_ms = now_ms();
+    sb->rec.end_reason = std::string(to_string(why));
+    snap = sb->rec;
+  }
+  if (auto v = store_.update(snap); !v)
+    return std::unexpected(Error{v.error().code, v.error().sys_errno,
+                                 "cannot record " + r.id + " as stopped: " + v.error().message()});
+  return false;
+}
+
+void SandboxManager::attach_proc(const std::shared_ptr<Sandbox>& sb, std::shared_ptr<BgProc> bg) {
+  std::string dir = sandbox_dir(sb->id());
+  if (!dir.empty()) {
+    std::string base = dir + "/proc-" + std::to_string(bg->info.pid);
+    bg->out_path = base + ".out";
+    bg->err_path = base + ".err";
+    bg->out_fd = open_append(bg->out_path);
+    bg->err_fd = open_append(bg->err_path);
+    struct stat st {};
+    if (bg->out_fd >= 0 && ::fstat(bg->out_fd, &st) == 0) bg->out_bytes = static_cast<uint64_t>(st.st_size);
+    if (bg->err_fd >= 0 && ::fstat(bg->err_fd, &st) == 0) bg->err_bytes = static_cast<uint64_t>(st.st_size);
+  }
+  {
+    std::lock_guard lk(sb->mu);
+    sb->procs[bg->info.pid] = bg;
+    sb->next_proc = std::max(sb->next_proc, bg->info.pid + 1);
+    sb->running_execs++;
+  }
+  ExecHandlers h;
+  h.on_output = [bg](int stream, std::string_view data) { proc_output(bg, stream, data); };
+  h.on_done = [sb, bg](Result<ExecResult> r) {
+    {
+      std::lock_guard lk(sb->mu);
+      sb->running_execs--;
+      sb->last_active_ms = now_ms();
+    }
+    if (!r) return proc_done(bg, std::unexpected(r.error()));
+    ExecOutcome o;
+    o.result = *r;
+    proc_done(bg, o);
+  };
+  if (auto a = sb->agent->attach(bg->exec_id, std::move(h)); !a) {
+    {
+      std::lock_guard lk(sb->mu);
+      sb->running_execs--;
+    }
+    proc_done(bg, std::unexpected(a.error()));
+  }
+}
+
+// ---- timer -------------------------------------------------------------------
+
 void SandboxManager::start() {
-  timer_.expires_after(std::chrono::milliseconds(500));
+  timer_.expires_after(opts_.tick);
   timer_.async_wait([this](boost::system::error_code ec) {
     if (ec) return;
     on_tick();
@@ -109,77 +350,83 @@ void SandboxManager::start() {
   });
 }
 
+void SandboxManager::tick() { on_tick(); }
+
 void SandboxManager::on_tick() {
   int64_t now = now_ms();
-  std::vector<std::pair<std::shared_ptr<Live>, std::string>> expired;
-  std::vector<std::pair<std::shared_ptr<Live>, SandboxRecord>> unrecorded;
+  std::vector<std::pair<std::shared_ptr<Sandbox>, EndReason>> expired;
+  std::vector<std::shared_ptr<Sandbox>> unrecorded;
   {
     std::lock_guard lk(mu_);
-    for (auto& [id, live] : live_) {
-      std::lock_guard lk2(live->mu);
-      if (live->unrecorded) unrecorded.emplace_back(live, live->rec);
-      if (live->destroying) continue;
-      if (live->rec.expires_at_ms && now >= live->rec.expires_at_ms) {
-        expired.emplace_back(live, "ttl");
-      } else if (live->rec.idle_timeout_seconds && live->running_execs == 0 &&
-                 now - live->last_active_ms >=
-                     static_cast<int64_t>(live->rec.idle_timeout_seconds) * 1000) {
-        expired.emplace_back(live, "idle");
+    for (auto& [id, sb] : live_) {
+      std::lock_guard lk2(sb->mu);
+      if (sb->unrecorded) unrecorded.push_back(sb);
+      if (sb->stop_reason != EndReason::kNone || sb->release_requested) continue;
+      if (sb->state != State::kRunning && sb->state != State::kPaused) continue;
+      if (sb->rec.expires_at_ms && now >= sb->rec.expires_at_ms) {
+        expired.emplace_back(sb, EndReason::kTtl);
+      } else if (sb->rec.idle_timeout_seconds && sb->running_execs == 0 &&
+                 now - sb->last_active_ms >= static_cast<int64_t>(sb->rec.idle_timeout_seconds) * 1000) {
+        expired.emplace_back(sb, EndReason::kIdle);
       }
     }
   }
-  for (auto& [live, reason] : expired) {
-    TP_SB_INFO(live->rec.id, "expired ({})", reason);
-    teardown(live, reason, nullptr);
+  for (auto& [sb, reason] : expired) {
+    TP_SB_INFO(sb->id(), "expired ({})", to_string(reason));
+    request_stop(sb, reason, nullptr);
   }
-  for (auto& [live, rec] : unrecorded) {
-    if (!store_.put(rec)) continue;  // still failing: retry on the next tick
+  for (auto& sb : unrecorded) {
+    SandboxRecord snap;
+    {
+      std::lock_guard lk(sb->mu);
+      snap = sb->rec;
+    }
+    auto v = store_.update(snap);
+    if (!v) continue;  // still failing: retry on the next tick
+    {
+      std::lock_guard lk(sb->mu);
+      sb->rec.version = *v;
+      sb->unrecorded = false;
+    }
     std::lock_guard lk(mu_);
-    auto it = live_.find(rec.id);
-    if (it != live_.end() && it->second == live) live_.erase(it);
+    auto it = live_.find(snap.id);
+    if (it != live_.end() && it->second == sb) live_.erase(it);
   }
 }
 
 void SandboxManager::shutdown() {
-  std::vector<std::shared_ptr<Live>> all;
+  std::vector<std::shared_ptr<Sandbox>> all;
   {
     std::lock_guard lk(mu_);
     stopping_ = true;
-    for (auto& [id, l] : live_) all.push_back(l);
+    for (auto& [id, sb] : live_) all.push_back(sb);
   }
-  timer_.cancel();
+  asio::post(io_, [this] { timer_.cancel(); });
   std::vector<std::future<void>> done;
-  for (auto& l : all) {
+  for (auto& sb : all) {
     auto p = std::make_shared<std::promise<void>>();
     done.push_back(p->get_future());
-    teardown(l, "daemon_shutdown", [p](Result<SandboxRecord>) { p->set_value(); });
+    if (opts_.stop_on_exit)
+      request_stop(sb, EndReason::kDaemonShutdown, [p](Result<SandboxRecord>) { p->set_value(); });
+    else
+      request_release(sb, [p] { p->set_value(); });
   }
   for (auto& f : done) f.wait();
 }
 
-void SandboxManager::create(CreateParams p,
-                            std::function<void(Result<SandboxRecord>)> cb) {
-  if (p.tier != "container") {
-    asio::post(io_, [cb, t = p.tier] {
-      cb(fail(Code::kInvalidArgument, "tier '" + t + "' is not available on this node"));
-    });
-    return;
-  }
-  if (p.image.empty()) {
-    asio::post(io_, [cb] { cb(fail(Code::kInvalidArgument, "field 'image' must not be empty")); });
-    return;
-  }
-  if (p.image != "host" && !resolver_) {
-    asio::post(io_, [cb, img = p.image] { cb(fail(Code::kNotFound, "image '" + img + "' not found")); });
-    return;
-  }
-  auto live = std::make_shared<Live>();
-  SandboxRecord& r = live->rec;
-  r.id = ids::new_sandbox_id(node_);
-  r.state = "creating";
+// ---- create ------------------------------------------------------------------
+
+void SandboxManager::create(CreateParams p, RecordCb cb) {
+  auto reject = [&](Error e) { asio::post(io_, [cb, e] { cb(std::unexpected(e)); }); };
+  runtime::Backend* backend = registry_.find(p.tier);
+  if (!backend) return reject(Error{Code::kInvalidArgument, 0, "tier '" + p.tier + "' is not available on this node"});
+  if (p.image.empty()) return reject(Error{Code::kInvalidArgument, 0, "field 'image' must not be empty"});
+  if (p.image != "host" && !resolver_) return reject(Error{Code::kNotFound, 0, "image '" + p.image + "' not found"});
+  SandboxRecord r;
+  r.id = ids::new_sandbox_id(opts_.node_name);
   r.tier = p.tier;
   r.image = p.image;
-  r.node = node_;
+  r.node = opts_.node_name;
   r.memory_mb = p.memory_mb;
   r.cpus = p.cpus;
   r.pids = p.pids;
@@ -190,171 +437,346 @@ void SandboxManager::create(CreateParams p,
   r.env = p.env;
   r.created_at_ms = now_ms();
   r.expires_at_ms = r.created_at_ms + static_cast<int64_t>(p.ttl_seconds) * 1000;
-  live->disk_bytes = p.disk_mb << 20;
+  auto sb = std::make_shared<Sandbox>(std::move(r), State::kCreating);
+  sb->backend = backend;
+  sb->disk_bytes = p.disk_mb << 20;
   {
     std::lock_guard lk(mu_);
-    if (stopping_) {
-      asio::post(io_, [cb] { cb(fail(Code::kUnavailable, "daemon is shutting down")); });
-      return;
-    }
-    live_[r.id] = live;  // visible as "creating"
+    if (stopping_) return reject(Error{Code::kUnavailable, 0, "daemon is shutting down"});
+    live_[sb->id()] = sb;  // visible as "creating"
   }
   int64_t start_us = mono_us();
-  asio::post(blocking_, [this, live, cb, start_us] {
-    runtime::SandboxSpec spec;
-    spec.id = live->rec.id;
-    spec.image = live->rec.image;
-    spec.memory_bytes = live->rec.memory_mb << 20;
-    spec.cpus = live->rec.cpus;
-    spec.pids_max = static_cast<uint32_t>(live->rec.pids);
-    spec.disk_bytes = live->disk_bytes;
-    Result<std::unique_ptr<runtime::SandboxInstance>> inst = fail(Code::kInternal, "not created");
-    if (live->rec.image != "host") {
-      auto img = resolver_(live->rec.image);
-      if (img) {
-        live->image = std::move(*img);
-        spec.layers = live->image.layers;
-      } else {
-        inst = std::unexpected(img.error());
-      }
-    }
-    for (const auto& [k, v] : live->image.env) spec.env.emplace(k, v);
-    for (const auto& [k, v] : live->rec.env) spec.env[k] = v;
-    if (live->rec.image == "host" || !live->image.layers.empty()) inst = backend_->create(spec);
-    if (!inst) {
-      TP_SB_ERROR(live->rec.id, "create failed: {}", inst.error().message());
-      metrics_.creation_failures++;
-      {
-        std::lock_guard lk(mu_);
-        live_.erase(live->rec.id);
-      }
-      {
-        std::lock_guard lk(live->mu);
-        live->rec.state = "stopped";
-        live->rec.ended_at_ms = now_ms();
-        live->rec.end_reason = "failed";
-      }
-      persist(live->rec);
-      Error e = inst.error();
-      asio::post(io_, [cb, e] { cb(std::unexpected(e)); });
-      return;
-    }
-    live->inst = std::move(*inst);
-    // Recorded here, while the agent starts (finish_create waits for it), not on
-    // the io thread after: a crash in between leaves a "running" record, which
-    // recover() cleans up like any other; an agent that fails overwrites it.
-    SandboxRecord running;
-    {
-      std::lock_guard lk(live->mu);
-      running = live->rec;
-    }
-    running.state = "running";
-    persist(running);
-    finish_create(live, cb, start_us);
+  sb->enqueue([this, sb, cb, start_us](Sandbox::Done done) {
+    asio::post(blocking_, [this, sb, cb, done, start_us] { create_op(sb, cb, done, start_us); });
   });
 }
 
-void SandboxManager::finish_create(std::shared_ptr<Live> live,
-                                   std::function<void(Result<SandboxRecord>)> cb,
-                                   int64_t start_us) {
-  live->agent = AgentClient::create(io_, live->inst->agent_fd(), live->rec.id);
-  auto timer = std::make_shared<asio::steady_timer>(io_, kAgentReadyTimeout);
+void SandboxManager::create_op(std::shared_ptr<Sandbox> sb, RecordCb cb, Sandbox::Done done,
+                               int64_t start_us) {
+  auto answer = [this, cb](Result<SandboxRecord> r) { asio::post(io_, [cb, r] { cb(r); }); };
+  SandboxRecord snap;
+  {
+    std::lock_guard lk(sb->mu);
+    snap = sb->rec;
+  }
+  auto ins = store_.insert(snap);
+  if (!ins) {
+    // Nothing was created or stored: it never existed.
+    TP_SB_ERROR(sb->id(), "store: {}", ins.error().message());
+    metrics_.creation_failures++;
+    std::vector<RecordCb> waiters;
+    {
+      std::lock_guard lk(sb->mu);
+      sb->apply(Event::kCreateFailed);
+      sb->rec.ended_at_ms = now_ms();
+      sb->rec.end_reason = std::string(to_string(EndReason::kFailed));
+      waiters.swap(sb->stop_waiters);
+    }
+    {
+      std::lock_guard lk(mu_);
+      live_.erase(sb->id());
+    }
+    Error e = ins.error();
+    for (auto& w : waiters) asio::post(io_, [w, e] { w(std::unexpected(e)); });
+    answer(std::unexpected(e));
+    return done();
+  }
+  auto stop_requested = [&] {
+    std::lock_guard lk(sb->mu);
+    sb->rec.version = *ins;
+    return sb->stop_reason;
+  };
+  if (EndReason why = stop_requested(); why != EndReason::kNone) {
+    answer(std::unexpected(ended_while_creating(sb->id(), why)));
+    return done();  // the stop op follows
+  }
+  Result<std::unique_ptr<runtime::SandboxInstance>> inst = fail(Code::kInternal, "not created");
+  ResolvedImage img;
+  bool resolved = true;
+  if (snap.image != "host") {
+    auto r = resolver_(snap.image);
+    if (r) img = std::move(*r);
+    else {
+      inst = std::unexpected(r.error());
+      resolved = false;
+    }
+  }
+  if (resolved) {
+    runtime::SandboxSpec spec = spec_of(snap, img);
+    spec.disk_bytes = sb->disk_bytes;
+    inst = sb->backend->create(spec);
+  }
+  {
+    std::lock_guard lk(sb->mu);
+    sb->image = std::move(img);
+  }
+  if (!inst) {
+    TP_SB_ERROR(sb->id(), "create failed: {}", inst.error().message());
+    metrics_.creation_failures++;
+    {
+      std::lock_guard lk(sb->mu);
+      sb->apply(Event::kCreateFailed);
+      sb->rec.ended_at_ms = now_ms();
+      sb->rec.end_reason = std::string(to_string(EndReason::kFailed));
+      sb->image.pin.reset();
+    }
+    store_final(sb, std::nullopt);
+    answer(std::unexpected(inst.error()));
+    return done();
+  }
+  sb->inst = std::move(*inst);
+  if (EndReason why = stop_requested(); why != EndReason::kNone) {
+    answer(std::unexpected(ended_while_creating(sb->id(), why)));
+    return done();  // the stop op destroys the instance
+  }
+  sb->agent = opts_.agent_from_fd(io_, sb->inst->agent_fd(), sb->id());
+  auto timer = std::make_shared<asio::steady_timer>(io_, opts_.agent_ready_timeout);
   auto once = std::make_shared<std::once_flag>();
-  auto finish = [this, live, cb, start_us, timer, once](Result<void> ready) {
+  auto finish = [this, sb, cb, done, start_us, timer, once](Result<void> ready) {
     std::call_once(*once, [&] {
       timer->cancel();
-      if (!ready) {
-        Error e = ready.error();
-        TP_SB_ERROR(live->rec.id, "agent not ready: {}", e.message());
-        metrics_.creation_failures++;
-        teardown(live, "failed", [cb, e](Result<SandboxRecord>) {
-          cb(fail(Code::kInternal, "sandbox failed to start: " + e.message()));
-        });
-        return;
-      }
-      SandboxRecord snapshot;
-      {
-        std::lock_guard lk(live->mu);
-        live->rec.state = "running";
-        live->last_active_ms = now_ms();
-        snapshot = live->rec;
-      }
-      metrics_.creations++;
-      metrics_.create_seconds.observe(static_cast<double>(mono_us() - start_us) / 1e6);
-      TP_SB_INFO(snapshot.id, "running (pid {})", live->inst->pid());
-      cb(snapshot);
+      asio::post(blocking_, [this, sb, cb, done, start_us, ready] { agent_ready(sb, cb, done, start_us, ready); });
     });
   };
   timer->async_wait([finish](boost::system::error_code ec) {
     if (!ec) finish(fail(Code::kDeadlineExceeded, "agent did not report ready in time"));
   });
-  std::weak_ptr<Live> weak = live;
-  live->agent->set_on_closed([this, weak](const Error& e) {
-    auto l = weak.lock();
-    if (!l) return;
-    bool destroying;
-    {
-      std::lock_guard lk(l->mu);
-      destroying = l->destroying;
-    }
-    if (!destroying) {
-      TP_SB_WARN(l->rec.id, "agent connection lost ({}): sandbox failed", e.message());
-      teardown(l, "failed", nullptr);
-    }
-  });
-  live->agent->start(finish);
+  watch_agent(sb);
+  sb->agent->start(finish);
 }
 
-void SandboxManager::teardown(std::shared_ptr<Live> live, std::string reason,
-                              std::function<void(Result<SandboxRecord>)> cb) {
+void SandboxManager::agent_ready(std::shared_ptr<Sandbox> sb, RecordCb cb, Sandbox::Done done,
+                                 int64_t start_us, Result<void> ready) {
+  auto answer = [this, cb](Result<SandboxRecord> r) { asio::post(io_, [cb, r] { cb(r); }); };
+  std::optional<Error> failed;
+  SandboxRecord snap;
   {
-    std::lock_guard lk(live->mu);
-    if (live->destroying) {
-      // Someone else is tearing it down; answer with the record as it will end.
-      if (cb) {
-        SandboxRecord r = live->rec;
-        asio::post(io_, [cb, r] { cb(r); });
+    std::lock_guard lk(sb->mu);
+    if (sb->stop_reason != EndReason::kNone) {
+      answer(std::unexpected(ended_while_creating(sb->id(), sb->stop_reason)));
+      return done();  // the stop op follows
+    }
+    if (!ready) {
+      failed = Error{Code::kInternal, 0, "sandbox failed to start: " + ready.error().message()};
+      TP_SB_ERROR(sb->id(), "agent not ready: {}", ready.error().message());
+    } else {
+      sb->apply(Event::kCreated);
+      sb->last_active_ms = now_ms();
+      snap = sb->rec;
+    }
+  }
+  if (!failed) {
+    auto v = store_.update(snap);
+    if (v) {
+      {
+        std::lock_guard lk(sb->mu);
+        sb->rec.version = *v;
       }
+      metrics_.creations++;
+      metrics_.create_seconds.observe(static_cast<double>(mono_us() - start_us) / 1e6);
+      TP_SB_INFO(snap.id, "running (pid {})", sb->inst->pid());
+      answer(snap);
+      return done();
+    }
+    failed = Error{v.error().code, v.error().sys_errno, "cannot record sandbox: " + v.error().message()};
+    TP_SB_ERROR(sb->id(), "{}", failed->message());
+  }
+  metrics_.creation_failures++;
+  Error e = *failed;
+  request_stop(sb, EndReason::kFailed, [cb, e](Result<SandboxRecord>) { cb(std::unexpected(e)); });
+  done();
+}
+
+// ---- stop / release ------------------------------------------------------------
+
+void SandboxManager::watch_agent(const std::shared_ptr<Sandbox>& sb) {
+  std::weak_ptr<Sandbox> weak = sb;
+  sb->agent->set_on_closed([this, weak](const Error& e) {
+    auto s = weak.lock();
+    if (!s) return;
+    {
+      std::lock_guard lk(s->mu);
+      if (s->state != State::kRunning || s->stop_reason != EndReason::kNone || s->release_requested) return;
+    }
+    TP_SB_WARN(s->id(), "agent connection lost ({}): sandbox failed", e.message());
+    request_stop(s, EndReason::kFailed, nullptr);
+  });
+}
+
+void SandboxManager::request_stop(std::shared_ptr<Sandbox> sb, EndReason reason, RecordCb cb) {
+  {
+    std::lock_guard lk(sb->mu);
+    if (sb->state == State::kReleased) {
+      if (cb) asio::post(io_, [cb] { cb(fail(Code::kUnavailable, "daemon is shutting down")); });
       return;
     }
-    live->destroying = true;
+    if (is_final(sb->state)) {
+      if (cb) asio::post(io_, [cb, r = sb->rec] { cb(r); });
+      return;
+    }
+    if (cb) sb->stop_waiters.push_back(std::move(cb));
+    if (sb->stop_reason != EndReason::kNone) return;  // its stop op is queued already
+    sb->stop_reason = reason;
+    // From now on exec and file calls are refused; a creating sandbox leaves
+    // creating on the strand, after its create op.
+    if (sb->state != State::kCreating) sb->apply(Event::kStop);
   }
-  asio::post(blocking_, [this, live, reason, cb] {
-    if (live->agent) live->agent->close();
-    Result<void> d = live->inst ? live->inst->destroy() : Result<void>{};
-    live->image.pin.reset();
-    if (!d) TP_SB_ERROR(live->rec.id, "destroy: {}", d.error().message());
-    SandboxRecord snapshot;
-    {
-      std::lock_guard lk(live->mu);
-      live->rec.state = "stopped";
-      live->rec.ended_at_ms = now_ms();
-      live->rec.end_reason = reason;
-      snapshot = live->rec;
-    }
-    auto stored = store_.put(snapshot);
-    if (!stored) {
-      TP_SB_ERROR(snapshot.id, "store: {}; kept in memory until it can be stored", stored.error().message());
-      std::lock_guard lk(live->mu);
-      live->unrecorded = true;
-    } else {
-      std::lock_guard lk(mu_);
-      auto it = live_.find(snapshot.id);
-      if (it != live_.end() && it->second == live) live_.erase(it);
-    }
-    metrics_.destructions++;
-    TP_SB_INFO(snapshot.id, "stopped ({})", reason);
-    if (cb) asio::post(io_, [cb, snapshot, d] {
-      if (!d) cb(std::unexpected(d.error()));
-      else cb(snapshot);
+  sb->enqueue([this, sb](Sandbox::Done done) {
+    asio::post(blocking_, [this, sb, done] {
+      stop_now(sb);
+      done();
     });
   });
 }
 
-std::shared_ptr<SandboxManager::Live> SandboxManager::find_live(const std::string& id) {
+void SandboxManager::stop_now(const std::shared_ptr<Sandbox>& sb) {
+  EndReason reason;
+  std::vector<std::shared_ptr<BgProc>> procs;
+  {
+    std::lock_guard lk(sb->mu);
+    if (is_final(sb->state)) {
+      // Ended on its own meanwhile (a failed create): answer what it ended as.
+      std::vector<RecordCb> waiters;
+      waiters.swap(sb->stop_waiters);
+      for (auto& w : waiters) asio::post(io_, [w, r = sb->rec] { w(r); });
+      return;
+    }
+    if (sb->state == State::kCreating) sb->apply(Event::kStop);
+    reason = sb->stop_reason;
+    for (auto& [h, bg] : sb->procs) procs.push_back(bg);
+  }
+  if (sb->agent) sb->agent->close();
+  Result<void> d = sb->inst ? sb->inst->destroy() : Result<void>{};
+  if (!d) TP_SB_ERROR(sb->id(), "destroy: {}", d.error().message());
+  for (auto& bg : procs) {
+    std::lock_guard lk(bg->mu);
+    bg->close_files();
+  }
+  if (std::string dir = sandbox_dir(sb->id()); !dir.empty()) {
+    std::error_code ec;
+    std::filesystem::remove_all(dir, ec);
+  }
+  {
+    std::lock_guard lk(sb->mu);
+    sb->image.pin.reset();
+    sb->apply(Event::kStopped);
+    sb->rec.ended_at_ms = now_ms();
+    sb->rec.end_reason = std::string(to_string(reason));
+  }
+  metrics_.destructions++;
+  TP_SB_INFO(sb->id(), "stopped ({})", to_string(reason));
+  store_final(sb, d ? std::nullopt : std::optional<Error>(d.error()));
+}
+
+void SandboxManager::store_final(const std::shared_ptr<Sandbox>& sb, std::optional<Error> err) {
+  SandboxRecord snap;
+  {
+    std::lock_guard lk(sb->mu);
+    snap = sb->rec;
+  }
+  auto v = store_.update(snap);
+  if (!v) {
+    TP_SB_ERROR(snap.id, "store: {}; kept in memory until it can be stored", v.error().message());
+    std::lock_guard lk(sb->mu);
+    sb->unrecorded = true;
+  } else {
+    {
+      std::lock_guard lk(sb->mu);
+      sb->rec.version = *v;
+      snap.version = *v;
+    }
+    std::lock_guard lk(mu_);
+    auto it = live_.find(snap.id);
+    if (it != live_.end() && it->second == sb) live_.erase(it);
+  }
+  std::vector<RecordCb> waiters;
+  {
+    std::lock_guard lk(sb->mu);
+    waiters.swap(sb->stop_waiters);
+  }
+  for (auto& w : waiters)
+    asio::post(io_, [w, snap, err] {
+      if (err) w(std::unexpected(*err));
+      else w(snap);
+    });
+}
+
+void SandboxManager::request_release(std::shared_ptr<Sandbox> sb, std::function<void()> done_cb) {
+  auto via_stop = [done_cb](Result<SandboxRecord>) { done_cb(); };
+  bool release;
+  {
+    std::lock_guard lk(sb->mu);
+    if (is_final(sb->state)) {
+      asio::post(io_, done_cb);
+      return;
+    }
+    if (sb->stop_reason != EndReason::kNone) {
+      sb->stop_waiters.push_back(via_stop);
+      return;
+    }
+    release = sb->state != State::kCreating;
+    if (release) sb->release_requested = true;
+  }
+  if (!release) {  // half created: nothing to hand over
+    request_stop(sb, EndReason::kDaemonShutdown, via_stop);
+    return;
+  }
+  sb->enqueue([this, sb, done_cb, via_stop](Sandbox::Done done) {
+    asio::post(blocking_, [this, sb, done_cb, via_stop, done] {
+      bool can;
+      {
+        std::lock_guard lk(sb->mu);
+        if (is_final(sb->state)) {
+          asio::post(io_, done_cb);
+          return done();
+        }
+        if (sb->stop_reason != EndReason::kNone) {  // a stop came first; its op follows
+          sb->stop_waiters.push_back(via_stop);
+          return done();
+        }
+        can = sb->inst && !sb->inst->agent_address().empty();
+        if (!can) {
+          sb->stop_reason = EndReason::kDaemonShutdown;
+          sb->stop_waiters.push_back(via_stop);
+          sb->apply(Event::kStop);
+        }
+      }
+      if (!can) {
+        stop_now(sb);
+        return done();
+      }
+      sb->agent->close();
+      sb->inst->release();
+      {
+        std::lock_guard lk(sb->mu);
+        for (auto& [h, bg] : sb->procs) {
+          std::lock_guard lk2(bg->mu);
+          bg->close_files();
+        }
+        sb->apply(Event::kRelease);
+      }
+      {
+        std::lock_guard lk(mu_);
+        live_.erase(sb->id());
+      }
+      TP_SB_INFO(sb->id(), "released: it keeps running for the next daemon");
+      asio::post(io_, done_cb);
+      done();
+    });
+  });
+}
+
+// ---- queries -------------------------------------------------------------------
+
+std::shared_ptr<Sandbox> SandboxManager::find_live(const std::string& id) {
   std::lock_guard lk(mu_);
   auto it = live_.find(id);
   return it == live_.end() ? nullptr : it->second;
+}
+
+size_t SandboxManager::live_count() {
+  std::lock_guard lk(mu_);
+  return live_.size();
 }
 
 Error SandboxManager::not_live_error(const std::string& id) {
@@ -364,9 +786,9 @@ Error SandboxManager::not_live_error(const std::string& id) {
 }
 
 Result<SandboxRecord> SandboxManager::get(const std::string& id) {
-  if (auto live = find_live(id)) {
-    std::lock_guard lk(live->mu);
-    return live->rec;
+  if (auto sb = find_live(id)) {
+    std::lock_guard lk(sb->mu);
+    return sb->rec;
   }
   auto rec = store_.get(id);
   if (!rec) return std::unexpected(rec.error());
@@ -374,43 +796,49 @@ Result<SandboxRecord> SandboxManager::get(const std::string& id) {
   return **rec;
 }
 
-Result<std::vector<SandboxRecord>> SandboxManager::list(
-    const std::map<std::string, std::string>& labels, const std::string& state, bool all) {
-  std::map<std::string, SandboxRecord> merged;
-  if (all || state == "stopped" || state == "lost") {
-    auto recs = store_.list(false);
-    if (!recs) return std::unexpected(recs.error());
-    for (auto& r : *recs) merged[r.id] = std::move(r);
-  }
+Result<std::vector<SandboxRecord>> SandboxManager::list(const std::map<std::string, std::string>& labels,
+                                                        const std::string& state, bool all) {
+  bool ended_too = all || state == "stopped" || state == "lost";
+  control::SandboxQuery q;
+  q.state = state;
+  q.labels = labels;
+  q.live_only = !ended_too;
+  // Snapshot the live ones first: a sandbox that ends between the two reads is
+  // then reported by its stored final record, not by a stale live one.
+  std::vector<SandboxRecord> live;
   {
     std::lock_guard lk(mu_);
-    for (auto& [id, live] : live_) {
-      std::lock_guard lk2(live->mu);
-      merged[id] = live->rec;
+    for (auto& [id, sb] : live_) {
+      std::lock_guard lk2(sb->mu);
+      live.push_back(sb->rec);
     }
+  }
+  auto recs = store_.list(q);
+  if (!recs) return std::unexpected(recs.error());
+  std::map<std::string, SandboxRecord> merged;
+  for (auto& r : *recs) merged[r.id] = std::move(r);
+  for (auto& r : live) {
+    auto it = merged.find(r.id);
+    if (it != merged.end() && it->second.ended_at_ms != 0) continue;  // ended since the snapshot
+    bool match = (state.empty() || r.state == state) && (ended_too || r.ended_at_ms == 0);
+    for (const auto& [k, v] : labels) {
+      auto l = r.labels.find(k);
+      match = match && l != r.labels.end() && l->second == v;
+    }
+    if (match) merged[r.id] = std::move(r);
+    else if (it != merged.end()) merged.erase(it);
   }
   std::vector<SandboxRecord> out;
-  for (auto& [id, r] : merged) {
-    if (!state.empty() && r.state != state) continue;
-    bool match = true;
-    for (const auto& [k, v] : labels) {
-      auto it = r.labels.find(k);
-      if (it == r.labels.end() || it->second != v) {
-        match = false;
-        break;
-      }
-    }
-    if (match) out.push_back(std::move(r));
-  }
-  std::sort(out.begin(), out.end(),
-            [](const SandboxRecord& a, const SandboxRecord& b) { return a.created_at_ms < b.created_at_ms; });
+  for (auto& [id, r] : merged) out.push_back(std::move(r));
+  std::sort(out.begin(), out.end(), [](const SandboxRecord& a, const SandboxRecord& b) {
+    return a.created_at_ms != b.created_at_ms ? a.created_at_ms < b.created_at_ms : a.id < b.id;
+  });
   return out;
 }
 
-void SandboxManager::destroy(const std::string& id, std::string reason,
-                             std::function<void(Result<SandboxRecord>)> cb) {
-  auto live = find_live(id);
-  if (!live) {
+void SandboxManager::destroy(const std::string& id, EndReason reason, RecordCb cb) {
+  auto sb = find_live(id);
+  if (!sb) {
     auto rec = store_.get(id);
     if (rec && *rec) {
       // Already ended: deleting again is not an error; answer the record.
@@ -421,31 +849,41 @@ void SandboxManager::destroy(const std::string& id, std::string reason,
     }
     return;
   }
-  teardown(live, std::move(reason), std::move(cb));
+  request_stop(sb, reason, std::move(cb));
 }
 
+// ---- exec ------------------------------------------------------------------------
+
 Result<uint32_t> SandboxManager::exec(const std::string& id, ExecParams p, ExecCallbacks cb) {
-  auto live = find_live(id);
-  if (!live) return std::unexpected(not_live_error(id));
-  uint32_t uid = p.uid.value_or(live->image.uid);
-  uint32_t gid = p.uid ? *p.uid : live->image.gid;
-  std::map<std::string, std::string> env = {
-      {"PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"},
-      {"HOME", uid == 0 ? "/root" : "/"},
-      {"LANG", "C.UTF-8"},
-      {"TERM", "xterm"},
-      {"HOSTNAME", id},
-  };
+  auto sb = find_live(id);
+  if (!sb) return std::unexpected(not_live_error(id));
+  return start_exec(sb, std::move(p), std::move(cb), exec_meta());
+}
+
+Result<uint32_t> SandboxManager::start_exec(const std::shared_ptr<Sandbox>& sb, ExecParams p, ExecCallbacks cb,
+                                            std::string meta) {
+  const std::string& id = sb->id();
+  std::map<std::string, std::string> env;
+  uint32_t uid, gid;
   {
-    std::lock_guard lk(live->mu);
-    if (live->destroying || live->rec.state != "running")
+    std::lock_guard lk(sb->mu);
+    if (sb->state != State::kRunning || sb->stop_reason != EndReason::kNone || sb->release_requested)
       return fail(Code::kConflict, "sandbox " + id + " is " +
-                                       (live->destroying ? "stopping" : live->rec.state));
-    for (const auto& [k, v] : live->image.env) env[k] = v;
-    for (const auto& [k, v] : live->rec.env) env[k] = v;
-    if (p.cwd.empty()) p.cwd = live->image.workdir.empty() ? "/" : live->image.workdir;
-    live->running_execs++;
-    live->last_active_ms = now_ms();
+                                       std::string(sb->stop_reason != EndReason::kNone ? "stopping" : name(sb->state)));
+    uid = p.uid.value_or(sb->image.uid);
+    gid = p.uid ? *p.uid : sb->image.gid;
+    env = {
+        {"PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"},
+        {"HOME", uid == 0 ? "/root" : "/"},
+        {"LANG", "C.UTF-8"},
+        {"TERM", "xterm"},
+        {"HOSTNAME", id},
+    };
+    for (const auto& [k, v] : sb->image.env) env[k] = v;
+    for (const auto& [k, v] : sb->rec.env) env[k] = v;
+    if (p.cwd.empty()) p.cwd = sb->image.workdir.empty() ? "/" : sb->image.workdir;
+    sb->running_execs++;
+    sb->last_active_ms = now_ms();
   }
   for (const auto& [k, v] : p.env) env[k] = v;
   ExecRequest req;
@@ -458,18 +896,18 @@ Result<uint32_t> SandboxManager::exec(const std::string& id, ExecParams p, ExecC
   req.output_limit = p.output_limit;
   req.stdin_data = std::move(p.stdin_data);
   req.stdin_open = p.stdin_open;
+  req.meta = std::move(meta);
   uint64_t oom_before = 0;
-  if (auto k = live->inst->oom_kills()) oom_before = *k;
+  if (auto k = sb->inst->oom_kills()) oom_before = *k;
   metrics_.exec_total++;
   ExecHandlers h;
   h.on_started = cb.on_started;
   h.on_output = cb.on_output;
-  h.on_done = [this, live, oom_before, done = std::move(cb.on_done),
-               on_output = cb.on_output](Result<ExecResult> r) {
+  h.on_done = [this, sb, oom_before, done = std::move(cb.on_done), on_output = cb.on_output](Result<ExecResult> r) {
     {
-      std::lock_guard lk(live->mu);
-      live->running_execs--;
-      live->last_active_ms = now_ms();
+      std::lock_guard lk(sb->mu);
+      sb->running_execs--;
+      sb->last_active_ms = now_ms();
     }
     if (!r) {
       // A program that cannot be executed is a result, as in a shell: 127 when it
@@ -490,90 +928,108 @@ Result<uint32_t> SandboxManager::exec(const std::string& id, ExecParams p, ExecC
     o.result = *r;
     metrics_.exec_seconds.observe(static_cast<double>(r->wall_us) / 1e6);
     if (r->signal == 9) {
-      if (auto k = live->inst->oom_kills()) o.oom_killed = *k > oom_before;
+      if (auto k = sb->inst->oom_kills()) o.oom_killed = *k > oom_before;
     }
     done(o);
   };
-  return live->agent->exec(req, std::move(h));
+  return sb->agent->exec(req, std::move(h));
 }
 
 void SandboxManager::signal_exec(const std::string& id, uint32_t exec_id, int signo) {
-  if (auto live = find_live(id)) live->agent->signal(exec_id, signo);
+  auto sb = find_live(id);
+  if (!sb) return;
+  {
+    std::lock_guard lk(sb->mu);
+    if (sb->state != State::kRunning && sb->state != State::kStopping) return;
+  }
+  if (sb->agent) sb->agent->signal(exec_id, signo);
 }
 
+// ---- background processes ----------------------------------------------------------
+
 Result<ProcessInfo> SandboxManager::start_process(const std::string& id, ExecParams p) {
-  auto live = find_live(id);
-  if (!live) return std::unexpected(not_live_error(id));
+  auto sb = find_live(id);
+  if (!sb) return std::unexpected(not_live_error(id));
   auto bg = std::make_shared<BgProc>();
+  {
+    std::lock_guard lk(sb->mu);
+    if (sb->state != State::kRunning || sb->stop_reason != EndReason::kNone || sb->release_requested)
+      return fail(Code::kConflict, "sandbox " + id + " is " +
+                                       std::string(sb->stop_reason != EndReason::kNone ? "stopping" : name(sb->state)));
+    bg->info.pid = sb->next_proc++;
+  }
   bg->info.argv = p.argv;
   bg->info.started_ms = now_ms();
+  bg->limit = p.output_limit;
+  if (std::string dir = sandbox_dir(id); !dir.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(dir, ec);
+    std::string base = dir + "/proc-" + std::to_string(bg->info.pid);
+    bg->out_path = base + ".out";
+    bg->err_path = base + ".err";
+    bg->out_fd = open_append(bg->out_path);
+    bg->err_fd = open_append(bg->err_path);
+    if (bg->out_fd < 0 || bg->err_fd < 0) TP_SB_WARN(id, "process output files: {}", strerror(errno));
+  }
   ExecCallbacks cb;
-  cb.on_output = [bg](int stream, std::string_view data) {
+  cb.on_output = [bg](int stream, std::string_view data) { proc_output(bg, stream, data); };
+  cb.on_done = [bg](Result<ExecOutcome> r) { proc_done(bg, std::move(r)); };
+  std::string meta = process_meta(bg->info, bg->limit);
+  auto eid = start_exec(sb, std::move(p), std::move(cb), std::move(meta));
+  if (!eid) {
     std::lock_guard lk(bg->mu);
-    (stream == 2 ? bg->info.err : bg->info.out).append(data);
-  };
-  cb.on_done = [bg](Result<ExecOutcome> r) {
-    std::vector<std::function<void()>> waiters;
-    {
-      std::lock_guard lk(bg->mu);
-      bg->info.exited = true;
-      if (r) bg->info.outcome = *r;
-      else bg->info.error = r.error();
-      waiters.swap(bg->waiters);
-    }
-    for (auto& w : waiters) w();
-  };
-  auto eid = exec(id, std::move(p), std::move(cb));
-  if (!eid) return std::unexpected(eid.error());
+    bg->close_files();
+    std::error_code ec;
+    std::filesystem::remove(bg->out_path, ec);
+    std::filesystem::remove(bg->err_path, ec);
+    return std::unexpected(eid.error());
+  }
   ProcessInfo snapshot;
   {
     std::lock_guard lk(bg->mu);
-    bg->info.pid = *eid;
+    bg->exec_id = *eid;
     snapshot = bg->info;
   }
-  snapshot.out.clear();
-  snapshot.err.clear();
-  std::lock_guard lk(live->mu);
-  if (live->procs.size() >= kMaxProcs) {
-    for (auto it = live->procs.begin(); it != live->procs.end(); ++it) {
+  std::lock_guard lk(sb->mu);
+  if (sb->procs.size() >= kMaxProcs) {
+    for (auto it = sb->procs.begin(); it != sb->procs.end(); ++it) {
       std::lock_guard lk2(it->second->mu);
       if (it->second->info.exited) {
-        live->procs.erase(it);
+        std::error_code ec;
+        std::filesystem::remove(it->second->out_path, ec);
+        std::filesystem::remove(it->second->err_path, ec);
+        sb->procs.erase(it);
         break;
       }
     }
   }
-  live->procs[*eid] = bg;
+  sb->procs[bg->info.pid] = bg;
   return snapshot;
 }
 
-Result<std::shared_ptr<SandboxManager::BgProc>> SandboxManager::find_proc(const std::string& id,
-                                                                          uint32_t pid) {
-  auto live = find_live(id);
-  if (!live) return std::unexpected(not_live_error(id));
-  std::lock_guard lk(live->mu);
-  live->last_active_ms = now_ms();
-  auto it = live->procs.find(pid);
-  if (it == live->procs.end())
+Result<std::shared_ptr<BgProc>> SandboxManager::find_proc(const std::string& id, uint32_t pid) {
+  auto sb = find_live(id);
+  if (!sb) return std::unexpected(not_live_error(id));
+  std::lock_guard lk(sb->mu);
+  sb->last_active_ms = now_ms();
+  auto it = sb->procs.find(pid);
+  if (it == sb->procs.end())
     return fail(Code::kNotFound, "process " + std::to_string(pid) + " not found in sandbox " + id);
   return it->second;
 }
 
 Result<std::vector<ProcessInfo>> SandboxManager::list_processes(const std::string& id) {
-  auto live = find_live(id);
-  if (!live) return std::unexpected(not_live_error(id));
+  auto sb = find_live(id);
+  if (!sb) return std::unexpected(not_live_error(id));
   std::vector<std::shared_ptr<BgProc>> procs;
   {
-    std::lock_guard lk(live->mu);
-    for (auto& [pid, bg] : live->procs) procs.push_back(bg);
+    std::lock_guard lk(sb->mu);
+    for (auto& [pid, bg] : sb->procs) procs.push_back(bg);
   }
   std::vector<ProcessInfo> out;
   for (auto& bg : procs) {
     std::lock_guard lk(bg->mu);
-    ProcessInfo i = bg->info;
-    i.out.clear();
-    i.err.clear();
-    out.push_back(std::move(i));
+    out.push_back(bg->info);
   }
   return out;
 }
@@ -582,10 +1038,7 @@ Result<ProcessInfo> SandboxManager::get_process(const std::string& id, uint32_t 
   auto bg = find_proc(id, pid);
   if (!bg) return std::unexpected(bg.error());
   std::lock_guard lk((*bg)->mu);
-  ProcessInfo i = (*bg)->info;
-  i.out.clear();
-  i.err.clear();
-  return i;
+  return (*bg)->info;
 }
 
 void SandboxManager::wait_process(const std::string& id, uint32_t pid, int64_t timeout_ms,
@@ -602,10 +1055,15 @@ void SandboxManager::wait_process(const std::string& id, uint32_t pid, int64_t t
     std::call_once(*once, [&] {
       timer->cancel();
       ProcessInfo i;
+      std::string out_path, err_path;
       {
         std::lock_guard lk(bg->mu);
         i = bg->info;
+        out_path = bg->out_path;
+        err_path = bg->err_path;
       }
+      i.out = read_file_or_empty(out_path);
+      i.err = read_file_or_empty(err_path);
       cb(i);
     });
   };
@@ -625,40 +1083,47 @@ void SandboxManager::wait_process(const std::string& id, uint32_t pid, int64_t t
   asio::post(io_, answer);
 }
 
-Result<void> SandboxManager::process_stdin(const std::string& id, uint32_t pid, std::string data,
-                                           bool eof) {
+Result<void> SandboxManager::process_stdin(const std::string& id, uint32_t pid, std::string data, bool eof) {
   auto bg = find_proc(id, pid);
   if (!bg) return std::unexpected(bg.error());
+  uint32_t eid;
   {
     std::lock_guard lk((*bg)->mu);
     if ((*bg)->info.exited) return fail(Code::kConflict, "process " + std::to_string(pid) + " has exited");
+    eid = (*bg)->exec_id;
   }
-  auto live = find_live(id);
-  if (!live) return std::unexpected(not_live_error(id));
-  live->agent->send_stdin(pid, std::move(data), eof);
+  auto sb = find_live(id);
+  if (!sb) return std::unexpected(not_live_error(id));
+  {
+    std::lock_guard lk(sb->mu);
+    if (sb->state != State::kRunning) return fail(Code::kConflict, "sandbox " + id + " is " + std::string(name(sb->state)));
+  }
+  sb->agent->send_stdin(eid, std::move(data), eof);
   return {};
 }
 
 Result<void> SandboxManager::signal_process(const std::string& id, uint32_t pid, int signo) {
   auto bg = find_proc(id, pid);
   if (!bg) return std::unexpected(bg.error());
+  uint32_t eid;
   {
     std::lock_guard lk((*bg)->mu);
     if ((*bg)->info.exited) return fail(Code::kConflict, "process " + std::to_string(pid) + " has exited");
+    eid = (*bg)->exec_id;
   }
-  signal_exec(id, pid, signo);
+  signal_exec(id, eid, signo);
   return {};
 }
 
 Result<SandboxRef> SandboxManager::ref(const std::string& id) {
-  auto live = find_live(id);
-  if (!live) return std::unexpected(not_live_error(id));
-  std::lock_guard lk(live->mu);
-  if (live->destroying || live->rec.state != "running")
+  auto sb = find_live(id);
+  if (!sb) return std::unexpected(not_live_error(id));
+  std::lock_guard lk(sb->mu);
+  if (sb->state != State::kRunning || sb->stop_reason != EndReason::kNone || sb->release_requested)
     return fail(Code::kConflict, "sandbox " + id + " is " +
-                                     (live->destroying ? "stopping" : live->rec.state));
-  live->last_active_ms = now_ms();
-  return SandboxRef{live->agent, live->disk_bytes};
+                                     std::string(sb->stop_reason != EndReason::kNone ? "stopping" : name(sb->state)));
+  sb->last_active_ms = now_ms();
+  return SandboxRef{sb->agent, sb->disk_bytes};
 }
 
 void SandboxManager::after(std::chrono::milliseconds delay, std::function<void()> fn) {
@@ -671,9 +1136,9 @@ void SandboxManager::after(std::chrono::milliseconds delay, std::function<void()
 std::map<std::string, uint64_t> SandboxManager::count_by_state() {
   std::map<std::string, uint64_t> out;
   std::lock_guard lk(mu_);
-  for (auto& [id, live] : live_) {
-    std::lock_guard lk2(live->mu);
-    out[live->rec.state]++;
+  for (auto& [id, sb] : live_) {
+    std::lock_guard lk2(sb->mu);
+    out[sb->rec.state]++;
   }
   return out;
 }

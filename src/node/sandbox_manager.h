@@ -1,17 +1,38 @@
-// SandboxManager: the node's owner of live sandboxes.
+// SandboxManager: the node's owner of live sandboxes; implements node::Service.
 //
-// It creates sandboxes through a runtime Backend, connects an AgentClient to
-// each, records every sandbox in the Store, enforces TTL and idle timeouts,
-// and destroys sandboxes so that nothing of them remains.
+// It creates sandboxes through the runtime Registry's backends, connects an
+// AgentClient to each, records every sandbox in the SandboxStore, enforces TTL
+// and idle timeouts, and destroys sandboxes so that nothing of them remains.
+// Every transition of a sandbox runs on that sandbox's strand (node/sandbox.h).
 //
-// Restart policy: sandboxes are NOT re-adopted after a daemon restart (the
-// agent's control channel is a socketpair that dies with the daemon). recover()
-// marks every record a previous run left live as stopped (end_reason
-// "daemon_restart") and has the backend kill and remove everything of them.
+// Outcomes of concurrent requests (each one well defined, stored and answered
+// alike):
+//   - delete (or ttl, idle, shutdown) during create: the create answers
+//     kConflict "sandbox X was deleted while creating" (the reason named), the
+//     delete answers the final record, stored as stopped with that end reason.
+//   - exec or file call during a delete: refused with kConflict from the moment
+//     the delete was requested; commands already running fail with
+//     kUnavailable when the agent is closed.
+//   - a second delete, or ttl expiry while a delete runs: answers the same
+//     final record; the first request's end reason wins.
+//
+// Restart policy (live restore): shutdown() releases sandboxes (they keep
+// running; their records stay running) unless stop_on_exit is set or the
+// sandbox's tier cannot hand it over (no agent_address()); those are stopped
+// with end reason daemon_shutdown. recover() adopts every record a previous
+// run left live through its tier's backend, reconnects to its agent and
+// re-attaches its background processes; one that cannot be adopted is stored
+// stopped with end reason daemon_restart (gone) or agent_lost (its agent does
+// not answer), and cleanup_orphans removes what is left of it. TTLs and
+// records stay as they were.
+//
+// Background process output: files under <data_dir>/sandboxes/<id>/ (bounded
+// by output_limit per stream), removed when the sandbox ends. A process that
+// ended and was reported before a restart is not listed after it.
 //
 // Thread rules: every method may be called from any thread. Callbacks run on
-// the io_context's threads. Blocking work (clone, destroy) runs on an internal
-// thread pool, never on the io threads.
+// the io_context's threads. Blocking work (clone, destroy, store writes of a
+// transition) runs on an internal thread pool, never on the io threads.
 #pragma once
 
 #include <boost/asio/io_context.hpp>
@@ -29,149 +50,114 @@
 
 #include "common/metrics.h"
 #include "common/result.h"
-#include "control/store.h"
+#include "control/sandbox_store.h"
 #include "node/agent_client.h"
-#include "runtime/backend.h"
+#include "node/sandbox.h"
+#include "node/service.h"
+#include "runtime/registry.h"
 
 namespace tp::node {
 
-struct CreateParams {
-  std::string image = "host";
-  std::string tier = "container";
-  uint64_t memory_mb = 512;
-  double cpus = 1.0;
-  uint64_t pids = 512;
-  uint64_t disk_mb = 1024;
-  uint64_t ttl_seconds = 3600;
-  uint64_t idle_timeout_seconds = 0;
-  std::map<std::string, std::string> labels;
-  std::map<std::string, std::string> env;
-};
-
-struct ExecParams {
-  std::vector<std::string> argv;
-  std::map<std::string, std::string> env;
-  std::string cwd;  // "" = the image's workdir, else /
-  std::optional<uint32_t> uid;  // none = the image's user, else root
-  uint64_t timeout_ms = 0;
-  uint64_t output_limit = 16ull << 20;
-  std::string stdin_data;
-  bool stdin_open = false;  // background processes: keep stdin open for process_stdin()
-};
-
-// What an exec reports at its end (agent result plus what the node adds).
-struct ExecOutcome {
-  ExecResult result;
-  bool oom_killed = false;
-};
-
-struct ExecCallbacks {
-  std::function<void(uint32_t pid)> on_started;
-  std::function<void(int stream, std::string_view data)> on_output;
-  std::function<void(Result<ExecOutcome>)> on_done;
-};
-
-// A background process (started with start_process). pid is its handle within
-// the sandbox (not a Linux pid).
-struct ProcessInfo {
-  uint32_t pid = 0;
-  std::vector<std::string> argv;
-  int64_t started_ms = 0;
-  bool exited = false;
-  std::optional<ExecOutcome> outcome;  // set once exited normally
-  std::optional<Error> error;          // set once it failed (e.g. the sandbox ended)
-  std::string out, err;                // output so far (wait_process only)
-};
-
-// An image resolved to what the runtime needs. `pin` keeps the image's layers
-// from being garbage-collected while a sandbox uses them (released at its end).
-struct ResolvedImage {
-  std::vector<std::string> layers;  // lower directories, top first
-  std::map<std::string, std::string> env;  // image defaults, under the sandbox's env
-  std::string workdir;                     // default cwd of commands ("" = /)
-  std::shared_ptr<void> pin;
-  uint32_t uid = 0;                        // default user of commands
-  uint32_t gid = 0;
-};
 // Resolves an image reference ("name:version", ...). Called on a blocking thread.
 using ImageResolver = std::function<Result<ResolvedImage>(const std::string& image)>;
 
-// A live sandbox as the API sees it for file operations.
-struct SandboxRef {
-  std::shared_ptr<AgentClient> agent;
-  uint64_t disk_bytes = 0;
+struct ManagerOptions {
+  std::string node_name = "n0";
+  // Parent of the per-sandbox directories (background process output); "" =
+  // no files (process output is then dropped).
+  std::string data_dir;
+  // shutdown() stops every sandbox instead of releasing it (tests, development).
+  bool stop_on_exit = false;
+  // Opens an agent session over a backend's fd (a new sandbox).
+  std::function<std::shared_ptr<AgentClient>(boost::asio::io_context&, int fd, std::string id)>
+      agent_from_fd;
+  // Opens a new session with the agent of an adopted sandbox (its
+  // agent_address()); unset = adopted sandboxes count as agent_lost.
+  std::function<Result<std::shared_ptr<AgentClient>>(boost::asio::io_context&, const std::string& address,
+                                                     std::string id)>
+      agent_connect;
+  std::chrono::milliseconds agent_ready_timeout{15000};
+  std::chrono::milliseconds tick{500};
+  size_t blocking_threads = 2;
 };
 
-class SandboxManager {
+class SandboxManager : public Service {
  public:
-  SandboxManager(boost::asio::io_context& io, std::unique_ptr<runtime::Backend> backend,
-                 control::Store& store, Metrics& metrics, std::string node_name);
-  ~SandboxManager();
+  SandboxManager(boost::asio::io_context& io, runtime::Registry& registry,
+                 control::SandboxStore& store, Metrics& metrics, ManagerOptions opts);
+  ~SandboxManager() override;
 
-  // Cleans up what a previous run left behind; call once before serving.
+  // Adopts or cleans up what a previous run left behind; call once before
+  // serving, before the io_context runs (it runs it on a helper thread meanwhile).
   Result<void> recover();
   // Starts the TTL / idle timer.
   void start();
-  // Destroys every live sandbox (end_reason "daemon_shutdown") and stops the timer. Blocks.
+  // Releases (or stops, see above) every live sandbox and stops the timer;
+  // refuses new creates. Blocks; call it off the io threads, which must run.
   void shutdown();
 
-  void create(CreateParams p, std::function<void(Result<control::SandboxRecord>)> cb);
-  Result<control::SandboxRecord> get(const std::string& id);
-  // labels: all must match; state: empty = any; all: include ended sandboxes.
+  void create(CreateParams p, std::function<void(Result<control::SandboxRecord>)> cb) override;
+  Result<control::SandboxRecord> get(const std::string& id) override;
   Result<std::vector<control::SandboxRecord>> list(const std::map<std::string, std::string>& labels,
-                                                   const std::string& state, bool all);
-  void destroy(const std::string& id, std::string reason,
-               std::function<void(Result<control::SandboxRecord>)> cb);
-
-  // Starts a command. Fails at once with kNotFound / kConflict (not running).
-  // Returns the exec id, usable with signal_exec().
-  Result<uint32_t> exec(const std::string& id, ExecParams p, ExecCallbacks cb);
-  void signal_exec(const std::string& id, uint32_t exec_id, int signo);
-  // Background processes: they outlive the request that started them and keep
-  // their output (capped per stream by output_limit) until the sandbox ends.
-  Result<ProcessInfo> start_process(const std::string& id, ExecParams p);
-  Result<std::vector<ProcessInfo>> list_processes(const std::string& id);
-  Result<ProcessInfo> get_process(const std::string& id, uint32_t pid);
-  // Answers once the process exited or after timeout_ms (< 0: no timeout), with its output.
+                                                   const std::string& state, bool all) override;
+  void destroy(const std::string& id, EndReason reason,
+               std::function<void(Result<control::SandboxRecord>)> cb) override;
+  Result<uint32_t> exec(const std::string& id, ExecParams p, ExecCallbacks cb) override;
+  void signal_exec(const std::string& id, uint32_t exec_id, int signo) override;
+  Result<ProcessInfo> start_process(const std::string& id, ExecParams p) override;
+  Result<std::vector<ProcessInfo>> list_processes(const std::string& id) override;
+  Result<ProcessInfo> get_process(const std::string& id, uint32_t pid) override;
   void wait_process(const std::string& id, uint32_t pid, int64_t timeout_ms,
-                    std::function<void(Result<ProcessInfo>)> cb);
-  Result<void> process_stdin(const std::string& id, uint32_t pid, std::string data, bool eof);
-  Result<void> signal_process(const std::string& id, uint32_t pid, int signo);
+                    std::function<void(Result<ProcessInfo>)> cb) override;
+  Result<void> process_stdin(const std::string& id, uint32_t pid, std::string data, bool eof) override;
+  Result<void> signal_process(const std::string& id, uint32_t pid, int signo) override;
+  Result<SandboxRef> ref(const std::string& id) override;
+  std::map<std::string, uint64_t> count_by_state() override;
+  void after(std::chrono::milliseconds delay, std::function<void()> fn) override;
+  const std::string& node_name() const override { return opts_.node_name; }
 
-  // Agent of a running sandbox for file operations; marks the sandbox active.
-  Result<SandboxRef> ref(const std::string& id);
-
-  std::map<std::string, uint64_t> count_by_state();
-  // Runs fn on the io threads after a delay.
-  void after(std::chrono::milliseconds delay, std::function<void()> fn);
   // Images other than "host" are resolved through this; set before serving.
   void set_image_resolver(ImageResolver r) { resolver_ = std::move(r); }
-  const std::string& node_name() const { return node_; }
+  // Runs one TTL / idle / retry pass now (tests; the timer calls it).
+  void tick();
+  // Sandboxes held in memory (tests).
+  size_t live_count();
 
  private:
-  struct Live;
-  struct BgProc;
-  std::shared_ptr<Live> find_live(const std::string& id);
+  using RecordCb = Sandbox::RecordCb;
+  std::shared_ptr<Sandbox> find_live(const std::string& id);
   Result<std::shared_ptr<BgProc>> find_proc(const std::string& id, uint32_t pid);
   Error not_live_error(const std::string& id);
-  void finish_create(std::shared_ptr<Live> live, std::function<void(Result<control::SandboxRecord>)> cb,
-                     int64_t start_us);
-  void teardown(std::shared_ptr<Live> live, std::string reason,
-                std::function<void(Result<control::SandboxRecord>)> cb);
+  std::string sandbox_dir(const std::string& id) const;
+  void create_op(std::shared_ptr<Sandbox> sb, RecordCb cb, Sandbox::Done done, int64_t start_us);
+  void agent_ready(std::shared_ptr<Sandbox> sb, RecordCb cb, Sandbox::Done done, int64_t start_us,
+                   Result<void> ready);
+  // Requests the end of a sandbox; cb (optional) gets the final record.
+  void request_stop(std::shared_ptr<Sandbox> sb, EndReason reason, RecordCb cb);
+  void request_release(std::shared_ptr<Sandbox> sb, std::function<void()> done);
+  // The stop op's body (on a blocking thread, on the strand).
+  void stop_now(const std::shared_ptr<Sandbox>& sb);
+  void watch_agent(const std::shared_ptr<Sandbox>& sb);
+  Result<uint32_t> start_exec(const std::shared_ptr<Sandbox>& sb, ExecParams p, ExecCallbacks cb,
+                              std::string meta);
+  void attach_proc(const std::shared_ptr<Sandbox>& sb, std::shared_ptr<BgProc> bg);
+  // Adopts one record a previous run left live: true if kept, false if stored stopped.
+  Result<bool> adopt_one(control::SandboxRecord r);
+  // Stores its final record, forgets it (unless the store fails) and answers its stop waiters.
+  void store_final(const std::shared_ptr<Sandbox>& sb, std::optional<Error> err);
   void on_tick();
-  void persist(const control::SandboxRecord& r);
 
   boost::asio::io_context& io_;
   ImageResolver resolver_;
-  std::unique_ptr<runtime::Backend> backend_;
-  control::Store& store_;
+  runtime::Registry& registry_;
+  control::SandboxStore& store_;
   Metrics& metrics_;
-  std::string node_;
-  boost::asio::thread_pool blocking_{2};
+  ManagerOptions opts_;
+  boost::asio::thread_pool blocking_;
   boost::asio::steady_timer timer_;
 
   std::mutex mu_;
-  std::map<std::string, std::shared_ptr<Live>> live_;
+  std::map<std::string, std::shared_ptr<Sandbox>> live_;
   bool stopping_ = false;
 };
 

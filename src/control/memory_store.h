@@ -1,0 +1,32 @@
+// MemorySandboxStore: a SandboxStore in memory (unit tests, and a node that
+// must not persist). Same contract as the SQLite store, nothing durable.
+//
+// Thread rules: any thread; one mutex inside. fail_writes() makes every later
+// insert/update fail with kInternal (to test what callers do on a full disk).
+#pragma once
+
+#include <map>
+#include <mutex>
+
+#include "control/sandbox_store.h"
+
+namespace tp::control {
+
+class MemorySandboxStore : public SandboxStore {
+ public:
+  Result<uint64_t> insert(const SandboxRecord& r) override;
+  Result<uint64_t> update(const SandboxRecord& r) override;
+  Result<std::optional<SandboxRecord>> get(const std::string& id) override;
+  Result<std::vector<SandboxRecord>> list(const SandboxQuery& q) override;
+  Result<int> prune_ended(int64_t before_ms) override;
+
+  void fail_writes(bool on);
+  size_t size();
+
+ private:
+  std::mutex mu_;
+  std::map<std::string, SandboxRecord> rows_;
+  bool fail_writes_ = false;
+};
+
+}  // namespace tp::control

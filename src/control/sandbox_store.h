@@ -1,0 +1,72 @@
+// SandboxStore: durable records of sandboxes (live and ended), behind an
+// interface so that nothing above it depends on the database. The embedded
+// default is control::sqlite::SqliteSandboxStore (the data directory's
+// state.db); control::MemorySandboxStore is the in-memory one for tests.
+//
+// Contract (tests/unit/control/sandbox_store_contract_test.cpp runs it against
+// every implementation):
+//   - insert() adds a new record and fails with kConflict if its id exists.
+//   - update() is a compare-and-set on the record's version: it writes the
+//     record only if the stored version equals r.version, and answers the new
+//     version (r.version + 1). A stale version fails with kConflict, an unknown
+//     id with kNotFound. There is no blind insert-or-replace.
+//   - labels are fixed at insert (update() leaves them as they are).
+//   - list() filters in the store (by state, by labels, live only), ordered by
+//     created_at_ms then id.
+//   - writes survive a crash of the daemon once the call returns.
+//
+// Thread rules: every method may be called from any thread; implementations
+// serialise internally.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/result.h"
+
+namespace tp::control {
+
+struct SandboxRecord {
+  std::string id;
+  std::string state;        // creating, running, paused, stopped, lost
+  std::string tier;
+  std::string image;
+  std::string node;
+  uint64_t memory_mb = 0;
+  double cpus = 0;
+  uint64_t pids = 0;
+  uint64_t disk_mb = 0;
+  uint64_t ttl_seconds = 0;
+  uint64_t idle_timeout_seconds = 0;
+  std::map<std::string, std::string> labels;
+  std::map<std::string, std::string> env;
+  int64_t created_at_ms = 0;   // unix epoch milliseconds
+  int64_t expires_at_ms = 0;
+  int64_t ended_at_ms = 0;     // 0 while live
+  std::string end_reason;      // see node::EndReason; "" while live
+  uint64_t version = 0;        // the store's row version (0 = never stored)
+};
+
+struct SandboxQuery {
+  std::string state;                          // "" = any
+  std::map<std::string, std::string> labels;  // all must match
+  bool live_only = false;                     // skip ended records (ended_at_ms != 0)
+};
+
+class SandboxStore {
+ public:
+  virtual ~SandboxStore() = default;
+  // Stores a new record at version 1 (r.version is ignored); answers 1.
+  virtual Result<uint64_t> insert(const SandboxRecord& r) = 0;
+  // Compare-and-set on r.version; answers the new version.
+  virtual Result<uint64_t> update(const SandboxRecord& r) = 0;
+  virtual Result<std::optional<SandboxRecord>> get(const std::string& id) = 0;
+  virtual Result<std::vector<SandboxRecord>> list(const SandboxQuery& q) = 0;
+  // Deletes ended records that ended before `before_ms`; answers how many.
+  virtual Result<int> prune_ended(int64_t before_ms) = 0;
+};
+
+}  // namespace tp::control

@@ -1,0 +1,58 @@
+// SqliteSandboxStore: the embedded SandboxStore (SQLite in the data
+// directory). A PostgreSQL implementation can sit behind the same interface
+// for fleets.
+//
+// It keeps one row per sandbox (live and ended) so that `get` answers for a
+// sandbox after it ended and so that a restarted daemon knows what a previous
+// run left behind. Writes survive a crash of the daemon once the call returns
+// (WAL, synchronous=NORMAL); a power loss may lose the newest ones.
+//
+// Schema (PRAGMA user_version): 0 = the first table (no version column, labels
+// only as JSON); 1 = a `version` column for compare-and-set updates, labels
+// also in their own indexed table `sandbox_labels`, indexes on state and
+// ended_at_ms. open() migrates an older database in one transaction.
+//
+// Thread rules: any thread; calls are serialised inside.
+#pragma once
+
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "control/sandbox_store.h"
+
+struct sqlite3;
+struct sqlite3_stmt;
+
+namespace tp::control::sqlite {
+
+class SqliteSandboxStore : public SandboxStore {
+ public:
+  static constexpr int kSchemaVersion = 1;
+  // Opens (creating or migrating if needed) the database file at `path`.
+  static Result<std::unique_ptr<SqliteSandboxStore>> open(const std::string& path);
+  ~SqliteSandboxStore() override;
+  SqliteSandboxStore(const SqliteSandboxStore&) = delete;
+  SqliteSandboxStore& operator=(const SqliteSandboxStore&) = delete;
+
+  Result<uint64_t> insert(const SandboxRecord& r) override;
+  Result<uint64_t> update(const SandboxRecord& r) override;
+  Result<std::optional<SandboxRecord>> get(const std::string& id) override;
+  Result<std::vector<SandboxRecord>> list(const SandboxQuery& q) override;
+  Result<int> prune_ended(int64_t before_ms) override;
+
+ private:
+  explicit SqliteSandboxStore(sqlite3* db) : db_(db) {}
+  Result<void> exec_sql(const char* sql);
+  Result<void> migrate();
+  Result<sqlite3_stmt*> prepared(sqlite3_stmt** slot, const char* sql);
+  std::mutex mu_;
+  sqlite3* db_;
+  // Statements of the create/destroy path, prepared once (compiling costs about
+  // as much as running them). Guarded by mu_.
+  sqlite3_stmt* insert_stmt_ = nullptr;
+  sqlite3_stmt* label_stmt_ = nullptr;
+  sqlite3_stmt* update_stmt_ = nullptr;
+};
+
+}  // namespace tp::control::sqlite

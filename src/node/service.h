@@ -1,0 +1,127 @@
+// Service: what a node offers to the API (create, adopt-on-restart is the
+// daemon's business, get, list, destroy, exec, files, background processes).
+// SandboxManager implements it; the HTTP routes call only this interface.
+//
+// Answers to a sandbox that ended: get/list report its stored record; exec,
+// ref and process calls fail with kConflict ("sandbox X is stopped"); an id
+// never seen fails with kNotFound.
+//
+// Thread rules: every method may be called from any thread; callbacks run on
+// the node's io threads, never inline from the caller.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/result.h"
+#include "control/sandbox_store.h"
+#include "node/agent_client.h"
+#include "node/state.h"
+
+namespace tp::node {
+
+struct CreateParams {
+  std::string image = "host";
+  std::string tier = "container";
+  uint64_t memory_mb = 512;
+  double cpus = 1.0;
+  uint64_t pids = 512;
+  uint64_t disk_mb = 1024;
+  uint64_t ttl_seconds = 3600;
+  uint64_t idle_timeout_seconds = 0;
+  std::map<std::string, std::string> labels;
+  std::map<std::string, std::string> env;
+};
+
+struct ExecParams {
+  std::vector<std::string> argv;
+  std::map<std::string, std::string> env;
+  std::string cwd;  // "" = the image's workdir, else /
+  std::optional<uint32_t> uid;  // none = the image's user, else root
+  uint64_t timeout_ms = 0;
+  uint64_t output_limit = 16ull << 20;
+  std::string stdin_data;
+  bool stdin_open = false;  // background processes: keep stdin open for process_stdin()
+};
+
+// What an exec reports at its end (agent result plus what the node adds).
+struct ExecOutcome {
+  ExecResult result;
+  bool oom_killed = false;
+};
+
+struct ExecCallbacks {
+  std::function<void(uint32_t pid)> on_started;
+  std::function<void(int stream, std::string_view data)> on_output;
+  std::function<void(Result<ExecOutcome>)> on_done;
+};
+
+// A background process (started with start_process). pid is its handle within
+// the sandbox (not a Linux pid); it stays the same across a daemon restart.
+struct ProcessInfo {
+  uint32_t pid = 0;
+  std::vector<std::string> argv;
+  int64_t started_ms = 0;
+  bool exited = false;
+  std::optional<ExecOutcome> outcome;  // set once exited normally
+  std::optional<Error> error;          // set once it failed (e.g. the sandbox ended)
+  std::string out, err;                // output so far (wait_process only)
+};
+
+// A live sandbox as the API sees it for file operations.
+struct SandboxRef {
+  std::shared_ptr<AgentClient> agent;
+  uint64_t disk_bytes = 0;
+};
+
+class Service {
+ public:
+  virtual ~Service() = default;
+
+  // Answers the running record, or an error. A sandbox deleted (or stopped by
+  // ttl or shutdown) while it was being created answers kConflict "sandbox X was
+  // deleted while creating"; its record is then stopped with that end reason.
+  virtual void create(CreateParams p, std::function<void(Result<control::SandboxRecord>)> cb) = 0;
+  virtual Result<control::SandboxRecord> get(const std::string& id) = 0;
+  // labels: all must match; state: empty = any; all: include ended sandboxes.
+  virtual Result<std::vector<control::SandboxRecord>> list(
+      const std::map<std::string, std::string>& labels, const std::string& state, bool all) = 0;
+  // Stops it; answers the final (stopped) record. Deleting an ended sandbox
+  // answers its record; a second destroy while one runs answers the same record
+  // with the first request's end reason.
+  virtual void destroy(const std::string& id, EndReason reason,
+                       std::function<void(Result<control::SandboxRecord>)> cb) = 0;
+
+  // Starts a command. Fails at once with kNotFound / kConflict (not running).
+  // Returns the exec id, usable with signal_exec().
+  virtual Result<uint32_t> exec(const std::string& id, ExecParams p, ExecCallbacks cb) = 0;
+  virtual void signal_exec(const std::string& id, uint32_t exec_id, int signo) = 0;
+  // Background processes: they outlive the request that started them (and a
+  // restart of the daemon) and keep their output (capped per stream by
+  // output_limit) in files until the sandbox ends.
+  virtual Result<ProcessInfo> start_process(const std::string& id, ExecParams p) = 0;
+  virtual Result<std::vector<ProcessInfo>> list_processes(const std::string& id) = 0;
+  virtual Result<ProcessInfo> get_process(const std::string& id, uint32_t pid) = 0;
+  // Answers once the process exited or after timeout_ms (< 0: no timeout), with its output.
+  virtual void wait_process(const std::string& id, uint32_t pid, int64_t timeout_ms,
+                            std::function<void(Result<ProcessInfo>)> cb) = 0;
+  virtual Result<void> process_stdin(const std::string& id, uint32_t pid, std::string data, bool eof) = 0;
+  virtual Result<void> signal_process(const std::string& id, uint32_t pid, int signo) = 0;
+
+  // Agent of a running sandbox for file operations; marks the sandbox active.
+  virtual Result<SandboxRef> ref(const std::string& id) = 0;
+
+  virtual std::map<std::string, uint64_t> count_by_state() = 0;
+  // Runs fn on the io threads after a delay.
+  virtual void after(std::chrono::milliseconds delay, std::function<void()> fn) = 0;
+  virtual const std::string& node_name() const = 0;
+};
+
+}  // namespace tp::node

@@ -1,0 +1,264 @@
+// The SandboxStore contract, run against every implementation (SQLite in a
+// temp dir, the in-memory one), plus the SQLite store's own promises
+// (survives reopen, migrates a schema-0 database).
+#include <gtest/gtest.h>
+#include <sqlite3.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <functional>
+#include <memory>
+
+#include "control/memory_store.h"
+#include "control/sqlite/sandbox_store.h"
+
+namespace tp::control {
+namespace {
+
+struct StoreMaker {
+  std::string name;
+  std::function<std::unique_ptr<SandboxStore>(const std::string& dir)> make;
+};
+
+std::ostream& operator<<(std::ostream& os, const StoreMaker& m) { return os << m.name; }
+
+class SandboxStoreContract : public ::testing::TestWithParam<StoreMaker> {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/tp-store-XXXXXX";
+    dir_ = mkdtemp(tmpl);
+    st_ = GetParam().make(dir_);
+    ASSERT_TRUE(st_);
+  }
+  void TearDown() override {
+    st_.reset();
+    std::filesystem::remove_all(dir_);
+  }
+  static SandboxRecord rec(const std::string& id, const std::string& state, int64_t created,
+                           std::map<std::string, std::string> labels = {}) {
+    SandboxRecord r;
+    r.id = id;
+    r.state = state;
+    r.created_at_ms = created;
+    r.labels = std::move(labels);
+    r.memory_mb = 512;
+    r.env = {{"A", "1"}};
+    return r;
+  }
+  static SandboxQuery query(std::string state, std::map<std::string, std::string> labels, bool live_only) {
+    SandboxQuery q;
+    q.state = std::move(state);
+    q.labels = std::move(labels);
+    q.live_only = live_only;
+    return q;
+  }
+  std::string dir_;
+  std::unique_ptr<SandboxStore> st_;
+};
+
+TEST_P(SandboxStoreContract, InsertThenGetAnswersVersionOne) {
+  auto v = st_->insert(rec("n0-a", "creating", 1, {{"job", "x"}}));
+  ASSERT_TRUE(v) << v.error().message();
+  EXPECT_EQ(*v, 1u);
+  auto got = st_->get("n0-a");
+  ASSERT_TRUE(got && *got);
+  EXPECT_EQ((*got)->state, "creating");
+  EXPECT_EQ((*got)->version, 1u);
+  EXPECT_EQ((*got)->labels.at("job"), "x");
+  EXPECT_EQ((*got)->env.at("A"), "1");
+  EXPECT_EQ((*got)->memory_mb, 512u);
+  auto none = st_->get("n0-zz");
+  ASSERT_TRUE(none);
+  EXPECT_FALSE(*none);
+}
+
+TEST_P(SandboxStoreContract, InsertOfAnExistingIdFailsAndChangesNothing) {
+  ASSERT_TRUE(st_->insert(rec("n0-a", "creating", 1)));
+  auto again = st_->insert(rec("n0-a", "running", 2));
+  ASSERT_FALSE(again);
+  EXPECT_EQ(again.error().code, Code::kConflict);
+  EXPECT_EQ((*st_->get("n0-a"))->state, "creating");
+}
+
+TEST_P(SandboxStoreContract, UpdateIsACompareAndSetOnTheVersion) {
+  ASSERT_TRUE(st_->insert(rec("n0-a", "creating", 1, {{"job", "x"}})));
+  auto r = **st_->get("n0-a");
+  r.state = "running";
+  auto v2 = st_->update(r);
+  ASSERT_TRUE(v2) << v2.error().message();
+  EXPECT_EQ(*v2, 2u);
+  // A writer holding the old version loses.
+  r.state = "stopped";
+  r.end_reason = "deleted";
+  auto stale = st_->update(r);  // r.version is still 1
+  ASSERT_FALSE(stale);
+  EXPECT_EQ(stale.error().code, Code::kConflict);
+  auto got = **st_->get("n0-a");
+  EXPECT_EQ(got.state, "running");
+  EXPECT_EQ(got.end_reason, "");
+  EXPECT_EQ(got.version, 2u);
+  // With the current version it goes through; labels stay as inserted.
+  r.version = 2;
+  r.labels = {{"other", "y"}};
+  r.ended_at_ms = 9;
+  ASSERT_TRUE(st_->update(r));
+  got = **st_->get("n0-a");
+  EXPECT_EQ(got.state, "stopped");
+  EXPECT_EQ(got.end_reason, "deleted");
+  EXPECT_EQ(got.ended_at_ms, 9);
+  EXPECT_EQ(got.version, 3u);
+  EXPECT_EQ(got.labels, (std::map<std::string, std::string>{{"job", "x"}}));
+}
+
+TEST_P(SandboxStoreContract, UpdateOfAnUnknownIdIsNotFound) {
+  auto r = rec("n0-q", "running", 1);
+  r.version = 1;
+  auto v = st_->update(r);
+  ASSERT_FALSE(v);
+  EXPECT_EQ(v.error().code, Code::kNotFound);
+  EXPECT_FALSE(*st_->get("n0-q"));
+}
+
+TEST_P(SandboxStoreContract, ListFiltersByStateLabelsAndLiveness) {
+  ASSERT_TRUE(st_->insert(rec("n0-c", "running", 3, {{"job", "a"}, {"team", "t"}})));
+  ASSERT_TRUE(st_->insert(rec("n0-a", "creating", 1, {{"job", "a"}})));
+  auto ended = rec("n0-b", "stopped", 2, {{"job", "b"}});
+  ended.ended_at_ms = 10;
+  ended.end_reason = "ttl";
+  ASSERT_TRUE(st_->insert(ended));
+  auto ids = [&](SandboxQuery q) {
+    std::vector<std::string> out;
+    auto l = st_->list(q);
+    EXPECT_TRUE(l);
+    for (auto& r : *l) out.push_back(r.id);
+    return out;
+  };
+  using V = std::vector<std::string>;
+  EXPECT_EQ(ids({}), (V{"n0-a", "n0-b", "n0-c"}));  // by created_at_ms
+  EXPECT_EQ(ids(query("", {}, true)), (V{"n0-a", "n0-c"}));
+  EXPECT_EQ(ids(query("creating", {}, false)), (V{"n0-a"}));
+  EXPECT_EQ(ids(query("", {{"job", "a"}}, false)), (V{"n0-a", "n0-c"}));
+  EXPECT_EQ(ids(query("", {{"job", "a"}, {"team", "t"}}, false)), (V{"n0-c"}));
+  EXPECT_EQ(ids(query("", {{"job", "b"}}, true)), (V{}));
+  EXPECT_EQ(ids(query("stopped", {{"job", "b"}}, false)), (V{"n0-b"}));
+  EXPECT_EQ(ids(query("", {{"job", "zz"}}, false)), (V{}));
+}
+
+TEST_P(SandboxStoreContract, PruneDeletesOnlyEndedBeforeTheCutoff) {
+  auto a = rec("n0-a", "stopped", 1, {{"job", "a"}});
+  a.ended_at_ms = 5;
+  auto b = rec("n0-b", "stopped", 2);
+  b.ended_at_ms = 50;
+  ASSERT_TRUE(st_->insert(a));
+  ASSERT_TRUE(st_->insert(b));
+  ASSERT_TRUE(st_->insert(rec("n0-c", "running", 3)));
+  auto n = st_->prune_ended(10);
+  ASSERT_TRUE(n);
+  EXPECT_EQ(*n, 1);
+  EXPECT_FALSE(*st_->get("n0-a"));
+  EXPECT_TRUE(*st_->get("n0-b"));
+  EXPECT_TRUE(*st_->get("n0-c"));
+  // Its labels went with it: a new record under the id starts clean.
+  ASSERT_TRUE(st_->insert(rec("n0-a", "creating", 4)));
+  EXPECT_EQ((*st_->list(query("", {{"job", "a"}}, false))).size(), 0u);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Stores, SandboxStoreContract,
+    ::testing::Values(
+        StoreMaker{"sqlite",
+                   [](const std::string& dir) -> std::unique_ptr<SandboxStore> {
+                     auto s = sqlite::SqliteSandboxStore::open(dir + "/state.db");
+                     if (!s) return nullptr;
+                     return std::unique_ptr<SandboxStore>(std::move(*s));
+                   }},
+        StoreMaker{"memory", [](const std::string&) -> std::unique_ptr<SandboxStore> {
+                     return std::make_unique<MemorySandboxStore>();
+                   }}),
+    [](const auto& info) { return info.param.name; });
+
+class SqliteStoreTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/tp-store-XXXXXX";
+    dir_ = mkdtemp(tmpl);
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+  std::string dir_;
+};
+
+TEST_F(SqliteStoreTest, RecordsSurviveReopen) {
+  {
+    auto st = sqlite::SqliteSandboxStore::open(dir_ + "/s.db");
+    ASSERT_TRUE(st);
+    SandboxRecord r;
+    r.id = "n0-a";
+    r.state = "running";
+    r.labels = {{"job", "a"}};
+    ASSERT_TRUE((*st)->insert(r));
+  }
+  auto st = sqlite::SqliteSandboxStore::open(dir_ + "/s.db");
+  ASSERT_TRUE(st);
+  SandboxQuery q;
+  q.state = "running";
+  q.labels = {{"job", "a"}};
+  q.live_only = true;
+  auto l = (*st)->list(q);
+  ASSERT_TRUE(l);
+  ASSERT_EQ(l->size(), 1u);
+  EXPECT_EQ((*l)[0].version, 1u);
+}
+
+TEST_F(SqliteStoreTest, MigratesASchemaZeroDatabase) {
+  // The table as the first daemon versions made it (no version column, labels only as JSON).
+  {
+    sqlite3* db = nullptr;
+    ASSERT_EQ(sqlite3_open((dir_ + "/s.db").c_str(), &db), SQLITE_OK);
+    const char* sql =
+        "CREATE TABLE sandboxes ("
+        " id TEXT PRIMARY KEY, state TEXT NOT NULL, tier TEXT, image TEXT, node TEXT,"
+        " memory_mb INTEGER, cpus REAL, pids INTEGER, disk_mb INTEGER, ttl_seconds INTEGER,"
+        " idle_timeout_seconds INTEGER, labels TEXT, env TEXT, created_at_ms INTEGER,"
+        " expires_at_ms INTEGER, ended_at_ms INTEGER, end_reason TEXT) WITHOUT ROWID;"
+        "INSERT INTO sandboxes VALUES ('n0-old','running','container','host','n0',512,1.0,512,1024,"
+        " 600,0,'{\"job\":\"j1\",\"k\":\"v\"}','{}',7,607,0,'');"
+        "INSERT INTO sandboxes VALUES ('n0-gone','stopped','container','host','n0',512,1.0,512,1024,"
+        " 600,0,'not json','{}',5,605,9,'ttl');";
+    ASSERT_EQ(sqlite3_exec(db, sql, nullptr, nullptr, nullptr), SQLITE_OK);
+    sqlite3_close(db);
+  }
+  for (int round = 0; round < 2; ++round) {  // the second open finds schema 1: no-op
+    auto st = sqlite::SqliteSandboxStore::open(dir_ + "/s.db");
+    ASSERT_TRUE(st) << st.error().message();
+    auto old = (*st)->get("n0-old");
+    ASSERT_TRUE(old && *old);
+    EXPECT_EQ((*old)->ttl_seconds, 600u);
+    SandboxQuery q;
+    q.labels = {{"job", "j1"}, {"k", "v"}};
+    auto l = (*st)->list(q);
+    ASSERT_TRUE(l);
+    ASSERT_EQ(l->size(), 1u);
+    EXPECT_EQ((*l)[0].id, "n0-old");
+    EXPECT_EQ((*(*st)->list({})).size(), 2u);
+    if (round == 0) {
+      EXPECT_EQ((*old)->version, 1u);
+      auto r = **old;
+      r.state = "stopped";
+      r.ended_at_ms = 20;
+      r.end_reason = "daemon_restart";
+      ASSERT_TRUE((*st)->update(r));
+    } else {
+      EXPECT_EQ((*old)->state, "stopped");
+      EXPECT_EQ((*old)->version, 2u);
+    }
+  }
+}
+
+TEST_F(SqliteStoreTest, OpenFailsCleanlyOnBadPath) {
+  auto st = sqlite::SqliteSandboxStore::open(dir_ + "/no/such/dir/s.db");
+  ASSERT_FALSE(st);
+  EXPECT_EQ(st.error().code, Code::kInternal);
+}
+
+}  // namespace
+}  // namespace tp::control

@@ -1,0 +1,280 @@
+// Fakes for the node's unit tests: a runtime Backend whose creates can be held
+// at a gate, its instances, and an AgentClient that answers from memory.
+#pragma once
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/post.hpp>
+
+#include <condition_variable>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "node/agent_client.h"
+#include "runtime/backend.h"
+
+namespace tp::node::testing {
+
+// A gate a thread waits at until the test opens it (opening first is fine).
+class Gate {
+ public:
+  void open() {
+    std::lock_guard lk(mu_);
+    open_ = true;
+    cv_.notify_all();
+  }
+  void wait() {
+    std::unique_lock lk(mu_);
+    cv_.wait(lk, [&] { return open_; });
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool open_ = false;
+};
+
+class FakeBackend;
+
+class FakeInstance : public runtime::SandboxInstance {
+ public:
+  FakeInstance(FakeBackend* b, std::string id, std::string address) : b_(b), id_(std::move(id)), address_(std::move(address)) {}
+  ~FakeInstance() override;
+  const std::string& id() const override { return id_; }
+  int agent_fd() const override { return -1; }
+  pid_t pid() const override { return 1; }
+  bool alive() override { return !destroyed_ && !released_; }
+  Result<runtime::Usage> usage() override { return runtime::Usage{}; }
+  Result<void> destroy() override;
+  std::string agent_address() const override { return address_; }
+  void release() override;
+
+ private:
+  FakeBackend* b_;
+  std::string id_;
+  std::string address_;
+  bool destroyed_ = false;
+  bool released_ = false;
+};
+
+// Tracks every instance it made: `live` ones hold resources (not destroyed,
+// not released); `released` ones keep running for a next daemon.
+class FakeBackend : public runtime::Backend {
+ public:
+  std::string tier() const override { return "container"; }
+  Result<std::unique_ptr<runtime::SandboxInstance>> create(const runtime::SandboxSpec& spec) override {
+    std::shared_ptr<Gate> gate;
+    {
+      std::lock_guard lk(mu);
+      entered.insert(spec.id);
+      if (hold_creates) {
+        auto& g = gates[spec.id];
+        if (!g) g = std::make_shared<Gate>();
+        gate = g;
+      }
+      cv.notify_all();
+    }
+    if (gate) gate->wait();
+    std::lock_guard lk(mu);
+    if (fail_creates) return fail(Code::kInternal, "fake create failure");
+    live.insert(spec.id);
+    return std::unique_ptr<runtime::SandboxInstance>(new FakeInstance(this, spec.id, address));
+  }
+  Result<std::unique_ptr<runtime::SandboxInstance>> adopt(const runtime::SandboxSpec& spec) override {
+    std::lock_guard lk(mu);
+    if (!adoptable.count(spec.id)) return fail(Code::kNotFound, "gone");
+    adopted.insert(spec.id);
+    live.insert(spec.id);
+    return std::unique_ptr<runtime::SandboxInstance>(new FakeInstance(this, spec.id, address));
+  }
+  std::vector<std::string> cleanup_orphans(const std::vector<std::string>& keep) override {
+    std::lock_guard lk(mu);
+    kept = keep;
+    cleanup_calls++;
+    return {};
+  }
+  // Opens (or pre-opens) the gate of one create.
+  void release_create(const std::string& id) {
+    std::shared_ptr<Gate> g;
+    {
+      std::lock_guard lk(mu);
+      auto& slot = gates[id];
+      if (!slot) slot = std::make_shared<Gate>();
+      g = slot;
+    }
+    g->open();
+  }
+  void wait_entered(const std::string& id) {
+    std::unique_lock lk(mu);
+    cv.wait(lk, [&] { return entered.count(id) > 0; });
+  }
+  size_t live_count() {
+    std::lock_guard lk(mu);
+    return live.size();
+  }
+  bool is_live(const std::string& id) {
+    std::lock_guard lk(mu);
+    return live.count(id) > 0;
+  }
+
+  std::mutex mu;
+  std::condition_variable cv;
+  bool hold_creates = false;
+  bool fail_creates = false;
+  std::string address = "/run/fake/agent.sock";  // "" = cannot be released
+  std::map<std::string, std::shared_ptr<Gate>> gates;
+  std::set<std::string> entered, live, released, destroyed, adoptable, adopted;
+  std::vector<std::string> kept;
+  int cleanup_calls = 0;
+};
+
+inline FakeInstance::~FakeInstance() { (void)destroy(); }
+inline Result<void> FakeInstance::destroy() {
+  if (destroyed_ || released_) return {};
+  destroyed_ = true;
+  std::lock_guard lk(b_->mu);
+  b_->live.erase(id_);
+  b_->destroyed.insert(id_);
+  return {};
+}
+inline void FakeInstance::release() {
+  if (destroyed_ || released_) return;
+  released_ = true;
+  std::lock_guard lk(b_->mu);
+  b_->live.erase(id_);
+  b_->released.insert(id_);
+}
+
+// An agent session in memory. Execs stay pending until finish() or close().
+class FakeAgent : public AgentClient {
+ public:
+  FakeAgent(boost::asio::io_context& io, bool ready = true) : io_(io), ready_(ready) {}
+  void start(std::function<void(Result<void>)> on_ready) override {
+    bool ok = ready_;
+    boost::asio::post(io_, [on_ready, ok] {
+      if (ok) on_ready(Result<void>{});
+      else on_ready(fail(Code::kUnavailable, "fake agent not ready"));
+    });
+  }
+  void set_on_closed(std::function<void(const Error&)> cb) override {
+    std::lock_guard lk(mu_);
+    on_closed_ = std::move(cb);
+  }
+  uint32_t exec(const ExecRequest& req, ExecHandlers h) override {
+    std::lock_guard lk(mu_);
+    uint32_t id = next_++;
+    metas_[id] = req.meta;
+    if (closed_) {
+      boost::asio::post(io_, [h] { h.on_done(fail(Code::kUnavailable, "closed")); });
+    } else {
+      pending_[id] = std::move(h);
+    }
+    return id;
+  }
+  void send_stdin(uint32_t, std::string, bool) override {}
+  void signal(uint32_t id, int) override {
+    std::lock_guard lk(mu_);
+    signalled_.push_back(id);
+  }
+  void write_file(std::string, std::string, uint32_t, bool, std::function<void(Result<uint64_t>)> cb) override {
+    boost::asio::post(io_, [cb] { cb(uint64_t{0}); });
+  }
+  void read_file(std::string, uint64_t, std::function<void(Result<std::string>)> cb) override {
+    boost::asio::post(io_, [cb] { cb(std::string()); });
+  }
+  void stat(std::string, std::function<void(Result<FileEntry>)> cb) override {
+    boost::asio::post(io_, [cb] { cb(FileEntry{}); });
+  }
+  void list(std::string, std::function<void(Result<std::vector<FileEntry>>)> cb) override {
+    boost::asio::post(io_, [cb] { cb(std::vector<FileEntry>{}); });
+  }
+  void remove(std::string, bool, std::function<void(Result<void>)> cb) override {
+    boost::asio::post(io_, [cb] { cb(Result<void>{}); });
+  }
+  void mkdir(std::string, uint32_t, bool, std::function<void(Result<void>)> cb) override {
+    boost::asio::post(io_, [cb] { cb(Result<void>{}); });
+  }
+  void ping(std::function<void(Result<void>)> cb) override {
+    boost::asio::post(io_, [cb] { cb(Result<void>{}); });
+  }
+  std::vector<ResumedCommand> resumed() const override { return resumed_; }
+  Result<void> attach(uint32_t id, ExecHandlers h) override {
+    std::lock_guard lk(mu_);
+    for (const auto& c : resumed_)
+      if (c.id == id) {
+        pending_[id] = std::move(h);
+        return {};
+      }
+    return fail(Code::kNotFound, "not resumed");
+  }
+  void close() override { end(Error{Code::kUnavailable, 0, "closed by the node"}); }
+  size_t pending() const override {
+    std::lock_guard lk(mu_);
+    return pending_.size();
+  }
+
+  // The agent side ends the session (the agent died).
+  void die() { end(Error{Code::kUnavailable, 0, "agent died"}); }
+  // Output then exit of a pending command.
+  void finish(uint32_t id, std::string out, int64_t code) {
+    ExecHandlers h;
+    {
+      std::lock_guard lk(mu_);
+      auto it = pending_.find(id);
+      if (it == pending_.end()) return;
+      h = std::move(it->second);
+      pending_.erase(it);
+    }
+    boost::asio::post(io_, [h, out, code] {
+      if (h.on_output && !out.empty()) h.on_output(1, out);
+      ExecResult r;
+      r.exit_code = code;
+      h.on_done(r);
+    });
+  }
+  std::string meta_of(uint32_t id) {
+    std::lock_guard lk(mu_);
+    return metas_[id];
+  }
+  bool closed() {
+    std::lock_guard lk(mu_);
+    return closed_;
+  }
+  std::vector<uint32_t> signalled() {
+    std::lock_guard lk(mu_);
+    return signalled_;
+  }
+
+  std::vector<ResumedCommand> resumed_;
+
+ private:
+  void end(Error e) {
+    std::map<uint32_t, ExecHandlers> pending;
+    std::function<void(const Error&)> cb;
+    {
+      std::lock_guard lk(mu_);
+      if (closed_) return;
+      closed_ = true;
+      pending.swap(pending_);
+      cb = on_closed_;
+    }
+    boost::asio::post(io_, [pending, cb, e] {
+      for (auto& [id, h] : pending) h.on_done(std::unexpected(e));
+      if (cb) cb(e);
+    });
+  }
+  boost::asio::io_context& io_;
+  bool ready_;
+  mutable std::mutex mu_;
+  bool closed_ = false;
+  uint32_t next_ = 1;
+  std::map<uint32_t, ExecHandlers> pending_;
+  std::map<uint32_t, std::string> metas_;
+  std::vector<uint32_t> signalled_;
+  std::function<void(const Error&)> on_closed_;
+};
+
+}  // namespace tp::node::testing

@@ -1,0 +1,557 @@
+// SandboxManager with a fake backend, the in-memory store and fake agents:
+// every race the header documents ends in one stored, answered state.
+#include "node/sandbox_manager.h"
+
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <boost/asio/executor_work_guard.hpp>
+
+#include <filesystem>
+#include <future>
+#include <random>
+#include <thread>
+
+#include "control/memory_store.h"
+#include "fakes.h"
+
+namespace tp::node {
+namespace {
+
+namespace asio = boost::asio;
+using control::SandboxRecord;
+using testing::FakeAgent;
+using testing::FakeBackend;
+
+template <class T>
+T get_or_fail(std::future<T>& f) {
+  // A deadlock guard, not a timing threshold: every answer comes in milliseconds.
+  if (f.wait_for(std::chrono::seconds(60)) != std::future_status::ready) {
+    ADD_FAILURE() << "no answer";
+    std::abort();
+  }
+  return f.get();
+}
+
+class ManagerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/tp-mgr-XXXXXX";
+    dir_ = mkdtemp(tmpl);
+    auto b = std::make_unique<FakeBackend>();
+    backend_ = b.get();
+    ASSERT_TRUE(registry_.add(std::move(b)));
+    for (int i = 0; i < 2; ++i) threads_.emplace_back([this] { io_.run(); });
+  }
+  void TearDown() override {
+    guard_.reset();
+    io_.stop();
+    for (auto& t : threads_) t.join();
+    mgr_.reset();
+    std::filesystem::remove_all(dir_);
+  }
+  void make(ManagerOptions o = {}) {
+    o.data_dir = dir_;
+    o.blocking_threads = 4;
+    o.agent_from_fd = [this](asio::io_context& io, int, std::string id) -> std::shared_ptr<AgentClient> {
+      auto a = std::make_shared<FakeAgent>(io, agent_ready_);
+      std::lock_guard lk(mu_);
+      agents_[id] = a;
+      return a;
+    };
+    mgr_ = std::make_unique<SandboxManager>(io_, registry_, store_, metrics_, std::move(o));
+  }
+  std::shared_ptr<FakeAgent> agent(const std::string& id) {
+    std::lock_guard lk(mu_);
+    return agents_[id];
+  }
+  // Starts a create; answers its id (registered at once) and the future answer.
+  std::pair<std::string, std::future<Result<SandboxRecord>>> create_async(CreateParams p = {}) {
+    auto before = ids_live();
+    auto pr = std::make_shared<std::promise<Result<SandboxRecord>>>();
+    auto f = pr->get_future();
+    mgr_->create(p, [pr](Result<SandboxRecord> r) { pr->set_value(r); });
+    for (const auto& id : ids_live())
+      if (!before.count(id)) return {id, std::move(f)};
+    return {"", std::move(f)};
+  }
+  std::set<std::string> ids_live() {
+    std::set<std::string> out;
+    for (auto& r : *mgr_->list({}, "", false)) out.insert(r.id);
+    return out;
+  }
+  Result<SandboxRecord> create_sync(CreateParams p = {}) {
+    auto [id, f] = create_async(p);
+    return get_or_fail(f);
+  }
+  std::future<Result<SandboxRecord>> destroy_async(const std::string& id, EndReason why = EndReason::kDeleted) {
+    auto pr = std::make_shared<std::promise<Result<SandboxRecord>>>();
+    auto f = pr->get_future();
+    mgr_->destroy(id, why, [pr](Result<SandboxRecord> r) { pr->set_value(r); });
+    return f;
+  }
+  SandboxRecord stored(const std::string& id) {
+    auto r = store_.get(id);
+    EXPECT_TRUE(r && *r) << id;
+    return r && *r ? **r : SandboxRecord{};
+  }
+  // Every stored record consistent with the backend and with itself.
+  void expect_consistent(bool released_ok) {
+    auto all = store_.list({});
+    ASSERT_TRUE(all);
+    for (const auto& r : *all) {
+      if (r.state == "stopped") {
+        EXPECT_FALSE(r.end_reason.empty()) << r.id;
+        EXPECT_NE(r.ended_at_ms, 0) << r.id;
+        EXPECT_FALSE(backend_->is_live(r.id)) << r.id << " stopped but its instance lives";
+      } else {
+        EXPECT_EQ(r.end_reason, "") << r.id << " is " << r.state << " with an end reason";
+        EXPECT_EQ(r.ended_at_ms, 0) << r.id;
+        EXPECT_EQ(r.state, "running") << r.id;
+        bool released = backend_->released.count(r.id) > 0;
+        EXPECT_TRUE(backend_->is_live(r.id) || (released_ok && released)) << r.id;
+      }
+    }
+  }
+
+  std::string dir_;
+  asio::io_context io_;
+  std::optional<asio::executor_work_guard<asio::io_context::executor_type>> guard_{asio::make_work_guard(io_)};
+  std::vector<std::thread> threads_;
+  control::MemorySandboxStore store_;
+  Metrics metrics_;
+  runtime::Registry registry_;
+  FakeBackend* backend_ = nullptr;
+  bool agent_ready_ = true;
+  std::mutex mu_;
+  std::map<std::string, std::shared_ptr<FakeAgent>> agents_;
+  std::unique_ptr<SandboxManager> mgr_;
+};
+
+TEST_F(ManagerTest, CreateThenDelete) {
+  make();
+  auto r = create_sync();
+  ASSERT_TRUE(r) << r.error().message();
+  EXPECT_EQ(r->state, "running");
+  EXPECT_EQ(stored(r->id).state, "running");
+  EXPECT_TRUE(backend_->is_live(r->id));
+  auto d = destroy_async(r->id);
+  auto fin = get_or_fail(d);
+  ASSERT_TRUE(fin);
+  EXPECT_EQ(fin->state, "stopped");
+  EXPECT_EQ(fin->end_reason, "deleted");
+  auto s = stored(r->id);
+  EXPECT_EQ(s.state, "stopped");
+  EXPECT_EQ(s.end_reason, "deleted");
+  EXPECT_EQ(s.version, 3u);  // creating, running, stopped
+  EXPECT_EQ(backend_->live_count(), 0u);
+  EXPECT_EQ(mgr_->live_count(), 0u);
+  // Deleting again answers the final record.
+  auto again = destroy_async(r->id);
+  auto a = get_or_fail(again);
+  ASSERT_TRUE(a);
+  EXPECT_EQ(a->end_reason, "deleted");
+  auto nf = destroy_async("n0-nothere");
+  EXPECT_EQ(get_or_fail(nf).error().code, Code::kNotFound);
+}
+
+TEST_F(ManagerTest, DeleteDuringCreateAnswersConflictAndStoresStopped) {
+  backend_->hold_creates = true;
+  make();
+  auto [id, created] = create_async();
+  ASSERT_FALSE(id.empty());
+  backend_->wait_entered(id);
+  EXPECT_EQ(mgr_->get(id)->state, "creating");
+  auto deleted = destroy_async(id);
+  // The create is still held: exec is refused already.
+  auto ex = mgr_->exec(id, ExecParams{}, ExecCallbacks{});
+  ASSERT_FALSE(ex);
+  EXPECT_EQ(ex.error().code, Code::kConflict);
+  backend_->release_create(id);
+  auto c = get_or_fail(created);
+  ASSERT_FALSE(c);
+  EXPECT_EQ(c.error().code, Code::kConflict);
+  EXPECT_NE(c.error().message().find("deleted while creating"), std::string::npos) << c.error().message();
+  auto d = get_or_fail(deleted);
+  ASSERT_TRUE(d);
+  EXPECT_EQ(d->state, "stopped");
+  EXPECT_EQ(d->end_reason, "deleted");
+  EXPECT_EQ(stored(id).state, "stopped");
+  EXPECT_EQ(stored(id).end_reason, "deleted");
+  EXPECT_EQ(backend_->live_count(), 0u);
+  EXPECT_TRUE(backend_->destroyed.count(id));
+  expect_consistent(false);
+}
+
+TEST_F(ManagerTest, DeleteBeforeTheCreateOpRunsCreatesNothing) {
+  backend_->hold_creates = true;
+  make();
+  // Occupy the strand-free pool with held creates so the next one waits to start.
+  auto [id, created] = create_async();
+  auto deleted = destroy_async(id);
+  backend_->release_create(id);
+  auto c = get_or_fail(created);
+  ASSERT_FALSE(c);
+  auto d = get_or_fail(deleted);
+  ASSERT_TRUE(d);
+  EXPECT_EQ(d->end_reason, "deleted");
+  EXPECT_EQ(backend_->live_count(), 0u);
+  expect_consistent(false);
+}
+
+TEST_F(ManagerTest, ExecDuringDeleteIsRefusedAndRunningExecFails) {
+  make();
+  auto r = create_sync();
+  ASSERT_TRUE(r);
+  auto done = std::make_shared<std::promise<Result<ExecOutcome>>>();
+  auto fdone = done->get_future();
+  ExecCallbacks cb;
+  cb.on_done = [done](Result<ExecOutcome> o) { done->set_value(o); };
+  ExecParams p;
+  p.argv = {"sleep", "100"};
+  ASSERT_TRUE(mgr_->exec(r->id, p, cb));
+  auto d = destroy_async(r->id);
+  auto ex = mgr_->exec(r->id, p, ExecCallbacks{});
+  ASSERT_FALSE(ex);
+  EXPECT_EQ(ex.error().code, Code::kConflict);
+  auto o = get_or_fail(fdone);
+  ASSERT_FALSE(o);
+  EXPECT_EQ(o.error().code, Code::kUnavailable);
+  ASSERT_TRUE(get_or_fail(d));
+  auto after = mgr_->exec(r->id, p, ExecCallbacks{});
+  ASSERT_FALSE(after);
+  EXPECT_EQ(after.error().code, Code::kConflict);
+  EXPECT_FALSE(mgr_->ref(r->id));
+}
+
+TEST_F(ManagerTest, TtlExpiryThenDeleteTheFirstReasonWins) {
+  make();
+  CreateParams p;
+  p.ttl_seconds = 0;
+  auto r = create_sync(p);
+  ASSERT_TRUE(r);
+  mgr_->tick();
+  auto d = destroy_async(r->id);
+  auto fin = get_or_fail(d);
+  ASSERT_TRUE(fin);
+  EXPECT_EQ(fin->end_reason, "ttl");
+  EXPECT_EQ(stored(r->id).end_reason, "ttl");
+  expect_consistent(false);
+}
+
+TEST_F(ManagerTest, AgentNotReadyFailsTheCreate) {
+  agent_ready_ = false;
+  make();
+  auto [id, created] = create_async();
+  auto c = get_or_fail(created);
+  ASSERT_FALSE(c);
+  EXPECT_EQ(c.error().code, Code::kInternal);
+  // The answer comes after the stop: the record is final already.
+  EXPECT_EQ(stored(id).state, "stopped");
+  EXPECT_EQ(stored(id).end_reason, "failed");
+  EXPECT_EQ(backend_->live_count(), 0u);
+}
+
+TEST_F(ManagerTest, BackendFailureStoresFailed) {
+  backend_->fail_creates = true;
+  make();
+  auto [id, created] = create_async();
+  ASSERT_FALSE(get_or_fail(created));
+  EXPECT_EQ(stored(id).state, "stopped");
+  EXPECT_EQ(stored(id).end_reason, "failed");
+  EXPECT_EQ(mgr_->live_count(), 0u);
+}
+
+TEST_F(ManagerTest, AgentDeathStopsTheSandbox) {
+  make();
+  auto r = create_sync();
+  ASSERT_TRUE(r);
+  agent(r->id)->die();
+  for (int i = 0; i < 6000 && mgr_->live_count() > 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  EXPECT_EQ(stored(r->id).state, "stopped");
+  EXPECT_EQ(stored(r->id).end_reason, "failed");
+  EXPECT_EQ(backend_->live_count(), 0u);
+}
+
+TEST_F(ManagerTest, StoreFailureKeepsTheFinalRecordUntilItCanBeStored) {
+  make();
+  auto r = create_sync();
+  ASSERT_TRUE(r);
+  store_.fail_writes(true);
+  auto d = destroy_async(r->id);
+  ASSERT_TRUE(get_or_fail(d));
+  EXPECT_EQ(stored(r->id).state, "running");  // not written
+  EXPECT_EQ(mgr_->get(r->id)->state, "stopped");  // but answered as it is
+  EXPECT_EQ(mgr_->get(r->id)->end_reason, "deleted");
+  store_.fail_writes(false);
+  mgr_->tick();
+  EXPECT_EQ(stored(r->id).state, "stopped");
+  EXPECT_EQ(stored(r->id).end_reason, "deleted");
+  EXPECT_EQ(mgr_->live_count(), 0u);
+}
+
+TEST_F(ManagerTest, ShutdownReleasesRunningAndStopsCreating) {
+  backend_->hold_creates = true;
+  make();
+  auto [run_id, run_f] = create_async();
+  backend_->release_create(run_id);
+  auto running = get_or_fail(run_f);
+  ASSERT_TRUE(running);
+  auto [held_id, held_f] = create_async();
+  backend_->wait_entered(held_id);
+  std::thread stopper([this] { mgr_->shutdown(); });
+  // Creates are refused from now on (shutdown marks it at once or soon).
+  backend_->release_create(held_id);
+  stopper.join();
+  auto held = get_or_fail(held_f);
+  ASSERT_FALSE(held);
+  EXPECT_EQ(held.error().code, Code::kConflict);
+  EXPECT_EQ(stored(held_id).end_reason, "daemon_shutdown");
+  EXPECT_EQ(stored(run_id).state, "running");  // left for the next daemon
+  EXPECT_EQ(stored(run_id).end_reason, "");
+  EXPECT_TRUE(backend_->released.count(run_id));
+  EXPECT_TRUE(agent(run_id)->closed());
+  EXPECT_EQ(backend_->live_count(), 0u);
+  expect_consistent(true);
+  auto late = create_async();
+  EXPECT_EQ(get_or_fail(late.second).error().code, Code::kUnavailable);
+}
+
+TEST_F(ManagerTest, ShutdownStopsWhenAskedOrWhenTheTierCannotHandOver) {
+  for (bool stop_on_exit : {true, false}) {
+    backend_->address = stop_on_exit ? "/run/fake" : "";
+    ManagerOptions o;
+    o.stop_on_exit = stop_on_exit;
+    make(o);
+    auto r = create_sync();
+    ASSERT_TRUE(r);
+    mgr_->shutdown();
+    EXPECT_EQ(stored(r->id).state, "stopped");
+    EXPECT_EQ(stored(r->id).end_reason, "daemon_shutdown");
+    EXPECT_EQ(backend_->live_count(), 0u);
+    EXPECT_FALSE(backend_->released.count(r->id));
+  }
+}
+
+TEST_F(ManagerTest, BackgroundProcessOutputLivesInFilesUntilTheSandboxEnds) {
+  make();
+  auto r = create_sync();
+  ASSERT_TRUE(r);
+  ExecParams p;
+  p.argv = {"echo", "hi"};
+  p.output_limit = 4;
+  auto info = mgr_->start_process(r->id, p);
+  ASSERT_TRUE(info) << info.error().message();
+  EXPECT_EQ(info->pid, 1u);
+  std::string dir = dir_ + "/sandboxes/" + r->id;
+  EXPECT_TRUE(std::filesystem::exists(dir + "/proc-1.out"));
+  auto a = agent(r->id);
+  // The agent got the node's note of what the command is.
+  EXPECT_NE(a->meta_of(1).find("\"kind\":\"process\""), std::string::npos) << a->meta_of(1);
+  EXPECT_NE(a->meta_of(1).find("\"handle\":1"), std::string::npos) << a->meta_of(1);
+  a->finish(1, "hello world", 0);
+  auto pr = std::make_shared<std::promise<Result<ProcessInfo>>>();
+  auto f = pr->get_future();
+  mgr_->wait_process(r->id, 1, -1, [pr](Result<ProcessInfo> i) { pr->set_value(i); });
+  auto w = get_or_fail(f);
+  ASSERT_TRUE(w);
+  EXPECT_TRUE(w->exited);
+  EXPECT_EQ(w->out, "hell");  // capped at output_limit
+  EXPECT_EQ(mgr_->get_process(r->id, 1)->out, "");  // only wait answers output
+  auto d = destroy_async(r->id);
+  ASSERT_TRUE(get_or_fail(d));
+  EXPECT_FALSE(std::filesystem::exists(dir));
+}
+
+TEST_F(ManagerTest, RecoverAdoptsWhatItCanAndStoresTheRestStopped) {
+  auto rec = [](const std::string& id) {
+    SandboxRecord r;
+    r.id = id;
+    r.state = "running";
+    r.tier = "container";
+    r.image = "host";
+    r.node = "n0";
+    r.created_at_ms = 1;
+    r.expires_at_ms = now_ms() + 3600 * 1000;
+    return r;
+  };
+  for (const char* id : {"n0-adopt", "n0-gone", "n0-mute", "n0-tier"}) {
+    auto r = rec(id);
+    if (std::string(id) == "n0-tier") r.tier = "microvm";
+    ASSERT_TRUE(store_.insert(r));
+  }
+  auto ended = rec("n0-old");
+  ended.state = "stopped";
+  ended.end_reason = "ttl";
+  ended.ended_at_ms = now_ms();
+  ASSERT_TRUE(store_.insert(ended));
+  backend_->adoptable = {"n0-adopt", "n0-mute"};
+  std::filesystem::create_directories(dir_ + "/sandboxes/n0-adopt");
+  std::filesystem::create_directories(dir_ + "/sandboxes/n0-gone");
+  {
+    int fd = ::open((dir_ + "/sandboxes/n0-adopt/proc-7.out").c_str(), O_WRONLY | O_CREAT, 0600);
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(::write(fd, "before", 6), 6);
+    ::close(fd);
+  }
+  std::shared_ptr<FakeAgent> adopted;
+  ManagerOptions o;
+  o.agent_connect = [&](asio::io_context& io, const std::string& addr,
+                        std::string id) -> Result<std::shared_ptr<AgentClient>> {
+    EXPECT_EQ(addr, backend_->address);
+    if (id == "n0-mute") return fail(Code::kUnavailable, "connection refused");
+    adopted = std::make_shared<FakeAgent>(io);
+    adopted->resumed_ = {
+        {40, R"({"kind":"process","handle":7,"argv":["sleep","9"],"started_ms":5,"limit":100})", true},
+        {41, R"({"kind":"exec"})", true},
+    };
+    return adopted;
+  };
+  // recover() runs the io_context itself: stop the fixture's runners meanwhile.
+  guard_.reset();
+  io_.stop();
+  for (auto& t : threads_) t.join();
+  threads_.clear();
+  io_.restart();
+  make(o);
+  ASSERT_TRUE(mgr_->recover());
+  guard_.emplace(asio::make_work_guard(io_));
+  for (int i = 0; i < 2; ++i) threads_.emplace_back([this] { io_.run(); });
+
+  EXPECT_EQ(stored("n0-adopt").state, "running");
+  EXPECT_EQ(stored("n0-adopt").end_reason, "");
+  EXPECT_EQ(mgr_->get("n0-adopt")->state, "running");
+  EXPECT_EQ(stored("n0-gone").state, "stopped");
+  EXPECT_EQ(stored("n0-gone").end_reason, "daemon_restart");
+  EXPECT_EQ(stored("n0-tier").end_reason, "daemon_restart");
+  EXPECT_EQ(stored("n0-mute").state, "stopped");
+  EXPECT_EQ(stored("n0-mute").end_reason, "agent_lost");
+  EXPECT_EQ(stored("n0-old").end_reason, "ttl");
+  EXPECT_EQ(backend_->kept, std::vector<std::string>{"n0-adopt"});
+  EXPECT_FALSE(backend_->is_live("n0-mute"));
+  EXPECT_TRUE(std::filesystem::exists(dir_ + "/sandboxes/n0-adopt"));
+  EXPECT_FALSE(std::filesystem::exists(dir_ + "/sandboxes/n0-gone"));
+  // The request's command was killed; the background process is back under its handle.
+  EXPECT_EQ(adopted->signalled(), std::vector<uint32_t>{41});
+  auto procs = mgr_->list_processes("n0-adopt");
+  ASSERT_TRUE(procs);
+  ASSERT_EQ(procs->size(), 1u);
+  EXPECT_EQ((*procs)[0].pid, 7u);
+  EXPECT_EQ((*procs)[0].argv, (std::vector<std::string>{"sleep", "9"}));
+  EXPECT_FALSE((*procs)[0].exited);
+  adopted->finish(40, " after", 0);
+  auto pr = std::make_shared<std::promise<Result<ProcessInfo>>>();
+  auto f = pr->get_future();
+  mgr_->wait_process("n0-adopt", 7, -1, [pr](Result<ProcessInfo> i) { pr->set_value(i); });
+  auto w = get_or_fail(f);
+  ASSERT_TRUE(w);
+  EXPECT_EQ(w->out, "before after");
+  // A new process does not reuse the handle.
+  ExecParams p;
+  p.argv = {"true"};
+  auto np = mgr_->start_process("n0-adopt", p);
+  ASSERT_TRUE(np);
+  EXPECT_EQ(np->pid, 8u);
+  auto d = destroy_async("n0-adopt");
+  ASSERT_TRUE(get_or_fail(d));
+  EXPECT_EQ(backend_->live_count(), 0u);
+}
+
+// Random interleavings of create, delete, exec, ttl expiry, agent death and
+// shutdown: whatever the order, every record ends consistent and nothing is left.
+TEST_F(ManagerTest, RandomInterleavingsEndConsistent) {
+  constexpr int kSeeds = 2000;
+  for (int seed = 0; seed < kSeeds; ++seed) {
+    std::mt19937 rng(seed);
+    auto pick = [&](int n) { return static_cast<int>(rng() % static_cast<unsigned>(n)); };
+    backend_->hold_creates = true;
+    backend_->address = pick(2) ? "/run/fake" : "";
+    ManagerOptions o;
+    o.stop_on_exit = pick(2) == 0;
+    make(o);
+    std::vector<std::string> ids;
+    std::vector<std::future<Result<SandboxRecord>>> creates, deletes;
+    std::vector<bool> gate_open;
+    int steps = 4 + pick(12);
+    for (int s = 0; s < steps; ++s) {
+      int what = pick(7);
+      if (what == 0 || ids.empty()) {
+        CreateParams p;
+        p.ttl_seconds = pick(3) == 0 ? 0 : 3600;
+        auto [id, f] = create_async(p);
+        ASSERT_FALSE(id.empty());
+        ids.push_back(id);
+        creates.push_back(std::move(f));
+        gate_open.push_back(false);
+      } else if (what == 1 || what == 2) {
+        size_t i = pick(static_cast<int>(ids.size()));
+        if (!gate_open[i]) backend_->release_create(ids[i]);
+        gate_open[i] = true;
+      } else if (what == 3) {
+        deletes.push_back(destroy_async(ids[pick(static_cast<int>(ids.size()))]));
+      } else if (what == 4) {
+        ExecParams p;
+        p.argv = {"true"};
+        ExecCallbacks cb;
+        cb.on_done = [](Result<ExecOutcome>) {};
+        (void)mgr_->exec(ids[pick(static_cast<int>(ids.size()))], p, cb);
+      } else if (what == 5) {
+        mgr_->tick();
+      } else {
+        if (auto a = agent(ids[pick(static_cast<int>(ids.size()))])) a->die();
+      }
+    }
+    for (size_t i = 0; i < ids.size(); ++i)
+      if (!gate_open[i]) backend_->release_create(ids[i]);
+    bool shut = pick(2) == 0;
+    if (shut) mgr_->shutdown();
+    std::map<std::string, bool> created_ok;
+    for (size_t i = 0; i < creates.size(); ++i) {
+      auto r = get_or_fail(creates[i]);
+      created_ok[ids[i]] = r.has_value();
+      if (r) {
+        EXPECT_EQ(r->state, "running") << "seed " << seed;
+      }
+    }
+    for (auto& d : deletes) {
+      auto r = get_or_fail(d);
+      if (r) {
+        EXPECT_EQ(r->state, "stopped") << "seed " << seed;
+      }
+    }
+    if (!shut) {
+      // Settle: stop what is left (agent deaths may still be stopping some).
+      for (const auto& id : ids) {
+        auto f = destroy_async(id);
+        auto r = get_or_fail(f);
+        ASSERT_TRUE(r) << "seed " << seed << ": " << r.error().message();
+        EXPECT_EQ(r->state, "stopped") << "seed " << seed;
+      }
+    }
+    for (const auto& id : ids) {
+      auto r = stored(id);
+      if (r.state == "stopped") {
+        EXPECT_FALSE(r.end_reason.empty()) << "seed " << seed;
+        EXPECT_FALSE(backend_->is_live(id)) << "seed " << seed << " " << id;
+      } else {
+        // Only a sandbox the shutdown handed over stays running.
+        EXPECT_TRUE(shut) << "seed " << seed << " " << id << " " << r.state;
+        EXPECT_EQ(r.state, "running") << "seed " << seed;
+        EXPECT_EQ(r.end_reason, "") << "seed " << seed;
+        EXPECT_TRUE(created_ok[id]) << "seed " << seed << " " << id << " handed over but its create failed";
+        EXPECT_TRUE(backend_->released.count(id)) << "seed " << seed << " " << id;
+      }
+    }
+    EXPECT_EQ(backend_->live_count(), 0u) << "seed " << seed;
+    EXPECT_EQ(mgr_->live_count(), 0u) << "seed " << seed;
+    if (HasFailure()) {
+      ADD_FAILURE() << "first failing seed " << seed;
+      return;
+    }
+    mgr_.reset();
+  }
+}
+
+}  // namespace
+}  // namespace tp::node
