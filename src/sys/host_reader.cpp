@@ -149,8 +149,8 @@ Result<HostRead> read_host_tar(const HostReader& who, const std::string& path) {
   return spawn_reader(
       who,
       {"sh", "-c",
-       "if [ -d \"$1\" ]; then exec tar --format=posix --numeric-owner -c -f - -C \"$1\" .; "
-       "else exec tar --format=posix --numeric-owner -c -f - -C \"$(dirname -- \"$1\")\" -- "
+       "if [ -d \"$1\" ]; then exec tar --format=posix --numeric-owner --one-file-system -c -f - -C \"$1\" .; "
+       "else exec tar --format=posix --numeric-owner --one-file-system -c -f - -C \"$(dirname -- \"$1\")\" -- "
        "\"./$(basename -- \"$1\")\"; fi",
        "sh", *p},
       *p);

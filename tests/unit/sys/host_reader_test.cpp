@@ -1,12 +1,14 @@
 #include "sys/host_reader.h"
 
 #include <fcntl.h>
+#include <sys/mount.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 
@@ -151,6 +153,20 @@ TEST_F(HostReaderTest, ImportRootsBoundWhatAnAdminKeyReads) {
     ASSERT_FALSE(r) << p;
     EXPECT_EQ(r.error().code, Code::kPermissionDenied) << p << ": " << r.error().message();
   }
+}
+
+// Like add_layer_dir before it: a file system mounted below the tree is not read.
+TEST_F(HostReaderTest, MountsBelowThePathAreNotEntered) {
+  std::string mnt = root_ + "/tree/mnt";
+  fs::create_directories(mnt);
+  std::ofstream(root_ + "/tree/top") << "top-file";
+  ASSERT_EQ(::mount("tp-test", mnt.c_str(), "tmpfs", 0, "size=1m"), 0) << std::strerror(errno);
+  std::ofstream(mnt + "/below") << "mounted-file";
+  auto r = read_all_tar(HostReader::peer(0, 0, {}), root_ + "/tree");
+  ::umount2(mnt.c_str(), MNT_DETACH);
+  ASSERT_TRUE(r) << r.error().message();
+  EXPECT_NE(r->find("top-file"), std::string::npos);
+  EXPECT_EQ(r->find("mounted-file"), std::string::npos);
 }
 
 // Thousands of errors on stderr must not block the reader while its stdout is
