@@ -49,8 +49,9 @@ node::StepFingerprint IdempotencyCache::fingerprint(const Request& req) {
 }
 
 // Forwards the answer to the client once it is recorded; a streamed answer goes
-// to a side file chunk by chunk, and its last chunk is held back until the record
-// is durable, so the client never sees a complete answer that is not recorded.
+// to a side file chunk by chunk and to the client at once, but its end (and the
+// terminal exit/error event of an exec stream) only once the record is durable,
+// so the client never sees a complete answer that is not recorded.
 class IdempotencyCache::Recorder : public Responder {
  public:
   Recorder(IdempotencyCache& cache, std::string key, std::string scope, node::StepRecord rec,
@@ -94,7 +95,13 @@ class IdempotencyCache::Recorder : public Responder {
     if (done_ || d.empty()) return;
     if (side_) (void)side_->write(d);  // a failure is seen at commit
     if (!held_.empty()) inner_->write_chunk(std::move(held_));
-    held_ = std::move(d);
+    held_.clear();
+    // Output goes on at once (a stream must not lag); the terminal event of an exec
+    // stream (its last line) waits for the record.
+    // (Output lines carry base64, so these fields cannot appear in them.)
+    if (d.find(R"("type":"exit")") != std::string::npos || d.find(R"("type":"error")") != std::string::npos)
+      held_ = std::move(d);
+    else inner_->write_chunk(std::move(d));
   }
   void end_stream() override {
     std::lock_guard lk(mu_);

@@ -161,21 +161,24 @@ TEST_F(Idempotency, RepeatWhileInFlightWaitsForTheFirstAnswer) {
   rec->start_stream(200, "application/x-ndjson");
   rec->write_chunk("a\n");
   rec->write_chunk("b\n");
-  // The last chunk is held back until the answer is recorded.
+  const std::string exit_line = R"({"type":"exit","exit_code":0})" "\n";
+  rec->write_chunk(exit_line);
+  // Output goes on at once; the terminal event waits until the answer is recorded.
   {
     std::lock_guard lk(first->mu);
-    EXPECT_EQ(first->body, "a\n");
+    EXPECT_EQ(first->body, "a\nb\n");
+    EXPECT_EQ(first->sends, 0);
   }
   rec->end_stream();
   EXPECT_EQ(first->wait(), 200);
-  EXPECT_EQ(first->body, "a\nb\n");
+  EXPECT_EQ(first->body, "a\nb\n" + exit_line);
   EXPECT_EQ(waiting->wait(), 200);
-  EXPECT_EQ(waiting->body, "a\nb\n");
+  EXPECT_EQ(waiting->body, "a\nb\n" + exit_line);
   // Streamed answers are replayed whole, also from disk.
   auto later = std::make_shared<FakeResponder>();
   EXPECT_EQ(cache->begin(post("/v1/x"), "k", later), nullptr);
   later->wait();
-  EXPECT_EQ(later->body, "a\nb\n");
+  EXPECT_EQ(later->body, "a\nb\n" + exit_line);
 }
 
 TEST_F(Idempotency, KeyReusedForAnotherRequestIsAConflictNamingBoth) {
