@@ -81,8 +81,10 @@ def test_build_run_steps_cannot_reach_the_host(daemon, client):
             probes = sb.files.read("/etc/tp-probes").decode()
         finally:
             sb.kill()
-        fields = {l.split(None, 1)[0].rstrip(":"): l.split(None, 1)[1] if " " in l else ""
-                  for l in report.splitlines()}
+        fields = {}
+        for line in report.splitlines():
+            key, _, value = line.partition(" ") if " " in line.split("\t")[0] else line.partition("\t")
+            fields[key.rstrip(":")] = value.strip()
         # Root of the build is root of its own user namespace only: 0 -> 200000, never host 0.
         assert fields["uid_map"].split() == ["0", "200000", "65536"], report
         assert fields["gid_map"].split() == ["0", "200000", "65536"], report

@@ -4,6 +4,7 @@
 // tests/hostile/test_build_escape.py (slow). Staging tests need root.
 #include "image/builder.h"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <unistd.h>
