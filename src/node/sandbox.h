@@ -85,6 +85,10 @@ class Sandbox : public std::enable_shared_from_this<Sandbox> {
   // later requests wait for the same end.
   EndReason stop_reason = EndReason::kNone;
   bool release_requested = false;  // the daemon exits and leaves it running
+  // Final and its end handled: the final record stored (or kept as unrecorded)
+  // and stop_waiters answered. Between a final state and this, new waiters queue
+  // (so that nobody hears of an end before it is stored).
+  bool settled = false;
   std::vector<RecordCb> stop_waiters;
   ResolvedImage image;
   uint64_t disk_bytes = 0;

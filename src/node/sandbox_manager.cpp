@@ -471,6 +471,7 @@ void SandboxManager::create_op(std::shared_ptr<Sandbox> sb, RecordCb cb, Sandbox
       sb->rec.ended_at_ms = now_ms();
       sb->rec.end_reason = std::string(to_string(EndReason::kFailed));
       waiters.swap(sb->stop_waiters);
+      sb->settled = true;
     }
     {
       std::lock_guard lk(mu_);
@@ -606,12 +607,18 @@ void SandboxManager::watch_agent(const std::shared_ptr<Sandbox>& sb) {
 void SandboxManager::request_stop(std::shared_ptr<Sandbox> sb, EndReason reason, RecordCb cb) {
   {
     std::lock_guard lk(sb->mu);
-    if (sb->state == State::kReleased) {
+    if (sb->state == State::kReleased || (sb->release_requested && sb->stop_reason == EndReason::kNone)) {
+      // Handed over to the next daemon run: stopping it now would record it
+      // stopped while it keeps running.
       if (cb) asio::post(io_, [cb] { cb(fail(Code::kUnavailable, "daemon is shutting down")); });
       return;
     }
     if (is_final(sb->state)) {
-      if (cb) asio::post(io_, [cb, r = sb->rec] { cb(r); });
+      if (!sb->settled) {
+        if (cb) sb->stop_waiters.push_back(std::move(cb));  // answered once stored
+      } else if (cb) {
+        asio::post(io_, [cb, r = sb->rec] { cb(r); });
+      }
       return;
     }
     if (cb) sb->stop_waiters.push_back(std::move(cb));
@@ -635,7 +642,8 @@ void SandboxManager::stop_now(const std::shared_ptr<Sandbox>& sb) {
   {
     std::lock_guard lk(sb->mu);
     if (is_final(sb->state)) {
-      // Ended on its own meanwhile (a failed create): answer what it ended as.
+      // Ended on its own meanwhile (a failed create, settled on the strand
+      // before this op): answer what it ended as.
       std::vector<RecordCb> waiters;
       waiters.swap(sb->stop_waiters);
       for (auto& w : waiters) asio::post(io_, [w, r = sb->rec] { w(r); });
@@ -693,6 +701,7 @@ void SandboxManager::store_final(const std::shared_ptr<Sandbox>& sb, std::option
   {
     std::lock_guard lk(sb->mu);
     waiters.swap(sb->stop_waiters);
+    sb->settled = true;
   }
   for (auto& w : waiters)
     asio::post(io_, [w, snap, err] {
@@ -706,12 +715,16 @@ void SandboxManager::request_release(std::shared_ptr<Sandbox> sb, std::function<
   bool release;
   {
     std::lock_guard lk(sb->mu);
-    if (is_final(sb->state)) {
+    if (is_final(sb->state) && sb->settled) {
       asio::post(io_, done_cb);
       return;
     }
-    if (sb->stop_reason != EndReason::kNone) {
+    if (is_final(sb->state) || sb->stop_reason != EndReason::kNone) {
       sb->stop_waiters.push_back(via_stop);
+      return;
+    }
+    if (sb->release_requested) {  // asked twice
+      asio::post(io_, done_cb);
       return;
     }
     release = sb->state != State::kCreating;
@@ -726,7 +739,7 @@ void SandboxManager::request_release(std::shared_ptr<Sandbox> sb, std::function<
       bool can;
       {
         std::lock_guard lk(sb->mu);
-        if (is_final(sb->state)) {
+        if (is_final(sb->state)) {  // settled: ops before this one ended it
           asio::post(io_, done_cb);
           return done();
         }
@@ -754,6 +767,7 @@ void SandboxManager::request_release(std::shared_ptr<Sandbox> sb, std::function<
           bg->close_files();
         }
         sb->apply(Event::kRelease);
+        sb->settled = true;
       }
       {
         std::lock_guard lk(mu_);
