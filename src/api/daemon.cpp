@@ -9,6 +9,7 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/signal_set.hpp>
 
+#include <atomic>
 #include <filesystem>
 #include <iostream>
 #include <thread>
@@ -180,6 +181,13 @@ int daemon_main(int argc, char** argv) {
   mopts.node_name = node;
   mopts.data_dir = data_dir;
   mopts.stop_on_exit = stop_sandboxes_on_exit;
+  mopts.agent_connect = node::AgentClient::connect;
+  // The step log is opened after the manager (it asks the manager what is live);
+  // ended sandboxes reach it through this pointer while it exists.
+  std::atomic<node::StepLog*> ended_log{nullptr};
+  mopts.on_ended = [&ended_log](const std::string& id) {
+    if (auto* l = ended_log.load()) l->sandbox_ended(id);
+  };
   node::SandboxManager mgr(io, registry, **store, metrics, std::move(mopts));
   Api api(mgr, metrics);
   auto retention = node::StepLog::parse_duration(step_retention);
@@ -194,6 +202,11 @@ int daemon_main(int argc, char** argv) {
   if (!steps) return die("step log: " + steps.error().message());
   std::shared_ptr<node::StepLog> step_log = std::move(*steps);
   api.set_step_log(step_log);
+  ended_log = step_log.get();
+  struct Unhook {
+    std::atomic<node::StepLog*>& p;
+    ~Unhook() { p = nullptr; }
+  } unhook{ended_log};  // destroyed before step_log
   // Images (issue 4): layer store under the data dir, resolver for create, routes.
   image::StoreOptions sopts;
   sopts.data_dir = data_dir;

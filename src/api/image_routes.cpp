@@ -233,8 +233,9 @@ bool ImageRoutes::handle(Request& req, std::shared_ptr<Responder> res) {
       res->send_error(spec.error());
       return true;
     }
-    blocking([store, res, s = std::move(*spec)] {
-      auto r = image::build_image(*store, s, sys::HostReader::refuse("image builds from host files need the caller's identity"));
+    // The spec's local files (and a file:// mirror) are read as the caller could.
+    blocking([store, res, s = std::move(*spec), who = host_reader(req)] {
+      auto r = image::build_image(*store, s, who);
       if (!r) return res->send_error(r.error());
       json::object o = image_json(*store, r->image);
       o["cached"] = r->cached;

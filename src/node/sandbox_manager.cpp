@@ -32,6 +32,15 @@ int64_t now_ms() {
 }
 
 namespace {
+// Removes the manager's own files of a sandbox (background process output),
+// and the directory once empty: the step log keeps its files there after the
+// sandbox ends, for its retention time.
+void remove_process_files(const std::string& dir) {
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec))
+    if (e.path().filename().string().starts_with("proc-")) std::filesystem::remove(e.path(), ec);
+  ::rmdir(dir.c_str());  // fails, and the directory stays, while it holds anything else
+}
 int64_t mono_us() {
   return std::chrono::duration_cast<std::chrono::microseconds>(
              std::chrono::steady_clock::now().time_since_epoch())
@@ -174,7 +183,7 @@ Result<void> SandboxManager::recover() {
     std::error_code ec;
     for (const auto& e : std::filesystem::directory_iterator(opts_.data_dir + "/sandboxes", ec)) {
       std::string id = e.path().filename().string();
-      if (std::find(keep.begin(), keep.end(), id) == keep.end()) std::filesystem::remove_all(e.path(), ec);
+      if (std::find(keep.begin(), keep.end(), id) == keep.end()) remove_process_files(e.path().string());
     }
   }
   // A record that cannot be marked stopped (e.g. a full disk) would stay "running"
@@ -660,10 +669,7 @@ void SandboxManager::stop_now(const std::shared_ptr<Sandbox>& sb) {
     std::lock_guard lk(bg->mu);
     bg->close_files();
   }
-  if (std::string dir = sandbox_dir(sb->id()); !dir.empty()) {
-    std::error_code ec;
-    std::filesystem::remove_all(dir, ec);
-  }
+  if (std::string dir = sandbox_dir(sb->id()); !dir.empty()) remove_process_files(dir);
   {
     std::lock_guard lk(sb->mu);
     sb->image.pin.reset();
@@ -697,6 +703,7 @@ void SandboxManager::store_final(const std::shared_ptr<Sandbox>& sb, std::option
     auto it = live_.find(snap.id);
     if (it != live_.end() && it->second == sb) live_.erase(it);
   }
+  if (opts_.on_ended) opts_.on_ended(snap.id);
   std::vector<RecordCb> waiters;
   {
     std::lock_guard lk(sb->mu);

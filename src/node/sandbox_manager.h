@@ -76,6 +76,9 @@ struct ManagerOptions {
   std::function<Result<std::shared_ptr<AgentClient>>(boost::asio::io_context&, const std::string& address,
                                                      std::string id)>
       agent_connect;
+  // Called once a sandbox's final record is stored (the step log starts its
+  // retention clock then). Any thread.
+  std::function<void(const std::string& id)> on_ended;
   std::chrono::milliseconds agent_ready_timeout{15000};
   std::chrono::milliseconds tick{500};
   size_t blocking_threads = 2;

@@ -211,11 +211,14 @@ class Daemon:
     """A tidepoold child process on a private port and data directory."""
 
     def __init__(self, build: pathlib.Path, insecure_tcp: bool = True,
-                 extra_args: Optional[List[str]] = None) -> None:
+                 extra_args: Optional[List[str]] = None, keep_sandboxes: bool = False) -> None:
         self.binary = build / "bin" / "tidepoold"
         # Suites talk TCP without keys (--insecure-tcp); test_auth.py starts daemons
         # that require keys. Every daemon has its own unix socket.
         self.insecure_tcp = insecure_tcp
+        # A clean stop leaves sandboxes running for the next daemon (live restore);
+        # test daemons stop them unless a test is about that hand-over.
+        self.keep_sandboxes = keep_sandboxes
         self.extra_args = list(extra_args or [])
         self.tmp = tempfile.mkdtemp(prefix="tidepool-it-")
         # Sandboxes run as an unprivileged host uid that must be able to traverse the data dir.
@@ -266,7 +269,8 @@ class Daemon:
             self.proc = subprocess.Popen(
                 [str(self.binary), "--listen", f"127.0.0.1:{self.port}", "--data-dir", self.data_dir,
                  "--log-level", "info", "--socket", self.socket]
-                + (["--insecure-tcp"] if self.insecure_tcp else []) + self.extra_args,
+                + (["--insecure-tcp"] if self.insecure_tcp else [])
+                + ([] if self.keep_sandboxes else ["--stop-sandboxes-on-exit"]) + self.extra_args,
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, close_fds=True)
         finally:
             log.close()
