@@ -138,8 +138,11 @@ class AgentProcess {
         if (::mount("proc", proc_dir.c_str(), "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, nullptr) != 0)
           ::_exit(122);
       }
+      // Out of the way first: the cgroup fd may sit at 3 itself.
+      int cg = o.cgroup_fd >= 0 ? ::fcntl(o.cgroup_fd, F_DUPFD, 10) : -1;
+      if (o.cgroup_fd >= 0 && cg < 0) ::_exit(124);
       if (::dup2(sv[1], 3) < 0) ::_exit(123);
-      if (o.cgroup_fd >= 0 && ::dup2(o.cgroup_fd, 4) < 0) ::_exit(124);
+      if (cg >= 0 && ::dup2(cg, 4) < 0) ::_exit(124);
       ::execv(argv[0], argv.data());
       ::_exit(127);
     }
