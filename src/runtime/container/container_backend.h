@@ -28,11 +28,18 @@
 // The agent binary is opened O_PATH once by the backend and exec'd with
 // execveat(AT_EMPTY_PATH) after pivot_root, so it is not inside the sandbox's
 // tree and cannot be overwritten from inside. It runs as PID 1 with argv
-// `tp-agent --fd 3`, fd 3 being its end of a socketpair (agent_fd() is ours),
+// `tp-agent --fd 3 --cgroup-fd 4`, fd 3 being its end of a socketpair (agent_fd() is ours),
 // stdin/stdout/stderr on /dev/null, environment = spec.env plus PATH and HOME
 // defaults. Setup failures in the child come back through a CLOEXEC pipe as
 // (step, errno), so create() returns e.g. "mount(overlay, .../root, lowerdir=...): ..."
 // after unwinding everything.
+// Cgroup delegation: the sandbox's cgroup directory (v2; v1: the freezer one,
+// CgroupManager::delegated_dir) and the files a delegatee writes are chowned to
+// uid_base, and the agent gets an O_DIRECTORY fd of it as fd 4 with
+// `--cgroup-fd 4`: it makes one cgroup per command there (src/agent/
+// command_cgroup.h). The sandbox has no cgroupfs of its own (no /sys, mount is
+// denied by seccomp), so only the agent reaches it. destroy() removes those
+// sub-cgroups with the sandbox's, thawing (v1) any its agent left frozen.
 //
 // The clone runs with the calling thread's effective uid switched to uid_base
 // (raw setresuid, this thread only), so the user namespace is owned by

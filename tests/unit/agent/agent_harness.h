@@ -161,9 +161,14 @@ class AgentProcess {
         if (::mount("proc", proc_dir.c_str(), "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, nullptr) != 0)
           ::_exit(122);
       }
+      // Out of the way first: the cgroup fd may sit at 3 itself.
+      int cg = o.cgroup_fd >= 0 ? ::fcntl(o.cgroup_fd, F_DUPFD, 10) : -1;
+      if (o.cgroup_fd >= 0 && cg < 0) ::_exit(124);
+      int lfd2 = lfd >= 0 ? ::fcntl(lfd, F_DUPFD, 10) : -1;
+      if (lfd >= 0 && lfd2 < 0) ::_exit(125);
       if (::dup2(sv[1], 3) < 0) ::_exit(123);
-      if (o.cgroup_fd >= 0 && ::dup2(o.cgroup_fd, 4) < 0) ::_exit(124);
-      if (lfd >= 0 && ::dup2(lfd, 5) < 0) ::_exit(125);
+      if (cg >= 0 && ::dup2(cg, 4) < 0) ::_exit(124);
+      if (lfd2 >= 0 && ::dup2(lfd2, 5) < 0) ::_exit(125);
       ::execv(argv[0], argv.data());
       ::_exit(127);
     }

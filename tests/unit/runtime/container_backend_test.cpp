@@ -267,7 +267,9 @@ TEST_F(ContainerBackendTest, CgroupIsDelegatedToTheSandboxRoot) {
   EXPECT_GE(owned, 3);
   // Nothing else is handed over (e.g. the limits).
   const bool v2 = cg_->layout().version == sys::CgroupVersion::kV2;
-  if (stat((dir + (v2 ? "/pids.max" : "/freezer.self_freezing")).c_str(), &st) == 0) EXPECT_EQ(st.st_uid, 0u);
+  if (stat((dir + (v2 ? "/pids.max" : "/freezer.self_freezing")).c_str(), &st) == 0) {
+    EXPECT_EQ(st.st_uid, 0u);
+  }
   EXPECT_NE(slurp("/proc/" + std::to_string(pid) + "/cmdline").find(std::string("--cgroup-fd\0004", 13)),
             std::string::npos);
   std::error_code ec;
