@@ -119,7 +119,9 @@ TSAN_PYTEST ?= $(wildcard tests/integration/test_race.py tests/integration/test_
 # Any report fails the run: halt_on_error stops the process at the first report and
 # exitcode makes that a failure even where the report comes from a destructor at exit.
 # .ci/tsan.supp says why each suppression is there.
-TSAN_ENV = TSAN_OPTIONS="halt_on_error=1:exitcode=66:second_deadlock_stack=1:suppressions=$(CURDIR)/.ci/tsan.supp$(if $(wildcard $(LLVM_SYMBOLIZER)),:external_symbolizer_path=$(LLVM_SYMBOLIZER))"
+# atexit_sleep_ms=0: TSan otherwise sleeps 1 s in every process's exit (each daemon the
+# tests start and stop).
+TSAN_ENV = TSAN_OPTIONS="halt_on_error=1:exitcode=66:second_deadlock_stack=1:atexit_sleep_ms=0:suppressions=$(CURDIR)/.ci/tsan.supp$(if $(wildcard $(LLVM_SYMBOLIZER)),:external_symbolizer_path=$(LLVM_SYMBOLIZER))"
 
 $(TSAN_BUILD)/build.ninja:
 	cmake -S . -B $(TSAN_BUILD) -G Ninja $(TSAN_CMAKE)
@@ -127,8 +129,10 @@ $(TSAN_BUILD)/build.ninja:
 tsan-build: deps fuzz-deps $(TSAN_BUILD)/build.ninja
 	cmake --build $(TSAN_BUILD) --parallel --target $(ASAN_TARGETS)
 
+# The unit tests run as one process (ctest starts one per test: ~200 starts of a TSan
+# binary, each mapping its shadow memory).
 test-tsan: tsan-build
-	cd $(TSAN_BUILD) && $(TSAN_ENV) ctest --output-on-failure
+	$(TSAN_ENV) TP_BIN_DIR=$(CURDIR)/$(TSAN_BUILD)/bin $(TSAN_BUILD)/bin/unit_tests
 	$(TSAN_ENV) TIDEPOOL_BUILD=$(CURDIR)/$(TSAN_BUILD) $(PY) -m pytest -q -p no:cacheprovider $(TSAN_PYTEST)
 
 faults: build
