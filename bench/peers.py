@@ -16,6 +16,10 @@ noise (other builds on a 2-core host) hits every tool alike:
              from that many client threads; raw_floor from that many threads.
   idle       N sandboxes alive per tool (capped in time), memory from /proc/meminfo
              kernel counters and the PSS of the tool's processes.
+  daemon     Tidepool alone (bench/daemon_bench): exec of busybox `true` in a running
+             sandbox against spawning the same binary on the host, interleaved; the
+             daemon's RSS before and after keyed execs that each print 4 MiB.
+             (The restart with sandboxes alive is measured by run.sh: it restarts the daemon.)
 """
 import argparse
 import concurrent.futures
@@ -55,6 +59,7 @@ class Ctx:
         self.tp = os.path.join(a.bin, "tidepool")
         self.api_bench = os.path.join(a.bin, "api_bench")
         self.raw_floor = os.path.join(a.bin, "raw_floor")
+        self.daemon_bench = os.path.join(a.bin, "daemon_bench")
         self.env = dict(os.environ, TIDEPOOL_URL=a.url)
         self.pids_file = os.path.join(a.work, "pids")
         self.seq = 0
@@ -399,6 +404,31 @@ def _quiet(fn, h):
         log(f"stop failed: {e}")
 
 
+# ---- daemon: exec path and memory ---------------------------------------------------
+
+
+def daemon_phase(ctx: Ctx, rounds: int, runs: int, rss_execs: int) -> dict:
+    """The exec path and the daemon's RSS under keyed execs (bench/daemon_bench)."""
+    out = {}
+    # The same static busybox in the sandbox (the image's /bin/busybox; the host image binds
+    # the host's, which prepare.py copied into the root) and on the host.
+    common = ["--url", ctx.url, "--image", ctx.image]
+    host_true = os.path.join(ctx.rootfs, "bin/busybox") + " true"
+    for key, cmd in (("exec_path", [ctx.daemon_bench, "exec", *common, "--cmd", "/bin/busybox true",
+                                    "--host-cmd", host_true, "--rounds", str(rounds), "--runs", str(runs)]),
+                     ("daemon_rss", [ctx.daemon_bench, "rss", *common, "--count", str(rss_execs),
+                                     "--daemon-pid", str(ctx.a.daemon_pid)])):
+        try:
+            o = run_json(cmd)
+            if o["_rc"] != 0 and not o.get("error"):
+                o["error"] = o["_stderr"] or f"exit {o['_rc']}"
+        except Exception as e:
+            o = {"error": str(e)[-400:]}
+        out[key] = o
+        log(f"daemon: {key}: {o}")
+    return out
+
+
 # ---- driver ------------------------------------------------------------------------
 
 
@@ -450,6 +480,9 @@ def main() -> int:
     ap.add_argument("--idle", type=int, default=1000)
     ap.add_argument("--idle-cap", type=float, default=120, help="seconds to start a tool's idle sandboxes")
     ap.add_argument("--idle-tools", default="busybox-sleep,tidepool,bwrap,crun,runc")
+    ap.add_argument("--exec-rounds", type=int, default=10, help="daemon phase: interleaved exec rounds")
+    ap.add_argument("--exec-runs", type=int, default=50, help="daemon phase: execs per side per round")
+    ap.add_argument("--rss-execs", type=int, default=100, help="daemon phase: keyed execs of 4 MiB output")
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
     ctx = Ctx(a)
@@ -459,6 +492,7 @@ def main() -> int:
                       "rate_seconds": a.rate_seconds, "idle": a.idle, "idle_cap_s": a.idle_cap},
            "latency": {t: {"samples": [], "errors": []} for t in tools},
            "throughput": {t: {} for t in tools}, "idle": {}}
+    res["config"].update({"exec_rounds": a.exec_rounds, "exec_runs": a.exec_runs, "rss_execs": a.rss_execs})
     t_start = time.monotonic()
 
     # Latency: round-robin, rotated.
@@ -493,6 +527,9 @@ def main() -> int:
                 out = {"rate": 0.0, "error": str(e)[-400:]}
             res["throughput"][tool][str(c)] = out
             log(f"throughput c={c} {tool}: {out['rate']:.1f}/s" + (f" ({out['error']})" if out.get("error") else ""))
+
+    # The daemon alone: exec path, RSS under keyed execs.
+    res.update(daemon_phase(ctx, a.exec_rounds, a.exec_runs, a.rss_execs))
 
     # Idle memory, one tool after the other (each tears down before the next starts).
     makers = {"busybox-sleep": lambda: SpawnIdle(ctx, "busybox-sleep"), "tidepool": lambda: TidepoolIdle(ctx),

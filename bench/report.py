@@ -140,6 +140,8 @@ def tables(res, for_readme=False):
                  lambda v: v < 1, unit=" MiB"))
     L.append("")
 
+    L += daemon_rows(res)
+
     # Throughput.
     concs = [c for c in cfg["concurrency"].split(",") if c]
     L.append(f"**Sustained sandboxes per second** (create + `true` + destroy, {cfg['rate_seconds']:g} s per tool and "
@@ -185,6 +187,59 @@ def tables(res, for_readme=False):
     L.append(f"Machine: {machine_line(res)} Whole run: {res.get('wall_seconds', 0) / 60:.1f} min.")
     L.append("")
     return L
+
+
+def daemon_rows(res):
+    """The daemon alone (bench/daemon_bench, same run): exec path, RSS, restart."""
+    ex, rss, rs = res.get("exec_path"), res.get("daemon_rss"), res.get("restart")
+    if ex is None and rss is None and rs is None:
+        return []  # a run from before these measurements
+    cfg = res["config"]
+    L = ["**The daemon alone** (same run; bench/daemon_bench):", "",
+         "| measurement | measured | target | |", "|---|---|---:|---|"]
+
+    def verdict(ok):
+        return "**met**" if ok else "**missed**"
+
+    if ex and ex.get("sandbox_p50_ms") and ex.get("host_p50_ms"):
+        r = ex["sandbox_p50_ms"] / ex["host_p50_ms"]
+        err = f" ({ex['failures']} failed)" if ex.get("failures") else ""
+        L.append(f"| exec of busybox `true` in a running sandbox (HTTP, one connection; {ex.get('runs', 0)} execs in "
+                 f"{cfg.get('exec_rounds', '?')} rounds interleaved with the host's) ÷ spawn + exec + reap of the same "
+                 f"binary on the host (posix_spawn) | p50 {ex['sandbox_p50_ms']:.2f} ms ÷ {ex['host_p50_ms']:.2f} ms = "
+                 f"**{r:.2f}×**; p99 {ex['sandbox_p99_ms']:.2f} ms vs {ex['host_p99_ms']:.2f} ms{err} | ≤ 1.5× at p50 | "
+                 f"{verdict(r <= 1.5)} |")
+    else:
+        L.append(f"| exec path ÷ host spawn | not measured: {_err(ex)} | ≤ 1.5× at p50 | |")
+    if rss and rss.get("rss_before_mib") is not None and rss.get("rss_after_mib", -1) >= 0:
+        extra = "".join([f"; {rss['failures']} failed" if rss.get("failures") else "",
+                         f"; {rss['short_output']} answers short" if rss.get("short_output") else ""])
+        L.append(f"| daemon RSS after {rss['execs']} execs that each print {rss['bytes_each'] / 1048576:g} MiB, each with "
+                 f"its own Idempotency-Key | {rss['rss_before_mib']:.1f} MiB before, **{rss['rss_after_mib']:.1f} MiB** "
+                 f"after{extra} | – | |")
+    else:
+        L.append(f"| daemon RSS after keyed 4 MiB execs | not measured: {_err(rss)} | – | |")
+    if rs is not None:
+        n = rs.get("requested", 0)
+        w = rs.get("wait") or {}
+        what = f"daemon restart (SIG{rs.get('signal', 'KILL')}) with {n} sandboxes alive: from starting the new daemon " \
+               f"until every one answered an exec"
+        if w.get("seconds") is not None:
+            L.append(f"| {what} | **{w['seconds']:.2f} s** | < 2 s | {verdict(w['seconds'] < 2)} |")
+        elif w:
+            L.append(f"| {what} | n/a: sandboxes did not survive the restart ({w.get('answered', 0)} of "
+                     f"{w.get('sandboxes', n)} answered) | < 2 s | |")
+        else:
+            L.append(f"| {what} | not measured: {_err(rs)} | < 2 s | |")
+    L.append("")
+    return L
+
+
+def _err(o):
+    if not o:
+        return "no result"
+    e = o.get("error") or o.get("_stderr") or "no result"
+    return e.strip().splitlines()[-1].replace("|", "/")[:200] if e.strip() else "no result"
 
 
 def setup_table():

@@ -1,12 +1,16 @@
 #!/bin/sh
 # make bench: Tidepool side by side with crun, runc, bwrap, the raw kernel floor and a
-# bare busybox `true`, interleaved, on one busybox root file system.
+# bare busybox `true`, interleaved, on one busybox root file system; then the daemon alone
+# (bench/daemon_bench): exec in a running sandbox against a host spawn of the same binary,
+# its RSS under keyed 4 MiB execs, and a restart with 500 sandboxes alive (50 when quick).
 #
 #   make bench                      ~10 min on 2 cores: 20 latency rounds x 30 runs per tool,
 #                                   5 s per tool and concurrency, 1,000 idle sandboxes per tool
 #   BENCH_QUICK=1 make bench        ~2-3 min smoke run (3 x 5 runs, 1.5 s, 100 idle)
 #   BENCH_UPDATE_README=1 ...       also rewrite README.md's "## Benchmarks" table
 #   BUILD=build-x / TP_BIN=DIR      binaries to measure (default build/bin)
+#   BENCH_RESTART_N=N               sandboxes alive across the restart (default 500)
+#   BENCH_RESTART_SIGNAL=SIG        how the old daemon is stopped (default KILL)
 #
 # Writes bench/results/latest.md, latest.json and PNG charts. Everything it creates
 # (daemon, sandboxes, containers, cgroups, processes, the temp dir) is removed on exit,
@@ -19,14 +23,19 @@ OUT=$ROOT/bench/results
 UNIFIED=/sys/fs/cgroup/unified/cgroup.controllers
 
 if [ "${BENCH_QUICK:-0}" = 1 ]; then
-  ARGS="--rounds 3 --runs 5 --rate-seconds 1.5 --idle 100 --idle-cap 20"
+  ARGS="--rounds 3 --runs 5 --rate-seconds 1.5 --idle 100 --idle-cap 20 --exec-rounds 2 --exec-runs 20 --rss-execs 10"
+  RESTART_N=${BENCH_RESTART_N:-50}
 else
-  ARGS="--rounds 20 --runs 30 --rate-seconds 5 --idle 1000 --idle-cap 100"
+  ARGS="--rounds 20 --runs 30 --rate-seconds 5 --idle 1000 --idle-cap 100 --exec-rounds 10 --exec-runs 50 --rss-execs 100"
+  RESTART_N=${BENCH_RESTART_N:-500}
 fi
+# How the daemon is stopped for the restart measurement: KILL, as a crash or an upgrade
+# that gives the old daemon no chance to tidy up (TERM ends every sandbox by design).
+RESTART_SIGNAL=${BENCH_RESTART_SIGNAL:-KILL}
 
 [ "$(id -u)" = 0 ] || { echo "bench: needs root (namespaces, cgroups, peers' containers)" >&2; exit 1; }
 sh "$ROOT/scripts/install-bench-deps.sh"
-for b in tidepoold tidepool tp-agent api_bench raw_floor; do
+for b in tidepoold tidepool tp-agent api_bench raw_floor daemon_bench; do
   [ -x "$BIN/$b" ] || { echo "bench: $BIN/$b missing (make build)" >&2; exit 1; }
 done
 
@@ -107,14 +116,17 @@ trap 'exit 130' INT TERM HUP
 echo "bench: building the busybox root file system and OCI bundles in $WORK"
 "$PY" "$ROOT/bench/peers/prepare.py" "$WORK"
 
-# A private daemon on a free port, with room for 1,000 sandboxes' descriptors.
+# A private daemon on a free port, with room for 1,000 sandboxes' descriptors. Started
+# again on the same data directory for the restart measurement (below).
 PORT=$("$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 URL=http://127.0.0.1:$PORT
-(ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)"; exec "$BIN/tidepoold" --listen "127.0.0.1:$PORT" \
-  --data-dir "$WORK/data" --log-level warn) >"$WORK/daemon.log" 2>&1 &
-DPID=$!
-export TIDEPOOL_URL="$URL"
-"$PY" - "$URL" <<'EOF' || { echo "bench: tidepoold did not start:" >&2; cat "$WORK/daemon.log" >&2; exit 1; }
+start_daemon() {
+  (ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)"; exec "$BIN/tidepoold" --listen "127.0.0.1:$PORT" \
+    --data-dir "$WORK/data" --log-level warn) >>"$WORK/daemon.log" 2>&1 &
+  DPID=$!
+}
+wait_daemon() {
+  "$PY" - "$URL" <<'EOF' || { echo "bench: tidepoold did not start:" >&2; cat "$WORK/daemon.log" >&2; exit 1; }
 import sys, time, urllib.request
 for _ in range(200):
     try:
@@ -124,6 +136,10 @@ for _ in range(200):
         time.sleep(0.1)
 sys.exit(1)
 EOF
+}
+start_daemon
+export TIDEPOOL_URL="$URL"
+wait_daemon
 
 # The same root for Tidepool: `tidepool image import` if the CLI has it, else the API's
 # import route; if neither works, the built-in `host` image (said in the table).
@@ -161,6 +177,47 @@ mkdir -p "$OUT"
 # shellcheck disable=SC2086
 in_peer_ns "$PY" "$ROOT/bench/peers.py" --work "$WORK" --bin "$BIN" --url "$URL" --daemon-pid "$DPID" \
   --image "$IMAGE" --image-note "$NOTE" --prefix "$PREFIX" --out "$WORK/results.json" $ARGS
+
+# Restart with RESTART_N sandboxes alive: each answers an exec, the daemon is stopped with
+# RESTART_SIGNAL and started again on the same data directory; the time is from that start
+# until every sandbox answered an exec again (daemon_bench restart-wait; a sandbox the new
+# daemon reports stopped or lost counts as not surviving). Outside the peers' mount
+# namespace: the daemon's sandboxes must see the host's mounts.
+echo "bench: restart with $RESTART_N sandboxes alive (SIG$RESTART_SIGNAL)"
+: >"$WORK/restart-wait.json"
+if "$BIN/daemon_bench" restart-prepare --url "$URL" --image "$IMAGE" --count "$RESTART_N" \
+  --ids "$WORK/restart.ids" >"$WORK/restart-prepare.json" 2>"$WORK/restart.log"; then
+  kill -s "$RESTART_SIGNAL" "$DPID"
+  wait "$DPID" 2>/dev/null || true
+  T0=$(date +%s%N)
+  start_daemon
+  "$BIN/daemon_bench" restart-wait --url "$URL" --ids "$WORK/restart.ids" --t0-ns "$T0" \
+    >"$WORK/restart-wait.json" 2>>"$WORK/restart.log" || true
+  wait_daemon
+fi
+"$PY" - "$WORK/results.json" "$WORK/restart-prepare.json" "$WORK/restart-wait.json" "$WORK/restart.log" \
+  "$RESTART_N" "$RESTART_SIGNAL" <<'EOF'
+import json, sys
+path, prep, wait, log, n, sig = sys.argv[1:]
+def last_json(p):
+    try:
+        lines = [l for l in open(p).read().splitlines() if l.startswith("{")]
+        return json.loads(lines[-1]) if lines else None
+    except (OSError, ValueError):
+        return None
+def tail(p):
+    try:
+        return open(p).read().strip()[-400:]
+    except OSError:
+        return ""
+r = {"requested": int(n), "signal": sig, "prepare": last_json(prep), "wait": last_json(wait)}
+if r["wait"] is None:
+    r["error"] = tail(log) or "restart-prepare failed"
+res = json.load(open(path))
+res["restart"] = r
+json.dump(res, open(path, "w"))
+print(f"bench: restart: {r}", file=sys.stderr)
+EOF
 cp "$WORK/results.json" "$OUT/latest.json"
 README_ARG=""
 [ "${BENCH_UPDATE_README:-0}" = 1 ] && README_ARG="--readme $ROOT/README.md"

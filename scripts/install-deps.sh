@@ -3,7 +3,7 @@
 # Idempotent and quiet: skips apt entirely when everything is already present.
 set -eu
 exec sh "$(dirname "$0")/apt-ensure.sh" \
-  build-essential cmake ninja-build pkg-config git \
+  build-essential cmake ninja-build pkg-config git clang-format-14 \
   libboost1.81-dev libboost-json1.81-dev libspdlog-dev libfmt-dev libcli11-dev \
   libsqlite3-dev libseccomp-dev libarchive-dev libssl-dev \
   libgtest-dev libgmock-dev libbenchmark-dev \

@@ -254,16 +254,19 @@ int daemon_main(int argc, char** argv) {
   }
   mgr.start();
 
+  // Joined before return: it uses mgr and io, which must outlive it (detached, it raced
+  // with their destructors; ThreadSanitizer, make test-tsan).
+  std::thread stopper;
   asio::signal_set signals(io, SIGINT, SIGTERM);
   signals.async_wait([&](boost::system::error_code, int sig) {
     spdlog::info("signal {}: shutting down", sig);
     server.stop();
     unix_server.stop();
     // Destroying sandboxes blocks; run it off the io threads, which it needs.
-    std::thread([&] {
+    stopper = std::thread([&] {
       mgr.shutdown();
       io.stop();
-    }).detach();
+    });
   });
 
   std::string where;
@@ -275,6 +278,8 @@ int daemon_main(int argc, char** argv) {
   for (unsigned i = 1; i < io_threads; ++i) threads.emplace_back([&io] { io.run(); });
   io.run();
   for (auto& t : threads) t.join();
+  // The io threads are joined, so the handler that started the stopper has finished.
+  if (stopper.joinable()) stopper.join();
   spdlog::info("stopped");
   return 0;
 }
