@@ -11,10 +11,9 @@
 //      agents' PSS; the sandboxes' memory cgroup is printed for comparison
 // Prints a table, or JSON with --json. No thresholds: bench/run.sh compares.
 #include <CLI/CLI.hpp>
-#include <boost/json.hpp>
-
 #include <algorithm>
 #include <atomic>
+#include <boost/json.hpp>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -64,7 +63,8 @@ Cycle cycle(HttpClient& c) {
   }
   std::string id(json::parse(created->body).as_object().at("id").as_string());
   auto t1 = Clock::now();
-  auto ex = c.request(Method::kPost, "/v1/sandboxes/" + id + "/exec", g_exec_body, "application/json");
+  auto ex =
+      c.request(Method::kPost, "/v1/sandboxes/" + id + "/exec", g_exec_body, "application/json");
   r.exec = ms_since(t1);
   auto t2 = Clock::now();
   auto del = c.request(Method::kDelete, "/v1/sandboxes/" + id);
@@ -157,10 +157,14 @@ int main(int argc, char** argv) {
   app.add_option("--idle", idle, "sandboxes alive for the memory measurement (0 skips)");
   app.add_flag("--json", as_json);
   app.add_option("--image", image, "image of the sandboxes (default host)");
-  app.add_option("--cmd", cmd, "command of the first exec, space-separated (default: busybox true, as the floor)");
-  app.add_option("--concurrency", concurrency, "client threads of each sustained-rate run (default 1,2)")
+  app.add_option(
+      "--cmd", cmd,
+      "command of the first exec, space-separated (default: busybox true, as the floor)");
+  app.add_option("--concurrency", concurrency,
+                 "client threads of each sustained-rate run (default 1,2)")
       ->delimiter(',');
-  app.add_flag("--samples", samples, "with --json: every create+exec+destroy time (bench/run.sh plots them)");
+  app.add_flag("--samples", samples,
+               "with --json: every create+exec+destroy time (bench/run.sh plots them)");
   CLI11_PARSE(app, argc, argv);
   if (image != "host" && !app.count("--cmd")) cmd = "true";  // what the image itself has
   json::array argv_json;
@@ -225,7 +229,8 @@ int main(int argc, char** argv) {
     long k0 = kernel_kb(), cg0 = cgroup_usage_kb(probe_id), a0 = agents_pss_kb();
     std::vector<std::string> ids;
     for (int i = 0; i < idle; ++i) {
-      auto created = client.request(Method::kPost, "/v1/sandboxes", g_create_body, "application/json");
+      auto created =
+          client.request(Method::kPost, "/v1/sandboxes", g_create_body, "application/json");
       if (!created) {
         std::fprintf(stderr, "idle create %d: %s\n", i, created.error().message().c_str());
         break;
@@ -248,11 +253,16 @@ int main(int argc, char** argv) {
   if (as_json) {
     json::object o{{"iterations", iterations},
                    {"failures", failures},
-                   {"create_p50_ms", pct(c_ms, 50)}, {"create_p99_ms", pct(c_ms, 99)},
-                   {"exec_p50_ms", pct(e_ms, 50)}, {"exec_p99_ms", pct(e_ms, 99)},
-                   {"destroy_p50_ms", pct(d_ms, 50)}, {"destroy_p99_ms", pct(d_ms, 99)},
-                   {"total_p50_ms", pct(t_ms, 50)}, {"total_p99_ms", pct(t_ms, 99)},
-                   {"rate_1", rate[1]}, {"rate_2", rate[2]},
+                   {"create_p50_ms", pct(c_ms, 50)},
+                   {"create_p99_ms", pct(c_ms, 99)},
+                   {"exec_p50_ms", pct(e_ms, 50)},
+                   {"exec_p99_ms", pct(e_ms, 99)},
+                   {"destroy_p50_ms", pct(d_ms, 50)},
+                   {"destroy_p99_ms", pct(d_ms, 99)},
+                   {"total_p50_ms", pct(t_ms, 50)},
+                   {"total_p99_ms", pct(t_ms, 99)},
+                   {"rate_1", rate[1]},
+                   {"rate_2", rate[2]},
                    {"image", image},
                    {"cmd", cmd},
                    {"idle_sandboxes", idle},
@@ -266,8 +276,8 @@ int main(int argc, char** argv) {
     if (samples) o["total_samples_ms"] = json::value_from(t_ms);
     std::printf("%s\n", json::serialize(o).c_str());
   } else {
-    std::printf("tidepool API (%d cycles, %d failed; image %s, exec of `%s`)\n", iterations, failures,
-                image.c_str(), cmd.c_str());
+    std::printf("tidepool API (%d cycles, %d failed; image %s, exec of `%s`)\n", iterations,
+                failures, image.c_str(), cmd.c_str());
     std::printf("  %-22s %9s %9s\n", "phase", "p50 ms", "p99 ms");
     std::printf("  %-22s %9.2f %9.2f\n", "create", pct(c_ms, 50), pct(c_ms, 99));
     std::printf("  %-22s %9.2f %9.2f\n", "first exec", pct(e_ms, 50), pct(e_ms, 99));

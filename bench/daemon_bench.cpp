@@ -15,20 +15,19 @@
 //                    gone; then deletes them. The time is until the last one answered.
 //
 // No thresholds: bench/report.py compares.
-#include <CLI/CLI.hpp>
-#include <boost/asio/connect.hpp>
-#include <boost/asio/ip/tcp.hpp>
-#include <boost/beast/core.hpp>
-#include <boost/beast/http.hpp>
-#include <boost/json.hpp>
-
 #include <spawn.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <atomic>
+#include <boost/asio/connect.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+#include <boost/json.hpp>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -328,7 +327,8 @@ int mode_rss(const Opts& o) {
   std::string last_error;
   auto t0 = Clock::now();
   for (int i = 0; i < o.count; ++i) {
-    auto a = c.request(http::verb::post, target, body, {{"Idempotency-Key", key_prefix + std::to_string(i)}});
+    auto a = c.request(http::verb::post, target, body,
+                       {{"Idempotency-Key", key_prefix + std::to_string(i)}});
     if (!exec_ok(a)) {
       failures++;
       last_error = describe(a);
@@ -336,7 +336,8 @@ int mode_rss(const Opts& o) {
     }
     // stdout comes base64-encoded.
     const auto* out = json::parse(a.body).as_object().if_contains("stdout");
-    if (!out || !out->is_string() || static_cast<long>(out->as_string().size()) != (kBytes + 2) / 3 * 4)
+    if (!out || !out->is_string() ||
+        static_cast<long>(out->as_string().size()) != (kBytes + 2) / 3 * 4)
       short_output++;
   }
   double seconds = ms_since(t0) / 1000.0;
@@ -371,7 +372,8 @@ int mode_restart_prepare(const Opts& o) {
     // Each one answers before the restart: the measurement is then about the restart only.
     auto a = c.request(http::verb::post, "/v1/sandboxes/" + *id + "/exec", body);
     if (!exec_ok(a)) {
-      std::fprintf(stderr, "daemon_bench restart-prepare: exec in %s: %s\n", id->c_str(), describe(a).c_str());
+      std::fprintf(stderr, "daemon_bench restart-prepare: exec in %s: %s\n", id->c_str(),
+                   describe(a).c_str());
       break;
     }
   }
@@ -476,14 +478,16 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"exec", "rss", "restart-prepare", "restart-wait"}));
   app.add_option("--url", url);
   app.add_option("--image", o.image, "image of the sandboxes (default host)");
-  app.add_option("--cmd", o.cmd, "exec'd in the sandbox, space-separated (default /bin/busybox true)");
+  app.add_option("--cmd", o.cmd,
+                 "exec'd in the sandbox, space-separated (default /bin/busybox true)");
   app.add_option("--host-cmd", o.host_cmd, "exec: spawned on the host, absolute path first");
   app.add_option("--rounds", o.rounds, "exec: interleaved rounds");
   app.add_option("--runs", o.runs, "exec: execs per side per round");
   app.add_option("--count", o.count, "rss: keyed execs; restart-prepare: sandboxes");
   app.add_option("--daemon-pid", o.daemon_pid, "rss: the daemon whose VmRSS is read");
   app.add_option("--ids", o.ids_path, "restart-*: the file of sandbox ids");
-  app.add_option("--t0-ns", o.t0_ns, "restart-wait: when the new daemon was started (CLOCK_REALTIME ns)");
+  app.add_option("--t0-ns", o.t0_ns,
+                 "restart-wait: when the new daemon was started (CLOCK_REALTIME ns)");
   app.add_option("--wait-seconds", o.wait_seconds, "restart-wait: give up after this long");
   app.add_option("--threads", o.threads, "restart-wait: client connections");
   CLI11_PARSE(app, argc, argv);

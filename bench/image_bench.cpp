@@ -32,10 +32,13 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); }
+double ms_since(Clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+}
 
 // A layer tar of `bytes` of random data in 4 MiB files under prefix/.
-bool write_layer_tar(const std::string& path, const std::string& prefix, uint64_t bytes, uint64_t seed) {
+bool write_layer_tar(const std::string& path, const std::string& prefix, uint64_t bytes,
+                     uint64_t seed) {
   archive* a = archive_write_new();
   archive_write_set_format_pax_restricted(a);
   if (archive_write_open_filename(a, path.c_str()) != ARCHIVE_OK) return false;
@@ -118,7 +121,10 @@ int main(int argc, char** argv) {
     } else if (a == "--json") {
       json = true;
     } else {
-      std::fprintf(stderr, "usage: %s [--sizes-mb 10,1024] [--starts N] [--agent PATH] [--dir DIR] [--json]\n", argv[0]);
+      std::fprintf(
+          stderr,
+          "usage: %s [--sizes-mb 10,1024] [--starts N] [--agent PATH] [--dir DIR] [--json]\n",
+          argv[0]);
       return 2;
     }
   }
@@ -146,21 +152,24 @@ int main(int argc, char** argv) {
     co.cgroup_name = "tp-imgbench-" + tp::ids::random_hex(3);
     auto backend = store ? tp::runtime::make_container_backend(co) : std::unexpected(store.error());
     if (!store || !backend) {
-      std::fprintf(stderr, "setup: %s\n", (!store ? store.error() : backend.error()).message().c_str());
+      std::fprintf(stderr, "setup: %s\n",
+                   (!store ? store.error() : backend.error()).message().c_str());
       fs::remove_all(dir);
       return 1;
     }
     uint64_t seed = 1;
     for (uint64_t mb : sizes_mb) {
       const uint64_t total = mb << 20;
-      const std::pair<const char*, double> parts[] = {{"base", 0.6}, {"toolkit", 0.3}, {"workspace", 0.1}};
+      const std::pair<const char*, double> parts[] = {
+          {"base", 0.6}, {"toolkit", 0.3}, {"workspace", 0.1}};
       tp::image::ImageRecord rec;
       rec.name = "bench" + std::to_string(mb);
       rec.version = "1";
       double import_s = 0;
       for (const auto& [name, frac] : parts) {
         std::string tar = dir + "/" + name + ".tar";
-        if (!write_layer_tar(tar, name, static_cast<uint64_t>(static_cast<double>(total) * frac), seed++)) {
+        if (!write_layer_tar(tar, name, static_cast<uint64_t>(static_cast<double>(total) * frac),
+                             seed++)) {
           std::fprintf(stderr, "cannot write %s\n", tar.c_str());
           rc = 1;
           break;
@@ -173,7 +182,8 @@ int main(int argc, char** argv) {
           rc = 1;
           break;
         }
-        if (int sfd = ::open(dir.c_str(), O_RDONLY | O_CLOEXEC); sfd >= 0) {  // the layer is on disk
+        if (int sfd = ::open(dir.c_str(), O_RDONLY | O_CLOEXEC);
+            sfd >= 0) {  // the layer is on disk
           ::syncfs(sfd);
           ::close(sfd);
         }
@@ -232,18 +242,23 @@ int main(int argc, char** argv) {
   if (json) {
     std::printf("[");
     for (size_t i = 0; i < rows.size(); ++i)
-      std::printf("%s{\"image_mb\":%llu,\"import_s\":%.3f,\"import_mb_per_s\":%.1f,\"start_p50_ms\":%.2f,"
-                  "\"start_p90_ms\":%.2f,\"start_max_ms\":%.2f}",
-                  i ? "," : "", static_cast<unsigned long long>(rows[i].mb), rows[i].import_s, rows[i].import_mbps,
-                  rows[i].start_p50, rows[i].start_p90, rows[i].start_max);
+      std::printf(
+          "%s{\"image_mb\":%llu,\"import_s\":%.3f,\"import_mb_per_s\":%.1f,\"start_p50_ms\":%.2f,"
+          "\"start_p90_ms\":%.2f,\"start_max_ms\":%.2f}",
+          i ? "," : "", static_cast<unsigned long long>(rows[i].mb), rows[i].import_s,
+          rows[i].import_mbps, rows[i].start_p50, rows[i].start_p90, rows[i].start_max);
     std::printf("]\n");
   } else {
-    std::printf("3-layer image (base 60%% / toolkit 30%% / workspace 10%%), %d starts each, layers cached\n", starts);
-    std::printf("%10s %10s %12s %14s %14s %14s\n", "image MB", "import s", "import MB/s", "start p50 ms",
-                "start p90 ms", "start max ms");
+    std::printf(
+        "3-layer image (base 60%% / toolkit 30%% / workspace 10%%), %d starts each, layers "
+        "cached\n",
+        starts);
+    std::printf("%10s %10s %12s %14s %14s %14s\n", "image MB", "import s", "import MB/s",
+                "start p50 ms", "start p90 ms", "start max ms");
     for (const auto& r : rows)
-      std::printf("%10llu %10.2f %12.1f %14.2f %14.2f %14.2f\n", static_cast<unsigned long long>(r.mb), r.import_s,
-                  r.import_mbps, r.start_p50, r.start_p90, r.start_max);
+      std::printf("%10llu %10.2f %12.1f %14.2f %14.2f %14.2f\n",
+                  static_cast<unsigned long long>(r.mb), r.import_s, r.import_mbps, r.start_p50,
+                  r.start_p90, r.start_max);
   }
   return rc;
 }

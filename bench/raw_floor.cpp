@@ -81,7 +81,8 @@ int floor_child(void* arg) {
   raw::call(SYS_close, c->sync_wr);
   char b;
   if (raw::call(SYS_read, c->sync_rd, &b, 1) != 1) raw::exit_now(120);
-  if (raw::call(SYS_setresgid, 0, 0, 0) < 0 || raw::call(SYS_setresuid, 0, 0, 0) < 0) raw::exit_now(121);
+  if (raw::call(SYS_setresgid, 0, 0, 0) < 0 || raw::call(SYS_setresuid, 0, 0, 0) < 0)
+    raw::exit_now(121);
   if (raw::call(SYS_unshare, CLONE_NEWCGROUP) < 0) raw::exit_now(122);
   raw::call(SYS_sethostname, c->hostname, strlen(c->hostname));
   long s = raw::call(SYS_socket, AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
@@ -91,12 +92,14 @@ int floor_child(void* arg) {
   if (raw::call(SYS_ioctl, s, SIOCSIFFLAGS, &ifr) < 0) raw::exit_now(123);
   raw::call(SYS_close, s);
   if (raw::call(SYS_mount, 0, "/", 0, MS_REC | MS_PRIVATE, 0) < 0) raw::exit_now(124);
-  if (raw::call(SYS_mount, "tmpfs", c->mnt, "tmpfs", MS_NOSUID | MS_NODEV, "size=16m") < 0) raw::exit_now(125);
+  if (raw::call(SYS_mount, "tmpfs", c->mnt, "tmpfs", MS_NOSUID | MS_NODEV, "size=16m") < 0)
+    raw::exit_now(125);
   raw::call(SYS_mkdirat, AT_FDCWD, c->upper, 0755);
   raw::call(SYS_mkdirat, AT_FDCWD, c->work, 0700);
   raw::call(SYS_mkdirat, AT_FDCWD, c->root, 0755);
   if (raw::call(SYS_mount, "overlay", c->root, "overlay", 0, c->ovl_opts) < 0) raw::exit_now(126);
-  if (raw::call(SYS_mount, "proc", c->proc, "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, 0) < 0) raw::exit_now(127);
+  if (raw::call(SYS_mount, "proc", c->proc, "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, 0) < 0)
+    raw::exit_now(127);
   if (raw::call(SYS_chdir, c->root) < 0) raw::exit_now(128);
   if (raw::call(SYS_pivot_root, ".", ".") < 0) raw::exit_now(129);
   if (raw::call(SYS_umount2, ".", MNT_DETACH) < 0) raw::exit_now(130);
@@ -109,7 +112,8 @@ int floor_child(void* arg) {
 class Floor {
  public:
   Floor(std::string dir, tp::sys::CgroupLayout layout)
-      : dir_(std::move(dir)), cg_(tp::sys::real_sys(), std::move(layout), "tp-floor-" + tp::ids::random_hex(3)) {}
+      : dir_(std::move(dir)),
+        cg_(tp::sys::real_sys(), std::move(layout), "tp-floor-" + tp::ids::random_hex(3)) {}
 
   bool prepare() {
     fs::create_directories(dir_ + "/l0/bin");
@@ -119,7 +123,8 @@ class Floor {
     std::error_code ec;
     fs::copy_file("/bin/busybox", dir_ + "/l0/bin/busybox", ec);
     if (ec) {
-      std::fprintf(stderr, "copy /bin/busybox: %s (install busybox-static)\n", ec.message().c_str());
+      std::fprintf(stderr, "copy /bin/busybox: %s (install busybox-static)\n",
+                   ec.message().c_str());
       return false;
     }
     std::ofstream(dir_ + "/l1/etc/hostname") << "floor\n";
@@ -151,9 +156,11 @@ class Floor {
     static char* envp[] = {e0, nullptr};
     int p[2];
     if (pipe2(p, O_CLOEXEC) != 0) return false;
-    FloorChild c{p[0], p[1], mnt_.c_str(), upper_.c_str(), work_.c_str(), root_.c_str(), ovl_.c_str(),
-                 proc_.c_str(), id.c_str(), argv, envp};
-    void* stack = mmap(nullptr, kStack, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
+    FloorChild c{p[0],          p[1],          mnt_.c_str(), upper_.c_str(),
+                 work_.c_str(), root_.c_str(), ovl_.c_str(), proc_.c_str(),
+                 id.c_str(),    argv,          envp};
+    void* stack = mmap(nullptr, kStack, PROT_READ | PROT_WRITE,
+                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
     // Born in its cgroup (v1): the cheapest attach there is, the one the runtime uses too.
     std::vector<std::string> own;
     const bool born_in = cg_.can_enter_thread();
@@ -172,8 +179,8 @@ class Floor {
     sigfillset(&all);
     pthread_sigmask(SIG_SETMASK, &all, &old);
     pid_t pid = clone(floor_child, static_cast<char*>(stack) + kStack,
-                      CLONE_VM | CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWUTS | CLONE_NEWIPC |
-                          CLONE_NEWNET | SIGCHLD,
+                      CLONE_VM | CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWUTS |
+                          CLONE_NEWIPC | CLONE_NEWNET | SIGCHLD,
                       &c);
     pthread_sigmask(SIG_SETMASK, &old, nullptr);
     if (born_in && !cg_.leave_thread(own)) std::abort();
@@ -211,7 +218,9 @@ Stats summarize(std::vector<double> v, size_t failures) {
   s.n = v.size();
   if (v.empty()) return s;
   std::sort(v.begin(), v.end());
-  auto at = [&](double q) { return v[std::min(v.size() - 1, static_cast<size_t>(q * static_cast<double>(v.size())))]; };
+  auto at = [&](double q) {
+    return v[std::min(v.size() - 1, static_cast<size_t>(q * static_cast<double>(v.size())))];
+  };
   s.p50_ms = at(0.50);
   s.p90_ms = at(0.90);
   s.p99_ms = at(0.99);
@@ -244,7 +253,8 @@ double sustained_for(int workers, double seconds, const std::function<bool(int, 
                      size_t* failures) {
   std::atomic<size_t> fails{0}, done{0};
   auto t0 = Clock::now();
-  auto end = t0 + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
+  auto end =
+      t0 + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
   std::vector<std::thread> ts;
   for (int w = 0; w < workers; ++w)
     ts.emplace_back([&, w] {
@@ -252,7 +262,8 @@ double sustained_for(int workers, double seconds, const std::function<bool(int, 
     });
   for (auto& t : ts) t.join();
   *failures = fails;
-  return static_cast<double>(done.load()) / std::chrono::duration<double>(Clock::now() - t0).count();
+  return static_cast<double>(done.load()) /
+         std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
 std::string fake_agent_default() {
@@ -262,7 +273,8 @@ std::string fake_agent_default() {
 
 std::string join_rates(const std::map<int, double>& m) {
   std::string out;
-  for (const auto& [w, r] : m) out += (out.empty() ? "" : ",") + ("\"" + std::to_string(w) + "\":" + std::to_string(r));
+  for (const auto& [w, r] : m)
+    out += (out.empty() ? "" : ",") + ("\"" + std::to_string(w) + "\":" + std::to_string(r));
   return out;
 }
 
@@ -295,13 +307,20 @@ int main(int argc, char** argv) {
   std::string agent = fake_agent_default();
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
-    if (a == "--iterations" && i + 1 < argc) iterations = std::stoull(argv[++i]);
-    else if (a == "--json") json = true;
-    else if (a == "--agent" && i + 1 < argc) agent = argv[++i];
-    else if (a == "--no-backend") with_backend = false;
-    else if (a == "--samples") samples = true;
-    else if (a == "--rounds" && i + 1 < argc) rounds = std::max(1, std::stoi(argv[++i]));
-    else if (a == "--rate-seconds" && i + 1 < argc) rate_seconds = std::stod(argv[++i]);
+    if (a == "--iterations" && i + 1 < argc)
+      iterations = std::stoull(argv[++i]);
+    else if (a == "--json")
+      json = true;
+    else if (a == "--agent" && i + 1 < argc)
+      agent = argv[++i];
+    else if (a == "--no-backend")
+      with_backend = false;
+    else if (a == "--samples")
+      samples = true;
+    else if (a == "--rounds" && i + 1 < argc)
+      rounds = std::max(1, std::stoi(argv[++i]));
+    else if (a == "--rate-seconds" && i + 1 < argc)
+      rate_seconds = std::stod(argv[++i]);
     else if (a == "--rates" && i + 1 < argc) {
       rates.clear();
       std::string l = argv[++i];
@@ -313,7 +332,8 @@ int main(int argc, char** argv) {
       }
     } else {
       std::fprintf(stderr,
-                   "usage: %s [--iterations N] [--json] [--agent PATH] [--no-backend] [--rounds N] [--samples]"
+                   "usage: %s [--iterations N] [--json] [--agent PATH] [--no-backend] [--rounds N] "
+                   "[--samples]"
                    " [--rates W,W,...|none] [--rate-seconds S]\n",
                    argv[0]);
       return 2;
@@ -377,7 +397,8 @@ int main(int argc, char** argv) {
       ok = (*r)->destroy() && ok;
       if (!ready) {
         t_create_only.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
-        t_destroy_only.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t2).count());
+        t_destroy_only.push_back(
+            std::chrono::duration<double, std::milli>(Clock::now() - t2).count());
       }
       return ok;
     };
@@ -401,7 +422,8 @@ int main(int argc, char** argv) {
     size_t f_floor = 0, f_create = 0, f_ready = 0;
     const int kRounds = rounds;
     for (int round = 0; round < kRounds; ++round) {
-      uint64_t n = iterations / kRounds + (static_cast<uint64_t>(round) < iterations % kRounds ? 1 : 0);
+      uint64_t n =
+          iterations / kRounds + (static_cast<uint64_t>(round) < iterations % kRounds ? 1 : 0);
       for (uint64_t i = 0; i < n; ++i) {
         auto t0 = Clock::now();
         bool ok = floor.once(0, static_cast<uint64_t>(round) * 100000 + i);
@@ -422,18 +444,23 @@ int main(int argc, char** argv) {
         ok ? t_ready.push_back(ms) : (void)++f_ready;
       }
     }
-    t_create_only.erase(t_create_only.begin(), t_create_only.begin() + std::min<size_t>(5, t_create_only.size()));
-    t_destroy_only.erase(t_destroy_only.begin(), t_destroy_only.begin() + std::min<size_t>(5, t_destroy_only.size()));
-    Stats sf = summarize(t_floor, f_floor), sc = summarize(t_create, f_create), sr = summarize(t_ready, f_ready);
+    t_create_only.erase(t_create_only.begin(),
+                        t_create_only.begin() + std::min<size_t>(5, t_create_only.size()));
+    t_destroy_only.erase(t_destroy_only.begin(),
+                         t_destroy_only.begin() + std::min<size_t>(5, t_destroy_only.size()));
+    Stats sf = summarize(t_floor, f_floor), sc = summarize(t_create, f_create),
+          sr = summarize(t_ready, f_ready);
     Stats s_co = summarize(t_create_only, 0), s_do = summarize(t_destroy_only, 0);
     size_t fail1 = 0, fail2 = 0, bfail1 = 0, bfail2 = 0;
     auto floor_fn = [&](int w, uint64_t i) { return floor.once(w, i); };
     std::map<int, double> floor_rates;
     for (int w : rates) {
       size_t f = 0;
-      floor_rates[w] = rate_seconds > 0 ? sustained_for(w, rate_seconds, floor_fn, &f)
-                                        : sustained(w, std::max<uint64_t>(1, iterations / static_cast<uint64_t>(w)),
-                                                    floor_fn, &f);
+      floor_rates[w] =
+          rate_seconds > 0
+              ? sustained_for(w, rate_seconds, floor_fn, &f)
+              : sustained(w, std::max<uint64_t>(1, iterations / static_cast<uint64_t>(w)), floor_fn,
+                          &f);
       (w == 1 ? fail1 : fail2) += f;
     }
     double floor_r1 = floor_rates.count(1) ? floor_rates[1] : 0;
@@ -449,42 +476,48 @@ int main(int argc, char** argv) {
       auto st = [](const Stats& s) {
         char b[256];
         std::snprintf(b, sizeof b,
-                      "{\"n\":%zu,\"failures\":%zu,\"p50_ms\":%.3f,\"p90_ms\":%.3f,\"p99_ms\":%.3f,\"mean_ms\":%.3f}", s.n,
-                      s.failures, s.p50_ms, s.p90_ms, s.p99_ms, s.mean_ms);
+                      "{\"n\":%zu,\"failures\":%zu,\"p50_ms\":%.3f,\"p90_ms\":%.3f,\"p99_ms\":%.3f,"
+                      "\"mean_ms\":%.3f}",
+                      s.n, s.failures, s.p50_ms, s.p90_ms, s.p99_ms, s.mean_ms);
         return std::string(b);
       };
       std::printf(
-          "{\"iterations\":%llu,\"cgroup\":\"%s\",\"floor\":%s,\"floor_rate_1w\":%.1f,\"floor_rate_2w\":%.1f,"
-          "\"backend_create_destroy\":%s,\"backend_create_ready_destroy\":%s,\"backend_rate_1w\":%.1f,"
+          "{\"iterations\":%llu,\"cgroup\":\"%s\",\"floor\":%s,\"floor_rate_1w\":%.1f,\"floor_rate_"
+          "2w\":%.1f,"
+          "\"backend_create_destroy\":%s,\"backend_create_ready_destroy\":%s,\"backend_rate_1w\":%."
+          "1f,"
           "\"backend_rate_2w\":%.1f,\"ratio_p50\":%.3f,\"ratio_ready_p50\":%.3f,\"agent\":\"%s\","
           "\"backend_create_only\":%s,\"backend_destroy_only\":%s,\"floor_rates\":{%s},"
           "\"floor_samples_ms\":[%s]}\n",
           static_cast<unsigned long long>(iterations),
-          layout->version == tp::sys::CgroupVersion::kV1 ? "v1" : "v2", st(sf).c_str(), floor_r1, floor_r2,
-          st(sc).c_str(), st(sr).c_str(), be_r1, be_r2, ratio, ratio_ready, agent.c_str(), st(s_co).c_str(),
-          st(s_do).c_str(), join_rates(floor_rates).c_str(), samples ? join_samples(t_floor).c_str() : "");
+          layout->version == tp::sys::CgroupVersion::kV1 ? "v1" : "v2", st(sf).c_str(), floor_r1,
+          floor_r2, st(sc).c_str(), st(sr).c_str(), be_r1, be_r2, ratio, ratio_ready, agent.c_str(),
+          st(s_co).c_str(), st(s_do).c_str(), join_rates(floor_rates).c_str(),
+          samples ? join_samples(t_floor).c_str() : "");
     } else {
       auto row = [](const char* name, const Stats& s) {
-        std::printf("%-34s %8.2f %8.2f %8.2f %8.2f %6zu %5zu\n", name, s.p50_ms, s.p90_ms, s.p99_ms, s.mean_ms, s.n,
-                    s.failures);
+        std::printf("%-34s %8.2f %8.2f %8.2f %8.2f %6zu %5zu\n", name, s.p50_ms, s.p90_ms, s.p99_ms,
+                    s.mean_ms, s.n, s.failures);
       };
       std::printf("cgroups %s, %llu iterations in %d interleaved rounds\n",
                   layout->version == tp::sys::CgroupVersion::kV1 ? "v1" : "v2",
                   static_cast<unsigned long long>(iterations), kRounds);
-      std::printf("%-34s %8s %8s %8s %8s %6s %5s\n", "", "p50 ms", "p90", "p99", "mean", "n", "fail");
+      std::printf("%-34s %8s %8s %8s %8s %6s %5s\n", "", "p50 ms", "p90", "p99", "mean", "n",
+                  "fail");
       row("floor (full, CLONE_VM, bb true)", sf);
       if (with_backend) {
         row("ContainerBackend create+destroy", sc);
         row("  create only", s_co);
         row("  destroy only", s_do);
         row("create + wait kReady + destroy", sr);
-        std::printf("ratio runtime/floor p50: %.2f (with kReady %.2f); agent %s\n", ratio, ratio_ready, agent.c_str());
+        std::printf("ratio runtime/floor p50: %.2f (with kReady %.2f); agent %s\n", ratio,
+                    ratio_ready, agent.c_str());
       }
-      std::printf("sustained floor:   %.0f/s (1 worker), %.0f/s (2 workers); failures %zu/%zu\n", floor_r1, floor_r2,
-                  fail1, fail2);
+      std::printf("sustained floor:   %.0f/s (1 worker), %.0f/s (2 workers); failures %zu/%zu\n",
+                  floor_r1, floor_r2, fail1, fail2);
       if (with_backend)
-        std::printf("sustained runtime: %.0f/s (1 worker), %.0f/s (2 workers); failures %zu/%zu\n", be_r1, be_r2,
-                    bfail1, bfail2);
+        std::printf("sustained runtime: %.0f/s (1 worker), %.0f/s (2 workers); failures %zu/%zu\n",
+                    be_r1, be_r2, bfail1, bfail2);
     }
     if (f_floor || f_create || f_ready || fail1 || fail2 || bfail1 || bfail2) rc = 3;
     backend.reset();

@@ -9,12 +9,11 @@
 // that name sandboxes get not_found, creations fail after validation.
 // Oracles: every request is answered exactly once, promptly (no hang), with a
 // valid status; an error answer is a JSON object {code, message}.
+#include <atomic>
 #include <boost/asio/io_context.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 #include <boost/json.hpp>
-
-#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -44,7 +43,8 @@ void check(bool ok, const char* what) {
 class FailingBackend : public tp::runtime::Backend {
  public:
   std::string tier() const override { return "container"; }
-  tp::Result<std::unique_ptr<tp::runtime::SandboxInstance>> create(const tp::runtime::SandboxSpec&) override {
+  tp::Result<std::unique_ptr<tp::runtime::SandboxInstance>> create(
+      const tp::runtime::SandboxSpec&) override {
     return tp::fail(tp::Code::kUnavailable, "fuzz backend creates nothing");
   }
   std::vector<std::string> cleanup_orphans(const std::vector<std::string>&) override { return {}; }
@@ -135,7 +135,8 @@ void serve(tp::api::Request& req) {
     boost::system::error_code ec;
     auto v = boost::json::parse(res->body, ec);
     check(!ec && v.is_object(), "error body is not a JSON object");
-    check(v.as_object().contains("code") && v.as_object().contains("message"), "error lacks code/message");
+    check(v.as_object().contains("code") && v.as_object().contains("message"),
+          "error lacks code/message");
   }
 }
 
@@ -154,7 +155,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     g_uses = 0;
   }
   // Also the JSON helpers on the raw input, as a body.
-  if (auto o = tp::json_util::parse_object(std::string_view(reinterpret_cast<const char*>(data), size))) {
+  if (auto o = tp::json_util::parse_object(
+          std::string_view(reinterpret_cast<const char*>(data), size))) {
     (void)tp::json_util::get_command(*o, "cmd");
     (void)tp::json_util::get_string_map(*o, "env");
     (void)tp::json_util::get_int(*o, "n", 0, -5, 5);

@@ -18,7 +18,6 @@
 #include <unistd.h>
 
 #include <boost/asio/io_context.hpp>
-
 #include <chrono>
 #include <csignal>
 #include <cstdint>
@@ -110,7 +109,8 @@ void exercise_message(const Message& m) {
     }
   }
   // Agent-side read-only file requests.
-  if (m.type == MsgType::kFileStat || m.type == MsgType::kFileList || m.type == MsgType::kFileRead) {
+  if (m.type == MsgType::kFileStat || m.type == MsgType::kFileList ||
+      m.type == MsgType::kFileRead) {
     Message answer = fixture().files->handle(m);
     check(answer.id == m.id, "file answer id");
     check(answer.type == MsgType::kOk || answer.type == MsgType::kError, "file answer type");
@@ -152,10 +152,11 @@ void run_client(const uint8_t* data, size_t size) {
   h.on_done = [&](tp::Result<tp::node::ExecResult>) { ++callbacks; };
   client->exec(req, std::move(h));  // id 1
   ++expected;
-  client->read_file("/f", 1 << 20, [&](tp::Result<std::string>) { ++callbacks; });  // id 2
-  client->stat("/f", [&](tp::Result<tp::node::FileEntry>) { ++callbacks; });          // id 3
+  client->read_file("/f", 1 << 20, [&](tp::Result<std::string>) { ++callbacks; });          // id 2
+  client->stat("/f", [&](tp::Result<tp::node::FileEntry>) { ++callbacks; });                // id 3
   client->list("/d/", [&](tp::Result<std::vector<tp::node::FileEntry>>) { ++callbacks; });  // id 4
-  client->write_file("/w", std::string(10, 'a'), 0644, true, [&](tp::Result<uint64_t>) { ++callbacks; });
+  client->write_file("/w", std::string(10, 'a'), 0644, true,
+                     [&](tp::Result<uint64_t>) { ++callbacks; });
   expected += 4;
   // The node writes requests to sv[1]; drain them so that writes never block.
   // Send the forged bytes, then EOF: every pending request must complete.

@@ -66,22 +66,22 @@ struct Command {
   uint64_t start_us = 0;
   uint64_t deadline_us = 0;  // 0 = none
   uint64_t limit = kDefaultOutputLimit;
-  bool started = false;      // kStarted sent
-  bool failed = false;       // kError sent (the command never ran)
+  bool started = false;  // kStarted sent
+  bool failed = false;   // kError sent (the command never ran)
   bool kill_sent = false;
   bool timed_out = false;
   bool have_report = false;
-  InitReport report;         // fallback mode; cgroup mode fills it from wait4
-  pid_t pid = 0;             // the command's pid in the agent's namespace
-  bool main_done = false;    // cgroup mode: the main pid was reaped
-  bool draining = false;     // cgroup mode: waiting for the cgroup to empty
+  InitReport report;       // fallback mode; cgroup mode fills it from wait4
+  pid_t pid = 0;           // the command's pid in the agent's namespace
+  bool main_done = false;  // cgroup mode: the main pid was reaped
+  bool draining = false;   // cgroup mode: waiting for the cgroup to empty
   uint64_t drain_checks = 0;
   std::vector<pid_t> members;  // cgroup mode: members at the last non-empty check
   bool got_failure = false;
   ExecFailure failure;
   std::string stdin_buf;
   size_t stdin_off = 0;
-  bool stdin_eof = false;    // close stdin once stdin_buf is written
+  bool stdin_eof = false;  // close stdin once stdin_buf is written
   uint64_t forwarded[3] = {0, 0, 0};
   bool truncated[3] = {false, false, false};
 };
@@ -128,8 +128,8 @@ class Agent {
   sys::UniqueFd ctl_;
   sys::UniqueFd sigfd_;
   FileService files_;
-  sys::UniqueFd listen_;           // --listen-fd: where a node connects again
-  uint64_t orphan_since_us_ = 0;   // when the last session ended (no ctl_)
+  sys::UniqueFd listen_;          // --listen-fd: where a node connects again
+  uint64_t orphan_since_us_ = 0;  // when the last session ended (no ctl_)
   std::optional<proto::FrameReader> reader_{std::in_place};
   size_t reader_fed_ = 0;  // bytes fed since the reader was last renewed
   Session session_;        // what goes to the node, and what is kept until it acks
@@ -148,8 +148,8 @@ class Agent {
 // session knows as an exec) are held until the node acknowledges them.
 void Agent::send(Message m, uint32_t owner) {
   (void)owner;
-  bool exec = m.type == MsgType::kStarted || m.type == MsgType::kOutput || m.type == MsgType::kExit ||
-              (m.type == MsgType::kError && session_.holds(m.id));
+  bool exec = m.type == MsgType::kStarted || m.type == MsgType::kOutput ||
+              m.type == MsgType::kExit || (m.type == MsgType::kError && session_.holds(m.id));
   size_t size = 0;
   for (const auto& f : m.fields) size += f.second.size();
   if (size > 4096) heap_used_ = true;
@@ -282,11 +282,14 @@ void Agent::handle_exec(const Message& m) {
   };
   // Refusals of an id already in use are not the command's answers: not held.
   if (cmds_.count(m.id) || session_.holds(m.id)) {
-    session_.send(proto::make_error(m.id, code_name(Code::kConflict), 0, "request id already in use"), false);
+    session_.send(
+        proto::make_error(m.id, code_name(Code::kConflict), 0, "request id already in use"), false);
     return;
   }
   if (auto meta = m.get(Tag::kMeta); meta && meta->size() > proto::kMaxMeta) {
-    session_.send(proto::make_error(m.id, code_name(Code::kInvalidArgument), 0, "exec: META too large"), false);
+    session_.send(
+        proto::make_error(m.id, code_name(Code::kInvalidArgument), 0, "exec: META too large"),
+        false);
     return;
   }
   session_.note_exec(m.id, m.get(Tag::kMeta).value_or(""));
@@ -294,7 +297,8 @@ void Agent::handle_exec(const Message& m) {
   for (auto a : m.all(Tag::kArg)) spec.argv.emplace_back(a);
   std::vector<std::string> env;
   for (auto e : m.all(Tag::kEnv)) env.emplace_back(e);
-  if (spec.argv.empty() || spec.argv[0].empty()) return reject(Code::kInvalidArgument, "exec: empty argv");
+  if (spec.argv.empty() || spec.argv[0].empty())
+    return reject(Code::kInvalidArgument, "exec: empty argv");
   for (const auto* list : {&spec.argv, &env})
     for (const auto& s : *list)
       if (s.find('\0') != std::string::npos)
@@ -307,7 +311,8 @@ void Agent::handle_exec(const Message& m) {
     return reject(Code::kInvalidArgument, "exec: bad cwd");
   uint64_t uid = m.u64(Tag::kUid, 0);
   uint64_t gid = m.has(Tag::kGid) ? m.u64(Tag::kGid) : uid;
-  if (uid > 0xfffffffeull || gid > 0xfffffffeull) return reject(Code::kInvalidArgument, "exec: bad uid/gid");
+  if (uid > 0xfffffffeull || gid > 0xfffffffeull)
+    return reject(Code::kInvalidArgument, "exec: bad uid/gid");
   spec.uid = static_cast<uint32_t>(uid);
   spec.gid = static_cast<uint32_t>(gid);
   spec.env = build_env(env, spec.uid);
@@ -315,7 +320,8 @@ void Agent::handle_exec(const Message& m) {
   const CgroupRoot* root = cgroup_root_.fd >= 0 ? &cgroup_root_ : nullptr;
   auto sp = spawn_command(spec, root, ++cgroup_seq_);
   if (!sp) {
-    send(proto::make_error(m.id, code_name(sp.error().code), sp.error().sys_errno, sp.error().context));
+    send(proto::make_error(m.id, code_name(sp.error().code), sp.error().sys_errno,
+                           sp.error().context));
     return;
   }
   auto c = std::make_unique<Command>();
@@ -334,8 +340,8 @@ void Agent::handle_exec(const Message& m) {
     if (ref.sp.failed) {
       ref.failed = true;
       const ExecFailure& f = ref.sp.failure;
-      send(proto::make_error(ref.id, code_name(f.err ? code_from_errno(f.err) : Code::kInternal), f.err,
-                             std::string_view(f.what, strnlen(f.what, sizeof(f.what)))));
+      send(proto::make_error(ref.id, code_name(f.err ? code_from_errno(f.err) : Code::kInternal),
+                             f.err, std::string_view(f.what, strnlen(f.what, sizeof(f.what)))));
       ref.sp.stdin_w.reset();
       ref.sp.stdout_r.reset();
       ref.sp.stderr_r.reset();
@@ -410,7 +416,8 @@ void Agent::on_exec_chan(Command& c) {
   if (c.got_failure || c.pid == 0) {
     c.failed = true;
     int e = c.got_failure ? c.failure.err : 0;
-    std::string what = c.got_failure ? c.failure.what : "command init died before the command started";
+    std::string what =
+        c.got_failure ? c.failure.what : "command init died before the command started";
     send(proto::make_error(c.id, code_name(e ? code_from_errno(e) : Code::kInternal), e, what));
     c.sp.stdin_w.reset();
     c.sp.stdout_r.reset();
@@ -543,8 +550,7 @@ void Agent::drain(Command& c) {
     if (inits_.count(pid)) continue;  // reused meanwhile by another command's main process
     if (::waitpid(pid, &st, WNOHANG) == 0) return;
   }
-  if (auto r = c.sp.cgroup.remove(); !r)
-    log_line("tp-agent: %s\n", r.error().message().c_str());
+  if (auto r = c.sp.cgroup.remove(); !r) log_line("tp-agent: %s\n", r.error().message().c_str());
   finish(c, 0);
 }
 
@@ -576,8 +582,10 @@ void Agent::finish(Command& c, int init_status) {
     int sig = 0;
     if (c.have_report) {
       int ws = c.report.wait_status;
-      if (WIFEXITED(ws)) code = WEXITSTATUS(ws);
-      else if (WIFSIGNALED(ws)) sig = WTERMSIG(ws);
+      if (WIFEXITED(ws))
+        code = WEXITSTATUS(ws);
+      else if (WIFSIGNALED(ws))
+        sig = WTERMSIG(ws);
     } else {
       sig = WIFSIGNALED(init_status) ? WTERMSIG(init_status) : SIGKILL;
     }
@@ -648,7 +656,8 @@ int Agent::run() {
       slots.push_back(Slot{k, id});
     };
     if (ctl_) {
-      short ctl_ev = (session_.unsent_bytes() < kMaxOutQueue ? POLLIN : 0) | (session_.want_write() ? POLLOUT : 0);
+      short ctl_ev = (session_.unsent_bytes() < kMaxOutQueue ? POLLIN : 0) |
+                     (session_.want_write() ? POLLOUT : 0);
       add(ctl_.get(), ctl_ev, Kind::kCtl, 0);
     }
     if (listen_) add(listen_.get(), POLLIN, Kind::kListen, 0);
@@ -680,7 +689,8 @@ int Agent::run() {
       }
       // Cgroup mode, waiting for the cgroup to empty: a reap normally ends it;
       // the tick covers members leaving in other ways (and forks racing a kill).
-      if (c.draining && (!next_deadline || now + 20000 < next_deadline)) next_deadline = now + 20000;
+      if (c.draining && (!next_deadline || now + 20000 < next_deadline))
+        next_deadline = now + 20000;
       if (c.sp.exec_chan) add(c.sp.exec_chan.get(), POLLIN, Kind::kExecChan, id);
       if (c.sp.init_chan) add(c.sp.init_chan.get(), POLLIN, Kind::kInitChan, id);
       if (c.started && session_.held_bytes(id) < kMaxQueuedPerCommand) {
@@ -731,17 +741,26 @@ int Agent::run() {
       if (it == cmds_.end()) continue;  // finished earlier in this round
       Command& c = *it->second;
       switch (s.kind) {
-        case Kind::kExecChan: if (c.sp.exec_chan) on_exec_chan(c); break;
+        case Kind::kExecChan:
+          if (c.sp.exec_chan) on_exec_chan(c);
+          break;
         case Kind::kInitChan:
           if (c.sp.init_chan) on_init_chan(c);
           // The report comes once the init has reaped every process of the command:
           // answer now rather than after the init's own exit (reaped later, in reap()).
           if (c.have_report) finish(c, 0);
           break;
-        case Kind::kStdout: on_pipe(c, 1, false); break;
-        case Kind::kStderr: on_pipe(c, 2, false); break;
-        case Kind::kStdin: on_stdin(c); break;
-        default: break;
+        case Kind::kStdout:
+          on_pipe(c, 1, false);
+          break;
+        case Kind::kStderr:
+          on_pipe(c, 2, false);
+          break;
+        case Kind::kStdin:
+          on_stdin(c);
+          break;
+        default:
+          break;
       }
     }
     if (stop) break;
@@ -771,8 +790,10 @@ int main(int argc, char** argv) {
   auto opts = parse_options(argc, argv);
   if (!opts) {
     log_line("tp-agent: %s\n", opts.error().message().c_str());
-    log_line("usage: tp-agent [--fd N] [--listen-fd N] [--orphan-timeout S] [--root DIR] [--cgroup-fd N] "
-             "[--resolve auto|openat2|walk]\n");
+    log_line(
+        "usage: tp-agent [--fd N] [--listen-fd N] [--orphan-timeout S] [--root DIR] [--cgroup-fd "
+        "N] "
+        "[--resolve auto|openat2|walk]\n");
     return 2;
   }
   // Keep the heap small and give it back: no dynamic mmap threshold growth,

@@ -7,10 +7,10 @@
 #include <poll.h>
 #include <sched.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/signalfd.h>
-#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -109,7 +109,8 @@ void drop_ptrace_cap() {
     // First, and while still the agent's uid (the cgroup's files are the
     // sandbox root's): everything the command starts is born in its cgroup.
     int fd = ::openat(ctx.cgroup_dir, ctx.join_file, O_WRONLY | O_CLOEXEC);
-    if (fd < 0 || ::write(fd, "0", 1) != 1) report_failure(ctx, "join cgroup", ctx.join_file, errno);
+    if (fd < 0 || ::write(fd, "0", 1) != 1)
+      report_failure(ctx, "join cgroup", ctx.join_file, errno);
     ::close(fd);
   }
   ::setsid();
@@ -142,9 +143,11 @@ void drop_ptrace_cap() {
   if (::setgroups(0, nullptr) != 0 && change) report_failure(ctx, "setgroups", "0", errno);
   if (change) {
     std::snprintf(num, sizeof(num), "%u", spec.gid);
-    if (::setresgid(spec.gid, spec.gid, spec.gid) != 0) report_failure(ctx, "setresgid", num, errno);
+    if (::setresgid(spec.gid, spec.gid, spec.gid) != 0)
+      report_failure(ctx, "setresgid", num, errno);
     std::snprintf(num, sizeof(num), "%u", spec.uid);
-    if (::setresuid(spec.uid, spec.uid, spec.uid) != 0) report_failure(ctx, "setresuid", num, errno);
+    if (::setresuid(spec.uid, spec.uid, spec.uid) != 0)
+      report_failure(ctx, "setresuid", num, errno);
   }
   drop_ptrace_cap();
   // After the id change, which clears it.
@@ -268,7 +271,8 @@ void close_all_but(std::vector<int> keep) {
   unsigned lo = 3;
   for (int k : keep) {
     if (k < static_cast<int>(lo)) continue;
-    if (static_cast<unsigned>(k) > lo) ::syscall(SYS_close_range, lo, static_cast<unsigned>(k - 1), 0u);
+    if (static_cast<unsigned>(k) > lo)
+      ::syscall(SYS_close_range, lo, static_cast<unsigned>(k - 1), 0u);
     lo = static_cast<unsigned>(k) + 1;
   }
   ::syscall(SYS_close_range, lo, ~0u, 0u);
@@ -443,9 +447,11 @@ Result<Spawned> spawn_command(const ExecSpec& spec, const CgroupRoot* cgroup_roo
     s.cgroup = std::move(*cg);
   } else {
     int ex[2], ic[2];
-    if (::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, ex) != 0) return sys_error("socketpair");
+    if (::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, ex) != 0)
+      return sys_error("socketpair");
     sys::UniqueFd ex_a(ex[0]), ex_c(ex[1]);
-    if (::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, ic) != 0) return sys_error("socketpair");
+    if (::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, ic) != 0)
+      return sys_error("socketpair");
     sys::UniqueFd ic_a(ic[0]), ic_c(ic[1]);
     int one = 1;
     if (::setsockopt(ex_a.get(), SOL_SOCKET, SO_PASSCRED, &one, sizeof(one)) != 0)

@@ -90,7 +90,7 @@ struct ExecFailure {
   char what[120] = {};  // "chdir /x", "execve sh", ...
 };
 struct InitRequest {
-  char op = 'S';        // 'S' forward signal, 'K' kill everything
+  char op = 'S';  // 'S' forward signal, 'K' kill everything
   int32_t signo = 0;
 };
 struct InitReport {
@@ -104,13 +104,13 @@ struct Spawned {
   // Cgroup mode: the command's main pid. Fallback: the command init's pid
   // (the command's own pid arrives on the exec channel).
   pid_t pid = -1;
-  bool via_init = false;  // fallback mode
-  sys::UniqueFd stdin_w;    // non-blocking
-  sys::UniqueFd stdout_r;   // non-blocking
-  sys::UniqueFd stderr_r;   // non-blocking
+  bool via_init = false;   // fallback mode
+  sys::UniqueFd stdin_w;   // non-blocking
+  sys::UniqueFd stdout_r;  // non-blocking
+  sys::UniqueFd stderr_r;  // non-blocking
   // Cgroup mode.
   CommandCgroup cgroup;
-  bool failed = false;    // the child gave up before execve: `failure` says why
+  bool failed = false;  // the child gave up before execve: `failure` says why
   ExecFailure failure;
   // Fallback mode.
   sys::UniqueFd exec_chan;  // agent end, SO_PASSCRED set

@@ -73,7 +73,8 @@ Result<CgroupRoot> probe_cgroup_root(int fd) {
     r.kind = CgroupKind::kV1Freezer;
     return r;
   }
-  return fail(Code::kInvalidArgument, "--cgroup-fd: not a cgroup v2 directory nor a v1 freezer cgroup");
+  return fail(Code::kInvalidArgument,
+              "--cgroup-fd: not a cgroup v2 directory nor a v1 freezer cgroup");
 }
 
 CommandCgroup::CommandCgroup(CommandCgroup&& o) noexcept

@@ -167,8 +167,8 @@ Result<uint64_t> FileService::write(const Message& req) {
   std::string path = req.str(Tag::kPath);
   TP_TRY(Resolver::check_path(path));
   bool append = req.flag(Tag::kAppend);
-  mode_t mode = req.has(Tag::kMode) ? static_cast<mode_t>(req.u64(Tag::kMode) & 07777)
-                                    : kDefaultFileMode;
+  mode_t mode =
+      req.has(Tag::kMode) ? static_cast<mode_t>(req.u64(Tag::kMode) & 07777) : kDefaultFileMode;
   if (req.flag(Tag::kParents)) {
     auto [dir, name] = Resolver::split_last(path);
     if (!name.empty()) TP_TRY(mkdir_parents(dir, kDefaultDirMode));
@@ -200,8 +200,8 @@ Result<Message> FileService::read(const Message& req) {
   std::string data(length, '\0');
   size_t got = 0;
   while (got < length) {
-    ssize_t n = ::pread(fd->get(), data.data() + got, length - got,
-                        static_cast<off_t>(offset + got));
+    ssize_t n =
+        ::pread(fd->get(), data.data() + got, length - got, static_cast<off_t>(offset + got));
     if (n < 0) {
       if (errno == EINTR) continue;
       return call_error("pread", path, errno);
@@ -223,7 +223,8 @@ Result<Message> FileService::stat(const Message& req) {
   struct stat st {};
   std::string target;
   if (p->name.empty()) {
-    if (::fstatat(p->dir.get(), "", &st, AT_EMPTY_PATH) != 0) return call_error("fstat", path, errno);
+    if (::fstatat(p->dir.get(), "", &st, AT_EMPTY_PATH) != 0)
+      return call_error("fstat", path, errno);
   } else {
     if (::fstatat(p->dir.get(), p->name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0)
       return call_error("fstatat", path, errno);
@@ -300,8 +301,8 @@ Result<void> FileService::remove(const Message& req) {
 Result<void> FileService::mkdir(const Message& req) {
   std::string path = req.str(Tag::kPath);
   TP_TRY(Resolver::check_path(path));
-  mode_t mode = req.has(Tag::kMode) ? static_cast<mode_t>(req.u64(Tag::kMode) & 07777)
-                                    : kDefaultDirMode;
+  mode_t mode =
+      req.has(Tag::kMode) ? static_cast<mode_t>(req.u64(Tag::kMode) & 07777) : kDefaultDirMode;
   if (req.flag(Tag::kParents)) return mkdir_parents(path, mode);
   auto p = resolver_.parent(path);
   if (!p) return std::unexpected(p.error());
@@ -326,7 +327,8 @@ Result<void> FileService::mkdir_parents(const std::string& path, mode_t mode) {
     if (fd) continue;
     int e = fd.error().sys_errno;
     if (e == ENOTDIR)
-      return std::unexpected(Error{Code::kConflict, ENOTDIR, "mkdir " + prefix + " (exists, not a directory)"});
+      return std::unexpected(
+          Error{Code::kConflict, ENOTDIR, "mkdir " + prefix + " (exists, not a directory)"});
     if (e != ENOENT) return std::unexpected(fd.error());
     auto p = resolver_.parent(prefix);
     if (!p) return std::unexpected(p.error());
@@ -336,7 +338,8 @@ Result<void> FileService::mkdir_parents(const std::string& path, mode_t mode) {
     auto again = resolver_.open(prefix, O_PATH | O_DIRECTORY);
     if (!again) {
       if (again.error().sys_errno == ENOTDIR)
-        return std::unexpected(Error{Code::kConflict, ENOTDIR, "mkdir " + prefix + " (exists, not a directory)"});
+        return std::unexpected(
+            Error{Code::kConflict, ENOTDIR, "mkdir " + prefix + " (exists, not a directory)"});
       return std::unexpected(again.error());
     }
   }

@@ -38,8 +38,10 @@ Result<Options> parse_options(int argc, char** argv) {
       long n = std::strtol(s.c_str(), &end, 10);
       if (s.empty() || *end != '\0' || n < 0 || n > 1 << 20)
         return fail(Code::kInvalidArgument, std::string(a) + ": not a number in range: " + s);
-      if (a == "--listen-fd") o.listen_fd = static_cast<int>(n);
-      else o.orphan_timeout_s = static_cast<unsigned>(n);
+      if (a == "--listen-fd")
+        o.listen_fd = static_cast<int>(n);
+      else
+        o.orphan_timeout_s = static_cast<unsigned>(n);
     } else if (a == "--root") {
       auto v = need();
       if (!v) return std::unexpected(v.error());
@@ -48,10 +50,14 @@ Result<Options> parse_options(int argc, char** argv) {
     } else if (a == "--resolve") {
       auto v = need();
       if (!v) return std::unexpected(v.error());
-      if (*v == "auto") o.resolve = Resolver::Mode::kAuto;
-      else if (*v == "openat2") o.resolve = Resolver::Mode::kOpenat2;
-      else if (*v == "walk") o.resolve = Resolver::Mode::kWalk;
-      else return fail(Code::kInvalidArgument, "--resolve: auto, openat2 or walk");
+      if (*v == "auto")
+        o.resolve = Resolver::Mode::kAuto;
+      else if (*v == "openat2")
+        o.resolve = Resolver::Mode::kOpenat2;
+      else if (*v == "walk")
+        o.resolve = Resolver::Mode::kWalk;
+      else
+        return fail(Code::kInvalidArgument, "--resolve: auto, openat2 or walk");
     } else {
       return fail(Code::kInvalidArgument, "unknown argument: " + std::string(argv[i]));
     }

@@ -65,7 +65,8 @@ Result<void> Resolver::check_path(std::string_view path) {
   if (path.empty()) return fail(Code::kInvalidArgument, "empty path");
   if (path.find('\0') != std::string_view::npos)
     return fail(Code::kInvalidArgument, "path contains a NUL byte");
-  if (path[0] != '/') return fail(Code::kInvalidArgument, "path is not absolute: " + std::string(path));
+  if (path[0] != '/')
+    return fail(Code::kInvalidArgument, "path is not absolute: " + std::string(path));
   return {};
 }
 

@@ -61,7 +61,8 @@ class Resolver {
   bool uses_openat2() const { return use_openat2_; }
 
  private:
-  Resolver(sys::UniqueFd root, bool use_openat2) : root_(std::move(root)), use_openat2_(use_openat2) {}
+  Resolver(sys::UniqueFd root, bool use_openat2)
+      : root_(std::move(root)), use_openat2_(use_openat2) {}
   Result<sys::UniqueFd> open_openat2(std::string_view path, int flags, mode_t mode) const;
   Result<sys::UniqueFd> open_walk(std::string_view path, int flags, mode_t mode) const;
 

@@ -124,8 +124,8 @@ bool Session::flush(int fd) {
         return true;
       }
     }
-    const std::string& b = cur_ == Src::kTransient ? transient_.front()
-                                                   : held_[send_seq_ - held_.front().seq].bytes;
+    const std::string& b =
+        cur_ == Src::kTransient ? transient_.front() : held_[send_seq_ - held_.front().seq].bytes;
     ssize_t n = ::write(fd, b.data() + cur_off_, b.size() - cur_off_);
     if (n < 0) {
       if (errno == EINTR) continue;

@@ -72,6 +72,7 @@ class Session {
   size_t unsent_bytes() const { return transient_bytes_ + unsent_held_; }
   // Nothing queued, held or recorded: the agent may give memory back.
   bool idle() const { return transient_.empty() && held_.empty() && cmds_.empty(); }
+
  private:
   struct Held {
     uint64_t seq;

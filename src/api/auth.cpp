@@ -9,7 +9,6 @@
 
 #include <CLI/CLI.hpp>
 #include <boost/json.hpp>
-
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -82,7 +81,8 @@ Result<std::vector<ApiKey>> parse_keys(const std::string& text, const std::strin
     key.scope = str("scope");
     key.name = str("name");
     key.sha256 = str("sha256");
-    if (const auto* c = k.if_contains("created_ms"); c && c->is_int64()) key.created_ms = c->get_int64();
+    if (const auto* c = k.if_contains("created_ms"); c && c->is_int64())
+      key.created_ms = c->get_int64();
     if (key.id.empty() || key.sha256.size() != 64 || (key.scope != "admin" && key.scope != "user"))
       return fail(Code::kInternal, path + ": malformed key entry '" + key.id + "'");
     keys.push_back(std::move(key));
@@ -155,8 +155,10 @@ Result<void> KeyFile::save(const std::vector<ApiKey>& keys) const {
   return {};
 }
 
-Result<std::pair<ApiKey, std::string>> KeyFile::create(const std::string& scope, const std::string& name) {
-  if (scope != "admin" && scope != "user") return fail(Code::kInvalidArgument, "scope must be admin or user, got '" + scope + "'");
+Result<std::pair<ApiKey, std::string>> KeyFile::create(const std::string& scope,
+                                                       const std::string& name) {
+  if (scope != "admin" && scope != "user")
+    return fail(Code::kInvalidArgument, "scope must be admin or user, got '" + scope + "'");
   auto lock = lock_keys(path_);
   if (!lock) return std::unexpected(lock.error());
   auto keys = load();
@@ -198,7 +200,8 @@ Result<ApiKey> Auth::find_key(const std::string& secret) {
   struct stat st {};
   Stamp now;
   if (::stat(opts_.key_file.c_str(), &st) == 0) {
-    now = Stamp{st.st_ino, static_cast<uint64_t>(st.st_size), st.st_mtim.tv_sec * 1'000'000'000ll + st.st_mtim.tv_nsec};
+    now = Stamp{st.st_ino, static_cast<uint64_t>(st.st_size),
+                st.st_mtim.tv_sec * 1'000'000'000ll + st.st_mtim.tv_nsec};
   }
   if (!(now == stamp_)) {
     // Changed (or first use): reload. A broken file refuses every key rather
@@ -292,7 +295,8 @@ sys::HostReader host_reader(const Request& req) {
   const Caller& c = req.caller;
   if (c.unix_socket()) return sys::HostReader::peer(c.uid, c.gid, c.groups);
   if (c.scope == "admin") return sys::HostReader::under(c.import_roots);
-  if (c.scope == "user") return sys::HostReader::refuse("naming a host path needs an admin API key");
+  if (c.scope == "user")
+    return sys::HostReader::refuse("naming a host path needs an admin API key");
   return sys::HostReader::refuse("naming a host path needs the unix socket or an admin API key");
 }
 
@@ -303,12 +307,16 @@ int keys_main(int argc, char** argv) {
   app.require_subcommand(1);
   std::string scope = "user", name, id;
   auto* create = app.add_subcommand("create", "create a key and print it (shown only this once)");
-  create->add_option("--scope", scope, "admin or user")->capture_default_str()->check(CLI::IsMember({"admin", "user"}));
+  create->add_option("--scope", scope, "admin or user")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"admin", "user"}));
   create->add_option("--name", name, "a label for the key");
   auto* list = app.add_subcommand("list", "list keys (id, scope, name, created)");
-  auto* revoke = app.add_subcommand("revoke", "revoke a key by id; a running daemon stops accepting it");
+  auto* revoke =
+      app.add_subcommand("revoke", "revoke a key by id; a running daemon stops accepting it");
   revoke->add_option("id", id, "key id")->required();
-  for (auto* s : {create, list, revoke}) s->add_option("--data-dir", data_dir, "the daemon's data directory");
+  for (auto* s : {create, list, revoke})
+    s->add_option("--data-dir", data_dir, "the daemon's data directory");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -325,7 +333,8 @@ int keys_main(int argc, char** argv) {
   if (create->parsed()) {
     auto r = f.create(scope, name);
     if (!r) return die(r.error().message());
-    std::cerr << "created key " << r->first.id << " (scope " << scope << "); it is shown only once:\n";
+    std::cerr << "created key " << r->first.id << " (scope " << scope
+              << "); it is shown only once:\n";
     std::cout << r->second << std::endl;
     return 0;
   }
@@ -334,8 +343,8 @@ int keys_main(int argc, char** argv) {
     if (!keys) return die(keys.error().message());
     std::printf("%-12s %-6s %-25s %s\n", "ID", "SCOPE", "CREATED", "NAME");
     for (const auto& k : *keys)
-      std::printf("%-12s %-6s %-25s %s\n", k.id.c_str(), k.scope.c_str(), json_util::rfc3339(k.created_ms).c_str(),
-                  k.name.c_str());
+      std::printf("%-12s %-6s %-25s %s\n", k.id.c_str(), k.scope.c_str(),
+                  json_util::rfc3339(k.created_ms).c_str(), k.name.c_str());
     return 0;
   }
   auto r = f.revoke(id);

@@ -42,7 +42,9 @@ struct ApiKey {
 class KeyFile {
  public:
   explicit KeyFile(std::string path) : path_(std::move(path)) {}
-  static std::string in_data_dir(const std::string& data_dir) { return data_dir + "/api_keys.json"; }
+  static std::string in_data_dir(const std::string& data_dir) {
+    return data_dir + "/api_keys.json";
+  }
   const std::string& path() const { return path_; }
 
   // All keys; a missing file is no keys.

@@ -1,15 +1,15 @@
 #include "api/daemon.h"
 
+#include <fmt/format.h>
 #include <grp.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <atomic>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/signal_set.hpp>
-
-#include <atomic>
 #include <filesystem>
 #include <iostream>
 #include <thread>
@@ -19,7 +19,6 @@
 #include "api/image_routes.h"
 #include "api/routes.h"
 #include "common/log.h"
-#include <fmt/format.h>
 #include "control/sqlite/sandbox_store.h"
 #include "image/image_store.h"
 #include "image/image_user.h"
@@ -91,10 +90,12 @@ int daemon_main(int argc, char** argv) {
   std::vector<std::string> import_roots;
   app.add_option("--listen", listen, "HOST:PORT to serve HTTP on (API keys required; '' = no TCP)")
       ->capture_default_str();
-  app.add_option("--socket", socket_path, "unix socket to serve HTTP on ('' = none); callers are known by uid")
+  app.add_option("--socket", socket_path,
+                 "unix socket to serve HTTP on ('' = none); callers are known by uid")
       ->capture_default_str();
   app.add_flag("--insecure-tcp", insecure_tcp,
-               "serve TCP without API keys (loopback addresses only): any local user may then use the daemon");
+               "serve TCP without API keys (loopback addresses only): any local user may then use "
+               "the daemon");
   app.add_option("--import-root", import_roots,
                  "directory under which admin API keys may name host paths (repeatable)");
   std::string step_retention = "24h";
@@ -102,21 +103,25 @@ int daemon_main(int argc, char** argv) {
   app.add_option("--data-dir", data_dir, "directory for state, images and sandboxes")
       ->capture_default_str();
   app.add_option("--role", role, "all (API + node + embedded store)")->capture_default_str();
-  app.add_option("--log-level", log_level, "trace, debug, info, warn, error")->capture_default_str();
+  app.add_option("--log-level", log_level, "trace, debug, info, warn, error")
+      ->capture_default_str();
   app.add_option("--node", node, "this node's name; it prefixes every sandbox id")
       ->capture_default_str();
   app.add_option("--agent", agent, "path of the static tp-agent binary")->capture_default_str();
   app.add_option("--io-threads", io_threads, "HTTP and agent I/O threads")
       ->capture_default_str()
       ->check(CLI::Range(1u, 64u));
-  app.add_option("--image-budget-mb", image_budget_mb, "total size of stored image layers; 0 = no budget")
+  app.add_option("--image-budget-mb", image_budget_mb,
+                 "total size of stored image layers; 0 = no budget")
       ->capture_default_str();
-  app.add_option("--layer-max-mb", layer_max_mb, "largest unpacked layer accepted")->capture_default_str();
+  app.add_option("--layer-max-mb", layer_max_mb, "largest unpacked layer accepted")
+      ->capture_default_str();
   app.add_option("--step-retention", step_retention,
                  "how long a sandbox's step log (and its Idempotency-Keys) outlives the sandbox")
       ->capture_default_str();
-  app.add_flag("--stop-sandboxes-on-exit", stop_sandboxes_on_exit,
-               "on SIGTERM/SIGINT stop every sandbox instead of leaving them running for the next daemon");
+  app.add_flag(
+      "--stop-sandboxes-on-exit", stop_sandboxes_on_exit,
+      "on SIGTERM/SIGINT stop every sandbox instead of leaving them running for the next daemon");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -135,13 +140,15 @@ int daemon_main(int argc, char** argv) {
   uint16_t port = 0;
   if (!listen.empty() && !parse_listen(listen, &host, &port))
     return die("--listen must be HOST:PORT, got '" + listen + "'");
-  if (listen.empty() && socket_path.empty()) return die("--listen '' and --socket '' leave nothing to serve on");
+  if (listen.empty() && socket_path.empty())
+    return die("--listen '' and --socket '' leave nothing to serve on");
   if (insecure_tcp && !listen.empty() && !is_loopback(host))
     return die("--insecure-tcp is allowed only on a loopback address, not " + host);
   for (auto& r : import_roots) {
     std::error_code rec;
     auto c = std::filesystem::canonical(r, rec);
-    if (rec || !std::filesystem::is_directory(c)) return die("--import-root " + r + " is not a directory");
+    if (rec || !std::filesystem::is_directory(c))
+      return die("--import-root " + r + " is not a directory");
     r = c.string();
   }
   if (geteuid() != 0) return die("must run as root (it creates namespaces, cgroups and mounts)");
@@ -192,13 +199,12 @@ int daemon_main(int argc, char** argv) {
   Api api(mgr, metrics);
   auto retention = node::StepLog::parse_duration(step_retention);
   if (!retention) return die("--step-retention: " + retention.error().message());
-  auto steps = node::StepLog::open({.data_dir = data_dir, .retention = *retention,
-                                     .is_live = [&mgr](const std::string& id) {
-                                       auto r = mgr.get(id);
-                                       if (!r) return r.error().code != Code::kNotFound;
-                                       return r->state == "creating" || r->state == "running" ||
-                                              r->state == "paused";
-                                     }});
+  auto steps = node::StepLog::open(
+      {.data_dir = data_dir, .retention = *retention, .is_live = [&mgr](const std::string& id) {
+         auto r = mgr.get(id);
+         if (!r) return r.error().code != Code::kNotFound;
+         return r->state == "creating" || r->state == "running" || r->state == "paused";
+       }});
   if (!steps) return die("step log: " + steps.error().message());
   std::shared_ptr<node::StepLog> step_log = std::move(*steps);
   api.set_step_log(step_log);
@@ -234,14 +240,18 @@ int daemon_main(int argc, char** argv) {
   aopts.import_roots = import_roots;
   Auth auth(aopts);
   Handler inner = [&api](Request& req, std::shared_ptr<Responder> res) { api.handle(req, res); };
-  Handler outer = [&auth, &inner](Request& req, std::shared_ptr<Responder> res) { auth.handle(req, res, inner); };
+  Handler outer = [&auth, &inner](Request& req, std::shared_ptr<Responder> res) {
+    auth.handle(req, res, inner);
+  };
   HttpServer server(io, outer, 1ull << 30);
   HttpServer unix_server(io, outer, 1ull << 30);
   if (!listen.empty()) {
     if (auto r = server.start(host, port); !r) return die(r.error().message());
     if (insecure_tcp)
-      spdlog::warn("--insecure-tcp: {}:{} accepts requests without an API key; every local user can use the daemon",
-                   host, server.port());
+      spdlog::warn(
+          "--insecure-tcp: {}:{} accepts requests without an API key; every local user can use the "
+          "daemon",
+          host, server.port());
   }
   if (!socket_path.empty()) {
     if (auto r = secure_socket(socket_path); !r) return die(r.error().message());
@@ -272,8 +282,8 @@ int daemon_main(int argc, char** argv) {
   std::string where;
   if (!listen.empty()) where = "http://" + host + ":" + std::to_string(server.port());
   if (!socket_path.empty()) where += (where.empty() ? "unix:" : " and unix:") + socket_path;
-  std::cout << "tidepoold ready on " << where << " (data dir " << data_dir << ", node " << node << ")"
-            << std::endl;
+  std::cout << "tidepoold ready on " << where << " (data dir " << data_dir << ", node " << node
+            << ")" << std::endl;
   std::vector<std::thread> threads;
   for (unsigned i = 1; i < io_threads; ++i) threads.emplace_back([&io] { io.run(); });
   io.run();

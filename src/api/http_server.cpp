@@ -1,15 +1,14 @@
 #include "api/http_server.h"
 
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <boost/asio/strand.hpp>
 #include <boost/asio/write.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 #include <boost/json.hpp>
-
-#include <sys/socket.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <cstring>
 #include <deque>
 
@@ -145,42 +144,49 @@ class Session : public Responder, public std::enable_shared_from_this<Session<Pr
 
  public:
   Session(typename Protocol::socket sock, Handler& handler, size_t max_body, Caller caller)
-      : stream_(std::move(sock)), handler_(handler), max_body_(max_body), caller_(std::move(caller)) {}
+      : stream_(std::move(sock)),
+        handler_(handler),
+        max_body_(max_body),
+        caller_(std::move(caller)) {}
 
-  void run() { asio::dispatch(stream_.get_executor(), [self = shared_from_this()] { self->read(); }); }
+  void run() {
+    asio::dispatch(stream_.get_executor(), [self = shared_from_this()] { self->read(); });
+  }
 
   void send(int status, std::string content_type, std::string body) override {
-    asio::post(stream_.get_executor(), [self = shared_from_this(), status,
-                                        ct = std::move(content_type), b = std::move(body)]() mutable {
-      if (self->answered_) return;
-      self->answered_ = true;
-      std::string h = self->head(status, ct);
-      h += "Content-Length: " + std::to_string(b.size()) + "\r\n\r\n";
-      self->status_ = status;
-      if (self->method_ == "HEAD") {
-        self->enqueue(std::move(h));
-      } else if (b.size() <= kCopyBodyMax) {
-        self->enqueue(std::move(h += b));  // one write for a small answer
-      } else {
-        // A big body goes as its own buffer: not copied again, freed once written.
-        self->enqueue(std::move(h));
-        self->enqueue(std::move(b));
-      }
-      self->finished_ = true;
-      self->maybe_next();
-    });
+    asio::post(stream_.get_executor(),
+               [self = shared_from_this(), status, ct = std::move(content_type),
+                b = std::move(body)]() mutable {
+                 if (self->answered_) return;
+                 self->answered_ = true;
+                 std::string h = self->head(status, ct);
+                 h += "Content-Length: " + std::to_string(b.size()) + "\r\n\r\n";
+                 self->status_ = status;
+                 if (self->method_ == "HEAD") {
+                   self->enqueue(std::move(h));
+                 } else if (b.size() <= kCopyBodyMax) {
+                   self->enqueue(std::move(h += b));  // one write for a small answer
+                 } else {
+                   // A big body goes as its own buffer: not copied again, freed once written.
+                   self->enqueue(std::move(h));
+                   self->enqueue(std::move(b));
+                 }
+                 self->finished_ = true;
+                 self->maybe_next();
+               });
   }
 
   void start_stream(int status, std::string content_type) override {
-    asio::post(stream_.get_executor(), [self = shared_from_this(), status, ct = std::move(content_type)] {
-      if (self->answered_) return;
-      self->answered_ = true;
-      self->streaming_ = true;
-      self->status_ = status;
-      std::string h = self->head(status, ct);
-      h += "Transfer-Encoding: chunked\r\nX-Accel-Buffering: no\r\n\r\n";
-      self->enqueue(std::move(h));
-    });
+    asio::post(stream_.get_executor(),
+               [self = shared_from_this(), status, ct = std::move(content_type)] {
+                 if (self->answered_) return;
+                 self->answered_ = true;
+                 self->streaming_ = true;
+                 self->status_ = status;
+                 std::string h = self->head(status, ct);
+                 h += "Transfer-Encoding: chunked\r\nX-Accel-Buffering: no\r\n\r\n";
+                 self->enqueue(std::move(h));
+               });
   }
 
   void write_chunk(std::string data) override {
@@ -203,10 +209,10 @@ class Session : public Responder, public std::enable_shared_from_this<Session<Pr
   }
 
   void add_header(std::string name, std::string value) override {
-    asio::post(stream_.get_executor(), [self = shared_from_this(), n = std::move(name),
-                                        v = std::move(value)] {
-      if (!self->answered_) self->extra_headers_ += n + ": " + v + "\r\n";
-    });
+    asio::post(stream_.get_executor(),
+               [self = shared_from_this(), n = std::move(name), v = std::move(value)] {
+                 if (!self->answered_) self->extra_headers_ += n + ": " + v + "\r\n";
+               });
   }
 
   void set_on_abort(std::function<void()> cb) override {
@@ -233,8 +239,9 @@ class Session : public Responder, public std::enable_shared_from_this<Session<Pr
     on_abort_ = nullptr;
     extra_headers_.clear();
     stream_.expires_never();
-    http::async_read(stream_, buf_, *parser_,
-                     [self = shared_from_this()](beast::error_code ec, size_t) { self->on_read(ec); });
+    http::async_read(
+        stream_, buf_, *parser_,
+        [self = shared_from_this()](beast::error_code ec, size_t) { self->on_read(ec); });
   }
 
   void on_read(beast::error_code ec) {
@@ -281,16 +288,17 @@ class Session : public Responder, public std::enable_shared_from_this<Session<Pr
   // long calls (a command) can be cancelled instead of running for nobody.
   void watch_peer() {
     if (finished_ || closed_) return;
-    stream_.socket().async_wait(asio::socket_base::wait_read, [self = shared_from_this()](beast::error_code ec) {
-      if (ec || self->finished_ || self->closed_) return;
-      beast::error_code ec2;
-      if (self->stream_.socket().available(ec2) == 0 || ec2) {
-        char c;
-        auto n = ::recv(self->stream_.socket().native_handle(), &c, 1, MSG_PEEK | MSG_DONTWAIT);
-        if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK)) self->close();
-      }
-      // Data (a pipelined request) is left for the next read.
-    });
+    stream_.socket().async_wait(
+        asio::socket_base::wait_read, [self = shared_from_this()](beast::error_code ec) {
+          if (ec || self->finished_ || self->closed_) return;
+          beast::error_code ec2;
+          if (self->stream_.socket().available(ec2) == 0 || ec2) {
+            char c;
+            auto n = ::recv(self->stream_.socket().native_handle(), &c, 1, MSG_PEEK | MSG_DONTWAIT);
+            if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK)) self->close();
+          }
+          // Data (a pipelined request) is left for the next read.
+        });
   }
 
   void enqueue(std::string data) {
@@ -336,8 +344,10 @@ class Session : public Responder, public std::enable_shared_from_this<Session<Pr
     closed_ = true;
     beast::error_code ec;
     stream_.socket().close(ec);
-    if (answered_ && !finished_ && on_abort_) std::exchange(on_abort_, nullptr)();
-    else if (!answered_ && on_abort_) std::exchange(on_abort_, nullptr)();
+    if (answered_ && !finished_ && on_abort_)
+      std::exchange(on_abort_, nullptr)();
+    else if (!answered_ && on_abort_)
+      std::exchange(on_abort_, nullptr)();
   }
 
   Stream stream_;
@@ -362,7 +372,11 @@ class Session : public Responder, public std::enable_shared_from_this<Session<Pr
 }  // namespace
 
 HttpServer::HttpServer(asio::io_context& io, Handler handler, size_t max_body_bytes)
-    : io_(io), handler_(std::move(handler)), max_body_(max_body_bytes), acceptor_(io), unix_acceptor_(io) {}
+    : io_(io),
+      handler_(std::move(handler)),
+      max_body_(max_body_bytes),
+      acceptor_(io),
+      unix_acceptor_(io) {}
 
 HttpServer::~HttpServer() { stop(); }
 
@@ -375,7 +389,9 @@ Result<void> HttpServer::start(const std::string& host, uint16_t port) {
   if (!ec) acceptor_.set_option(asio::socket_base::reuse_address(true), ec);
   if (!ec) acceptor_.bind(ep, ec);
   if (!ec) acceptor_.listen(asio::socket_base::max_listen_connections, ec);
-  if (ec) return fail(Code::kUnavailable, "listen(" + host + ":" + std::to_string(port) + "): " + ec.message());
+  if (ec)
+    return fail(Code::kUnavailable,
+                "listen(" + host + ":" + std::to_string(port) + "): " + ec.message());
   accept();
   return {};
 }
@@ -385,12 +401,14 @@ Result<void> HttpServer::start_unix(const std::string& path) {
   struct stat st {};
   if (::lstat(path.c_str(), &st) == 0) {
     // Only a socket left by an earlier run is replaced, never another file.
-    if (!S_ISSOCK(st.st_mode)) return fail(Code::kInvalidArgument, "--socket " + path + " exists and is not a socket");
+    if (!S_ISSOCK(st.st_mode))
+      return fail(Code::kInvalidArgument, "--socket " + path + " exists and is not a socket");
     // A socket someone still accepts on belongs to a running daemon: never take it over.
     local::socket probe(io_);
     beast::error_code pec;
     probe.connect(local::endpoint(path), pec);
-    if (!pec) return fail(Code::kConflict, "another daemon is serving on " + path + " (use --socket)");
+    if (!pec)
+      return fail(Code::kConflict, "another daemon is serving on " + path + " (use --socket)");
     ::unlink(path.c_str());
   }
   beast::error_code ec;
@@ -434,7 +452,8 @@ void HttpServer::accept() {
 
 void HttpServer::accept_unix() {
   using local = asio::local::stream_protocol;
-  unix_acceptor_.async_accept(asio::make_strand(io_), [this](beast::error_code ec, local::socket sock) {
+  unix_acceptor_.async_accept(asio::make_strand(io_), [this](beast::error_code ec,
+                                                             local::socket sock) {
     if (ec == asio::error::operation_aborted) return;
     if (!ec) {
       Caller c;

@@ -11,18 +11,17 @@
 // safe from any thread (they post to the connection's strand).
 #pragma once
 
+#include <sys/types.h>
+
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/local/stream_protocol.hpp>
 #include <boost/json/value.hpp>
-
 #include <functional>
 #include <map>
 #include <memory>
 #include <string>
 #include <vector>
-
-#include <sys/types.h>
 
 #include "common/result.h"
 
@@ -34,19 +33,19 @@ namespace tp::api {
 struct Caller {
   enum class Transport { kTcp, kUnix };
   Transport transport = Transport::kTcp;
-  uid_t uid = 0;  // unix only
-  gid_t gid = 0;  // unix only
-  std::vector<gid_t> groups;  // unix only: supplementary groups
-  std::string key_id;  // the API key used (TCP), empty when none
-  std::string scope;   // "admin" or "user" for a key; empty when none
+  uid_t uid = 0;                          // unix only
+  gid_t gid = 0;                          // unix only
+  std::vector<gid_t> groups;              // unix only: supplementary groups
+  std::string key_id;                     // the API key used (TCP), empty when none
+  std::string scope;                      // "admin" or "user" for a key; empty when none
   std::vector<std::string> import_roots;  // admin key: host paths are read under these only
   bool unix_socket() const { return transport == Transport::kUnix; }
 };
 
 struct Request {
-  std::string method;  // "GET", ...
-  std::string target;  // raw target, e.g. /v1/sandboxes?label=a%3Db
-  std::string path;    // decoded path without the query
+  std::string method;                             // "GET", ...
+  std::string target;                             // raw target, e.g. /v1/sandboxes?label=a%3Db
+  std::string path;                               // decoded path without the query
   std::multimap<std::string, std::string> query;  // decoded
   std::map<std::string, std::string> headers;     // lower-case names
   std::string body;

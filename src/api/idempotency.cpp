@@ -24,7 +24,8 @@ void replay(Responder& res, int status, const std::string& ct, std::string body)
 
 void replay_record(Responder& res, Result<node::StepRecord>& rec) {
   if (!rec) {
-    res.send_error(Error{Code::kInternal, 0, "the recorded answer cannot be read: " + rec.error().message()});
+    res.send_error(
+        Error{Code::kInternal, 0, "the recorded answer cannot be read: " + rec.error().message()});
     return;
   }
   replay(res, rec->status, rec->content_type, std::move(rec->answer));
@@ -56,7 +57,10 @@ class IdempotencyCache::Recorder : public Responder {
  public:
   Recorder(IdempotencyCache& cache, std::string key, std::string scope, node::StepRecord rec,
            std::shared_ptr<Responder> inner)
-      : cache_(cache), key_(std::move(key)), scope_(std::move(scope)), rec_(std::move(rec)),
+      : cache_(cache),
+        key_(std::move(key)),
+        scope_(std::move(scope)),
+        rec_(std::move(rec)),
         inner_(std::move(inner)) {}
   ~Recorder() override {
     // An answer that never completed is recorded as such; it also releases the waiters.
@@ -86,8 +90,10 @@ class IdempotencyCache::Recorder : public Responder {
     rec_.status = status;
     rec_.content_type = ct;
     auto side = cache_.log_->new_side(scope_);
-    if (side) side_ = std::move(*side);
-    else spdlog::error("step log: key {}: {}", key_, side.error().message());
+    if (side)
+      side_ = std::move(*side);
+    else
+      spdlog::error("step log: key {}: {}", key_, side.error().message());
     inner_->start_stream(status, std::move(ct));
   }
   void write_chunk(std::string d) override {
@@ -99,9 +105,11 @@ class IdempotencyCache::Recorder : public Responder {
     // Output goes on at once (a stream must not lag); the terminal event of an exec
     // stream (its last line) waits for the record.
     // (Output lines carry base64, so these fields cannot appear in them.)
-    if (d.find(R"("type":"exit")") != std::string::npos || d.find(R"("type":"error")") != std::string::npos)
+    if (d.find(R"("type":"exit")") != std::string::npos ||
+        d.find(R"("type":"error")") != std::string::npos)
       held_ = std::move(d);
-    else inner_->write_chunk(std::move(d));
+    else
+      inner_->write_chunk(std::move(d));
   }
   void end_stream() override {
     std::lock_guard lk(mu_);
@@ -110,7 +118,9 @@ class IdempotencyCache::Recorder : public Responder {
     commit("", true);
   }
   void set_on_abort(std::function<void()> cb) override { inner_->set_on_abort(std::move(cb)); }
-  void add_header(std::string n, std::string v) override { inner_->add_header(std::move(n), std::move(v)); }
+  void add_header(std::string n, std::string v) override {
+    inner_->add_header(std::move(n), std::move(v));
+  }
 
  private:
   // Appends the record; the answer goes to the client (and the waiters) when it is durable.
@@ -126,18 +136,17 @@ class IdempotencyCache::Recorder : public Responder {
     auto* cache = &cache_;
     int status = rec_.status;
     std::string ct = rec_.content_type;
-    cache_.log_->append(
-        scope_, std::move(rec_), std::move(body), std::move(side_),
-        [cache, key = key_, inner = inner_, stream, status, ct = std::move(ct),
-         held = std::move(held_)](Result<void> r, std::string answer) mutable {
-          if (stream) {
-            if (!held.empty()) inner->write_chunk(std::move(held));
-            inner->end_stream();
-          } else {
-            inner->send(status, std::move(ct), std::move(answer));
-          }
-          cache->finished(key, r);
-        });
+    cache_.log_->append(scope_, std::move(rec_), std::move(body), std::move(side_),
+                        [cache, key = key_, inner = inner_, stream, status, ct = std::move(ct),
+                         held = std::move(held_)](Result<void> r, std::string answer) mutable {
+                          if (stream) {
+                            if (!held.empty()) inner->write_chunk(std::move(held));
+                            inner->end_stream();
+                          } else {
+                            inner->send(status, std::move(ct), std::move(answer));
+                          }
+                          cache->finished(key, r);
+                        });
   }
 
   IdempotencyCache& cache_;
@@ -163,9 +172,9 @@ std::shared_ptr<Responder> IdempotencyCache::begin(const Request& req, const std
   if (!log_) return res;
   auto fp = fingerprint(req);
   auto conflict = [&](const node::StepFingerprint& first) {
-    res->send_error(Error{Code::kConflict, 0,
-                          "Idempotency-Key was used for " + first.describe() +
-                              "; this request is " + fp.describe()});
+    res->send_error(Error{
+        Code::kConflict, 0,
+        "Idempotency-Key was used for " + first.describe() + "; this request is " + fp.describe()});
     return nullptr;
   };
   std::unique_lock lk(mu_);
@@ -193,8 +202,9 @@ std::shared_ptr<Responder> IdempotencyCache::begin(const Request& req, const std
   }
   if (log_->full()) {
     lk.unlock();
-    res->send_error(Error{Code::kResourceExhausted, 0,
-                          "too many recorded Idempotency-Keys; they are forgotten after the step retention"});
+    res->send_error(
+        Error{Code::kResourceExhausted, 0,
+              "too many recorded Idempotency-Keys; they are forgotten after the step retention"});
     return nullptr;
   }
   auto f = std::make_shared<Flight>();
@@ -222,14 +232,15 @@ void IdempotencyCache::finished(const std::string& key, const Result<void>& reco
   if (waiters.empty()) return;
   if (!recorded) {
     for (auto& w : waiters)
-      w->send_error(Error{Code::kUnavailable, 0,
-                          "the first request with this key could not be recorded: " +
-                              recorded.error().message()});
+      w->send_error(Error{
+          Code::kUnavailable, 0,
+          "the first request with this key could not be recorded: " + recorded.error().message()});
     return;
   }
   auto loc = log_->find(key);
   for (auto& w : waiters) {
-    Result<node::StepRecord> rec = loc ? log_->read(*loc, true) : fail(Code::kInternal, "key not in the step log");
+    Result<node::StepRecord> rec =
+        loc ? log_->read(*loc, true) : fail(Code::kInternal, "key not in the step log");
     replay_record(*w, rec);
   }
 }

@@ -5,7 +5,6 @@
 
 #include <boost/asio/post.hpp>
 #include <boost/json.hpp>
-
 #include <ctime>
 
 #include "api/auth.h"
@@ -76,14 +75,16 @@ json::object layer_json(const image::LayerInfo& l) {
 // itself: see sys/host_reader.h). The reader's own failure (e.g. permission
 // denied) wins over what the unpacker made of its partial output.
 Result<image::LayerInfo> layer_from_host(image::ImageStore& store, const sys::HostReader& who,
-                                         const std::string& dir, std::vector<std::shared_ptr<void>>* pins) {
+                                         const std::string& dir,
+                                         std::vector<std::shared_ptr<void>>* pins) {
   auto rd = sys::read_host_tar(who, dir);
   if (!rd) return std::unexpected(rd.error());
   auto li = store.add_layer_stream(image::fd_source(rd->fd()), "", "dir:" + dir, pins);
   auto done = rd->finish();
   // A refused stream (too large, a bad entry) ends the reader with a broken
   // pipe: then the unpacker's error is the one that explains.
-  if (!done && (li || done.error().code == Code::kPermissionDenied || done.error().code == Code::kNotFound)) {
+  if (!done && (li || done.error().code == Code::kPermissionDenied ||
+                done.error().code == Code::kNotFound)) {
     spdlog::info("image from host path {} refused: {}", dir, done.error().message());
     return std::unexpected(done.error());
   }
@@ -91,10 +92,12 @@ Result<image::LayerInfo> layer_from_host(image::ImageStore& store, const sys::Ho
 }
 
 // POST /v1/images body -> record (blocking: may store a directory layer).
-Result<ImageRecord> create_image(image::ImageStore& store, const sys::HostReader& who, const std::string& body) {
+Result<ImageRecord> create_image(image::ImageStore& store, const sys::HostReader& who,
+                                 const std::string& body) {
   auto o = json_util::parse_object(body);
   if (!o) return std::unexpected(o.error());
-  TP_TRY(json_util::only_keys(*o, {"name", "version", "parts", "dir", "env", "workdir", "user", "cmd"}));
+  TP_TRY(json_util::only_keys(
+      *o, {"name", "version", "parts", "dir", "env", "workdir", "user", "cmd"}));
   ImageRecord r;
   auto name = json_util::get_string(*o, "name", "");
   auto version = json_util::get_string(*o, "version", "");
@@ -109,7 +112,8 @@ Result<ImageRecord> create_image(image::ImageStore& store, const sys::HostReader
                          user ? nullptr : &user.error(), env ? nullptr : &env.error(),
                          parts ? nullptr : &parts.error(), cmd ? nullptr : &cmd.error()})
     if (e) return std::unexpected(*e);
-  if (!image::valid_image_name(*name)) return fail(Code::kInvalidArgument, "field 'name': invalid image name '" + *name + "'");
+  if (!image::valid_image_name(*name))
+    return fail(Code::kInvalidArgument, "field 'name': invalid image name '" + *name + "'");
   r.name = *name;
   r.parts = *parts;
   r.defaults.env = *env;
@@ -119,7 +123,8 @@ Result<ImageRecord> create_image(image::ImageStore& store, const sys::HostReader
   r.source = "compose";
   std::vector<std::shared_ptr<void>> pins;  // held until the record exists
   if (!dir->empty()) {
-    if ((*dir)[0] != '/') return fail(Code::kInvalidArgument, "field 'dir' must be an absolute host path");
+    if ((*dir)[0] != '/')
+      return fail(Code::kInvalidArgument, "field 'dir' must be an absolute host path");
     auto li = layer_from_host(store, who, *dir, &pins);
     if (!li) return std::unexpected(li.error());
     r.parts.insert(r.parts.begin(), li->digest);
@@ -134,8 +139,8 @@ struct Route {
   const char* pattern;
 };
 const std::vector<Route> kRoutes = {
-    {"GET", "/v1/images"},         {"POST", "/v1/images"},        {"POST", "/v1/images/import"},
-    {"POST", "/v1/images/build"},  {"POST", "/v1/images/gc"},     {"GET", "/v1/images/{ref}"},
+    {"GET", "/v1/images"},          {"POST", "/v1/images"},    {"POST", "/v1/images/import"},
+    {"POST", "/v1/images/build"},   {"POST", "/v1/images/gc"}, {"GET", "/v1/images/{ref}"},
     {"DELETE", "/v1/images/{ref}"}, {"GET", "/v1/layers"},
 };
 
@@ -264,8 +269,10 @@ bool ImageRoutes::handle(Request& req, std::shared_ptr<Responder> res) {
     std::string ref = p.substr(prefix.size());
     if (m == "GET") {
       auto r = store->get_image(ref);
-      if (!r) res->send_error(r.error());
-      else res->send_json(200, image_json(*store, *r));
+      if (!r)
+        res->send_error(r.error());
+      else
+        res->send_json(200, image_json(*store, *r));
       return true;
     }
     if (m == "DELETE") {
@@ -276,8 +283,10 @@ bool ImageRoutes::handle(Request& req, std::shared_ptr<Responder> res) {
       }
       json::object before = image_json(*store, *r);
       auto d = store->remove_image(r->name + ":" + r->version);
-      if (!d) res->send_error(d.error());
-      else res->send_json(200, before);
+      if (!d)
+        res->send_error(d.error());
+      else
+        res->send_json(200, before);
       return true;
     }
   }

@@ -17,7 +17,6 @@
 #pragma once
 
 #include <boost/asio/thread_pool.hpp>
-
 #include <memory>
 #include <string>
 #include <vector>

@@ -1,7 +1,6 @@
 #include "api/routes.h"
 
 #include <boost/json.hpp>
-
 #include <chrono>
 #include <ctime>
 #include <set>
@@ -20,7 +19,8 @@ namespace {
 // Wraps a Responder to count the answer's status in the metrics.
 class CountingResponder : public Responder {
  public:
-  CountingResponder(std::shared_ptr<Responder> inner, Metrics& m) : inner_(std::move(inner)), m_(m) {}
+  CountingResponder(std::shared_ptr<Responder> inner, Metrics& m)
+      : inner_(std::move(inner)), m_(m) {}
   void send(int status, std::string ct, std::string body) override {
     m_.count_http(status);
     inner_->send(status, std::move(ct), std::move(body));
@@ -32,7 +32,9 @@ class CountingResponder : public Responder {
   void write_chunk(std::string d) override { inner_->write_chunk(std::move(d)); }
   void end_stream() override { inner_->end_stream(); }
   void set_on_abort(std::function<void()> cb) override { inner_->set_on_abort(std::move(cb)); }
-  void add_header(std::string n, std::string v) override { inner_->add_header(std::move(n), std::move(v)); }
+  void add_header(std::string n, std::string v) override {
+    inner_->add_header(std::move(n), std::move(v));
+  }
 
  private:
   std::shared_ptr<Responder> inner_;
@@ -182,8 +184,10 @@ void Api::handle(Request& req, std::shared_ptr<Responder> raw) {
     Params params;
     bool ok = true;
     for (size_t i = 0; i < want.size() && ok; ++i) {
-      if (!want[i].empty() && want[i][0] == '{') params.emplace_back(have[i]);
-      else ok = want[i] == have[i];
+      if (!want[i].empty() && want[i][0] == '{')
+        params.emplace_back(have[i]);
+      else
+        ok = want[i] == have[i];
     }
     if (!ok) continue;
     path_matched = true;
@@ -193,7 +197,8 @@ void Api::handle(Request& req, std::shared_ptr<Responder> raw) {
     return;
   }
   if (path_matched)
-    res->send_error(Error{Code::kInvalidArgument, 0, "method " + req.method + " not allowed on " + req.path});
+    res->send_error(
+        Error{Code::kInvalidArgument, 0, "method " + req.method + " not allowed on " + req.path});
   else
     res->send_error(Error{Code::kNotFound, 0, "no route " + req.method + " " + req.path});
 }
@@ -203,8 +208,9 @@ void Api::health(Request&, const Params&, std::shared_ptr<Responder> res) {
 }
 
 void Api::version(Request&, const Params&, std::shared_ptr<Responder> res) {
-  res->send_json(200, json::object{{"version", TP_VERSION}, {"api", "v1"},
-                                   {"tiers", json::array{"container"}}});
+  res->send_json(
+      200,
+      json::object{{"version", TP_VERSION}, {"api", "v1"}, {"tiers", json::array{"container"}}});
 }
 
 void Api::metrics(Request&, const Params&, std::shared_ptr<Responder> res) {
@@ -216,8 +222,9 @@ namespace {
 Result<node::CreateParams> parse_create(const json::object& o, bool batch) {
   node::CreateParams p;
   if (batch) {
-    TP_TRY(json_util::only_keys(o, {"count", "image", "tier", "memory_mb", "cpus", "pids", "disk_mb",
-                                    "ttl_seconds", "idle_timeout_seconds", "labels", "env"}));
+    TP_TRY(
+        json_util::only_keys(o, {"count", "image", "tier", "memory_mb", "cpus", "pids", "disk_mb",
+                                 "ttl_seconds", "idle_timeout_seconds", "labels", "env"}));
   } else {
     TP_TRY(json_util::only_keys(o, {"image", "tier", "memory_mb", "cpus", "pids", "disk_mb",
                                     "ttl_seconds", "idle_timeout_seconds", "labels", "env"}));
@@ -270,8 +277,8 @@ Result<ExecSpec> parse_exec(const json::object& o, bool background) {
     TP_TRY(json_util::only_keys(o, {"cmd", "env", "cwd", "user", "timeout", "stdin",
                                     "max_output_bytes", "stream", "stdin_open"}));
   } else {
-    TP_TRY(json_util::only_keys(o, {"cmd", "env", "cwd", "user", "timeout", "stdin",
-                                    "max_output_bytes", "stream"}));
+    TP_TRY(json_util::only_keys(
+        o, {"cmd", "env", "cwd", "user", "timeout", "stdin", "max_output_bytes", "stream"}));
   }
   ExecSpec spec;
   node::ExecParams& ep = spec.params;
@@ -388,7 +395,8 @@ void Api::create_batch(Request& req, const Params&, std::shared_ptr<Responder> r
                                         {"message", it.error().message()}});
         }
       }
-      res->send_json(200, json::object{{"sandboxes", std::move(ok)}, {"errors", std::move(errors)}});
+      res->send_json(200,
+                     json::object{{"sandboxes", std::move(ok)}, {"errors", std::move(errors)}});
     });
   }
 }
@@ -402,7 +410,8 @@ void Api::list(Request& req, const Params&, std::shared_ptr<Responder> res) {
     labels[l.substr(0, eq)] = l.substr(eq + 1);
   }
   std::string state = req.q("state") ? *req.q("state") : "";
-  static const std::set<std::string> kStates = {"", "creating", "running", "paused", "stopped", "lost"};
+  static const std::set<std::string> kStates = {"",       "creating", "running",
+                                                "paused", "stopped",  "lost"};
   if (!kStates.count(state))
     return res->send_error(Error{Code::kInvalidArgument, 0, "unknown state '" + state + "'"});
   auto recs = mgr_.list(labels, state, truthy(req.q("all")));
@@ -547,7 +556,8 @@ void Api::file_write(Request& req, const Params& p, std::shared_ptr<Responder> r
 void Api::file_remove(Request& req, const Params& p, std::shared_ptr<Responder> res) {
   auto path = file_path(req);
   if (!path) return res->send_error(path.error());
-  if (*path == "/") return res->send_error(Error{Code::kInvalidArgument, 0, "refusing to remove /"});
+  if (*path == "/")
+    return res->send_error(Error{Code::kInvalidArgument, 0, "refusing to remove /"});
   auto sb = mgr_.ref(p[0]);
   if (!sb) return res->send_error(sb.error());
   sb->agent->remove(*path, truthy(req.q("recursive")), [res](Result<void> r) {
@@ -671,9 +681,10 @@ constexpr uint64_t kTarTimeoutMs = 600'000;
 
 Error tar_error(const node::ExecOutcome& o, const std::string& err, const std::string& path) {
   if (err.find("No space left") != std::string::npos)
-    return Error{Code::kInsufficientStorage, 0, "the sandbox's disk limit was reached under " + path};
-  if (err.find("No such file") != std::string::npos || err.find("Cannot open") != std::string::npos ||
-      err.find("Cannot chdir") != std::string::npos)
+    return Error{Code::kInsufficientStorage, 0,
+                 "the sandbox's disk limit was reached under " + path};
+  if (err.find("No such file") != std::string::npos ||
+      err.find("Cannot open") != std::string::npos || err.find("Cannot chdir") != std::string::npos)
     return Error{Code::kNotFound, 0, "tar " + path + ": " + err.substr(0, 300)};
   if (o.result.exit_code == 127)
     return Error{Code::kInvalidArgument, 0, "this sandbox's image has no tar"};
@@ -703,7 +714,8 @@ void Api::tar_download(Request& req, const Params& p, std::shared_ptr<Responder>
   cb.on_done = [res, acc, path = *path](Result<node::ExecOutcome> r) {
     if (!r) return res->send_error(r.error());
     if (r->result.stdout_truncated)
-      return res->send_error(Error{Code::kPayloadTooLarge, 0, path + " is larger than 1 GiB as tar"});
+      return res->send_error(
+          Error{Code::kPayloadTooLarge, 0, path + " is larger than 1 GiB as tar"});
     if (r->result.exit_code != 0) return res->send_error(tar_error(*r, acc->err, path));
     res->send(200, "application/x-tar", std::move(acc->out));
   };

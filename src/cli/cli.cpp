@@ -3,10 +3,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
-#include <cerrno>
 
 #include "cli/commands.h"
 #include "cli/parse.h"
@@ -95,8 +95,10 @@ std::string sandbox_path(const std::string& id) {
   std::string enc = url_encode(id);
   std::string safe;
   for (char c : enc) {
-    if (c == '/') safe += "%2F";
-    else safe += c;
+    if (c == '/')
+      safe += "%2F";
+    else
+      safe += c;
   }
   return "/v1/sandboxes/" + safe;
 }
@@ -107,14 +109,15 @@ int main(int argc, char** argv) {
   std::signal(SIGPIPE, SIG_IGN);
 
   Context ctx;
-  CLI::App app{"tidepool: command-line client of tidepoold, the Tidepool sandbox daemon.\n"
-               "The daemon is found through --url, else $TIDEPOOL_URL, else the unix socket\n"
-               "($TIDEPOOL_SOCKET, else " + std::string(kDefaultSocket) + ") when it exists, else " +
-                   std::string(kDefaultUrl) + ".\nOver TCP, --api-key or $TIDEPOOL_API_KEY is sent as a bearer token.",
-               "tidepool"};
+  CLI::App app{
+      "tidepool: command-line client of tidepoold, the Tidepool sandbox daemon.\n"
+      "The daemon is found through --url, else $TIDEPOOL_URL, else the unix socket\n"
+      "($TIDEPOOL_SOCKET, else " +
+          std::string(kDefaultSocket) + ") when it exists, else " + std::string(kDefaultUrl) +
+          ".\nOver TCP, --api-key or $TIDEPOOL_API_KEY is sent as a bearer token.",
+      "tidepool"};
   app.set_version_flag("--version", "tidepool " TP_VERSION);
-  app.add_option("--url", ctx.url_flag, "daemon URL (overrides $TIDEPOOL_URL)")
-      ->type_name("URL");
+  app.add_option("--url", ctx.url_flag, "daemon URL (overrides $TIDEPOOL_URL)")->type_name("URL");
   app.add_option("--api-key", ctx.api_key_flag, "API key for TCP (overrides $TIDEPOOL_API_KEY)")
       ->type_name("KEY");
   app.require_subcommand(1);

@@ -55,7 +55,8 @@ int upload(Context& ctx, const std::string& local, RemotePath remote) {
     if (::fstat(fd, &st) == 0) {
       if (S_ISDIR(st.st_mode)) {
         ::close(fd);
-        return report(Error{Code::kInvalidArgument, 0, local + " is a directory (cp copies one file)"});
+        return report(
+            Error{Code::kInvalidArgument, 0, local + " is a directory (cp copies one file)"});
       }
       mode = st.st_mode & 0777;
     }
@@ -65,13 +66,14 @@ int upload(Context& ctx, const std::string& local, RemotePath remote) {
     data = std::move(*in);
   }
   // "ID:/dir/" means "into /dir", keeping the local name.
-  if (!remote.path.empty() && remote.path.back() == '/' && local != "-") remote.path += base_name(local);
+  if (!remote.path.empty() && remote.path.back() == '/' && local != "-")
+    remote.path += base_name(local);
   char mode_text[8];
   std::snprintf(mode_text, sizeof mode_text, "%o", mode);
   auto client = ctx.client();
   if (!client) return report(client.error());
-  auto r = (*client)->request(Method::kPut, files_target(remote, std::string("&mode=") + mode_text), data,
-                              "application/octet-stream");
+  auto r = (*client)->request(Method::kPut, files_target(remote, std::string("&mode=") + mode_text),
+                              data, "application/octet-stream");
   if (!r) return report(r.error());
   return kExitOk;
 }
@@ -129,8 +131,7 @@ Action add_cp(CLI::App& root, Context& ctx) {
   };
   auto st = std::make_shared<State>();
   CLI::App* sub = root.add_subcommand(
-      "cp",
-      "Copy a file: cp LOCAL ID:/path (upload; '-' = stdin), cp ID:/path LOCAL|- (download)");
+      "cp", "Copy a file: cp LOCAL ID:/path (upload; '-' = stdin), cp ID:/path LOCAL|- (download)");
   sub->add_option("src", st->src, "source: local path, '-' or ID:/path")->required();
   sub->add_option("dst", st->dst, "destination: ID:/path, local path or '-'")->required();
   return [st, &ctx]() -> int {

@@ -6,7 +6,6 @@
 #include <unistd.h>
 
 #include <boost/json.hpp>
-
 #include <cstdio>
 
 #include "cli/commands.h"
@@ -70,12 +69,14 @@ Action add_image(CLI::App& root, Context& ctx) {
   auto f = std::make_shared<ImageFlags>();
   CLI::App* img = root.add_subcommand("image", "Manage images: import, build, ls, inspect, rm, gc");
   img->require_subcommand(1);
-  CLI::App* imp = img->add_subcommand("import", "Import a docker-save or OCI archive, or a tar as one layer");
+  CLI::App* imp =
+      img->add_subcommand("import", "Import a docker-save or OCI archive, or a tar as one layer");
   imp->add_option("file", f->file, "archive file ('-' = stdin)")->required();
   imp->add_option("--name", f->name, "image name (default: the archive's tag)");
   imp->add_option("--version", f->version, "image version (default: the tag's, else next integer)");
   imp->add_option("--kind", f->kind, "auto, docker, oci or layer")->capture_default_str();
-  CLI::App* build = img->add_subcommand("build", "Build a Debian image with mmdebstrap from a JSON spec file");
+  CLI::App* build =
+      img->add_subcommand("build", "Build a Debian image with mmdebstrap from a JSON spec file");
   build->add_option("spec", f->spec, "spec file ('-' = stdin)")->required();
   CLI::App* ls = img->add_subcommand("ls", "List images");
   ls->add_flag("--json", f->json, "print the daemon's JSON");
@@ -130,10 +131,12 @@ Action add_image(CLI::App& root, Context& ctx) {
           for (const auto& x : arr->as_array()) {
             if (!x.is_object()) continue;
             const auto& o = x.as_object();
-            size_t n = o.contains("layers") && o.at("layers").is_array() ? o.at("layers").as_array().size() : 0;
+            size_t n = o.contains("layers") && o.at("layers").is_array()
+                           ? o.at("layers").as_array().size()
+                           : 0;
             std::printf("%-32s %-8zu %10s %-20s %s\n", str_of(o, "ref").c_str(), n,
-                        human_bytes(num_of(o, "size_bytes")).c_str(), str_of(o, "source").substr(0, 20).c_str(),
-                        str_of(o, "created_at").c_str());
+                        human_bytes(num_of(o, "size_bytes")).c_str(),
+                        str_of(o, "source").substr(0, 20).c_str(), str_of(o, "created_at").c_str());
           }
       return kExitOk;
     }
@@ -154,8 +157,11 @@ Action add_image(CLI::App& root, Context& ctx) {
       if (!r) return report(r.error());
       if (r->is_object()) {
         const auto& o = r->as_object();
-        size_t n = o.contains("removed") && o.at("removed").is_array() ? o.at("removed").as_array().size() : 0;
-        std::printf("removed %zu layers, freed %s\n", n, human_bytes(num_of(o, "freed_bytes")).c_str());
+        size_t n = o.contains("removed") && o.at("removed").is_array()
+                       ? o.at("removed").as_array().size()
+                       : 0;
+        std::printf("removed %zu layers, freed %s\n", n,
+                    human_bytes(num_of(o, "freed_bytes")).c_str());
       }
       return kExitOk;
     }

@@ -1,9 +1,8 @@
 // tidepool ls: list sandboxes as a table (or the daemon's JSON with --json).
 #include <algorithm>
+#include <boost/json/serialize.hpp>
 #include <cstdio>
 #include <ctime>
-
-#include <boost/json/serialize.hpp>
 
 #include "cli/commands.h"
 #include "cli/parse.h"
@@ -50,7 +49,8 @@ std::vector<std::string> row_of(const boost::json::object& sb, std::time_t now) 
   if (const auto* l = sb.if_contains("labels"); l && l->is_object()) {
     std::vector<std::string> kv;
     for (const auto& [k, v] : l->get_object()) {
-      kv.push_back(std::string(k) + "=" + (v.is_string() ? std::string(v.get_string()) : boost::json::serialize(v)));
+      kv.push_back(std::string(k) + "=" +
+                   (v.is_string() ? std::string(v.get_string()) : boost::json::serialize(v)));
     }
     std::sort(kv.begin(), kv.end());
     for (const auto& x : kv) labels += (labels.empty() ? "" : ",") + x;
@@ -75,8 +75,10 @@ Action add_ls(CLI::App& root, Context& ctx) {
   };
   auto st = std::make_shared<State>();
   CLI::App* sub = root.add_subcommand("ls", "List sandboxes (live ones unless --all)");
-  sub->add_option("--label", st->labels, "only sandboxes with label KEY=VALUE (repeatable; all must match)")
-      ->type_name("K=V")->allow_extra_args(false);
+  sub->add_option("--label", st->labels,
+                  "only sandboxes with label KEY=VALUE (repeatable; all must match)")
+      ->type_name("K=V")
+      ->allow_extra_args(false);
   sub->add_flag("-a,--all", st->all, "include ended sandboxes");
   sub->add_flag("--json", st->json, "print the daemon's JSON array instead of a table");
   return [st, &ctx]() -> int {
@@ -92,7 +94,8 @@ Action add_ls(CLI::App& root, Context& ctx) {
     if (!resp) return report(resp.error());
     const boost::json::array* list = nullptr;
     if (resp->is_object()) {
-      if (const auto* s = resp->get_object().if_contains("sandboxes"); s && s->is_array()) list = &s->get_array();
+      if (const auto* s = resp->get_object().if_contains("sandboxes"); s && s->is_array())
+        list = &s->get_array();
     }
     if (list == nullptr) return report(Error{Code::kInternal, 0, "tidepoold sent no sandbox list"});
     if (st->json) {

@@ -6,8 +6,8 @@
 
 #include <array>
 #include <atomic>
-#include <optional>
 #include <cmath>
+#include <optional>
 
 #include "cli/commands.h"
 
@@ -72,8 +72,9 @@ Action add_run(CLI::App& root, Context& ctx) {
     if (!create_req) return usage_error(create_req.error().message());
     auto exec_req = st->exec.to_request();
     if (!exec_req) {
-      return exec_req.error().code == Code::kInvalidArgument ? usage_error(exec_req.error().message())
-                                                             : report(exec_req.error());
+      return exec_req.error().code == Code::kInvalidArgument
+                 ? usage_error(exec_req.error().message())
+                 : report(exec_req.error());
     }
     if (!create_req->contains("ttl_seconds")) {
       if (const auto* t = exec_req->if_contains("timeout"); t && t->is_double()) {
@@ -109,8 +110,10 @@ Action add_run(CLI::App& root, Context& ctx) {
         // Checked after publishing the fd: a signal either saw the fd or is seen here.
         if (g_signal.load() == 0) {
           auto code = stream_exec(**client, id, *exec_req);
-          if (code) rc = *code;
-          else failure = code.error();
+          if (code)
+            rc = *code;
+          else
+            failure = code.error();
         }
         g_stream_fd.store(-1);
       }

@@ -8,7 +8,6 @@
 
 #include <CLI/CLI.hpp>
 #include <boost/json/object.hpp>
-
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -32,7 +31,7 @@ constexpr const char* kDefaultSocket = "/run/tidepool/tidepool.sock";
 // Where the daemon is and a lazily opened connection to it.
 class Context {
  public:
-  std::string url_flag;  // --url, empty when not given
+  std::string url_flag;      // --url, empty when not given
   std::string api_key_flag;  // --api-key, empty when not given
 
   // --url, else TIDEPOOL_URL, else the unix socket ($TIDEPOOL_SOCKET or the default
@@ -108,7 +107,8 @@ struct ExecFlags {
 // Runs a command with a streamed answer, copying its stdout and stderr to this process's
 // fds 1 and 2 as the pieces arrive. Returns the exit code this process should use
 // (see exit_status_for), or an error (daemon unreachable, exec refused, stream broken).
-Result<int> stream_exec(HttpClient& client, const std::string& id, const boost::json::object& request);
+Result<int> stream_exec(HttpClient& client, const std::string& id,
+                        const boost::json::object& request);
 
 // Maps a command's end to this process's exit code: 124 when timed out, 128+signal when
 // killed by a signal, else the exit code (1 if it is out of range).

@@ -3,7 +3,6 @@
 
 #include <boost/json/parse.hpp>
 #include <boost/json/serialize.hpp>
-
 #include <cstdio>
 
 #include "cli/commands.h"
@@ -42,7 +41,8 @@ class OutputSink {
  public:
   Result<void> write(int fd, std::string_view b64) {
     auto data = base64_decode(b64);
-    if (!data) return fail(Code::kInternal, "tidepoold sent bad output data: " + data.error().message());
+    if (!data)
+      return fail(Code::kInternal, "tidepoold sent bad output data: " + data.error().message());
     bool& broken = fd == STDOUT_FILENO ? out_broken_ : err_broken_;
     if (!broken && !write_all(fd, *data)) broken = true;
     return {};
@@ -85,7 +85,8 @@ Result<int> stream_exec(HttpClient& client, const std::string& id,
   auto on_line = [&](std::string_view line) -> Result<void> {
     boost::system::error_code ec;
     boost::json::value v = boost::json::parse(line, ec);
-    if (ec || !v.is_object()) return fail(Code::kInternal, "tidepoold sent a malformed exec stream line");
+    if (ec || !v.is_object())
+      return fail(Code::kInternal, "tidepoold sent a malformed exec stream line");
     const auto& o = v.get_object();
     std::string type = string_field(o, "type");
     if (type == "stdout" || type == "stderr") {

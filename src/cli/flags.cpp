@@ -14,7 +14,8 @@ Error flag_error(std::string_view flag, const Error& e) {
   return Error{Code::kInvalidArgument, 0, std::string(flag) + ": " + e.message()};
 }
 
-Result<boost::json::object> pairs_to_object(std::string_view flag, const std::vector<std::string>& items) {
+Result<boost::json::object> pairs_to_object(std::string_view flag,
+                                            const std::vector<std::string>& items) {
   boost::json::object o;
   for (const auto& item : items) {
     auto kv = parse_key_value(item);
@@ -45,8 +46,12 @@ void CreateFlags::add_to(CLI::App* app) {
   app->add_option("--idle-timeout", idle_timeout,
                   "remove after this long without requests (default: never)")
       ->type_name("DURATION");
-  app->add_option("--label", labels, "label KEY=VALUE (repeatable)")->type_name("K=V")->allow_extra_args(false);
-  app->add_option("--env", env, "environment variable KEY=VALUE (repeatable)")->type_name("K=V")->allow_extra_args(false);
+  app->add_option("--label", labels, "label KEY=VALUE (repeatable)")
+      ->type_name("K=V")
+      ->allow_extra_args(false);
+  app->add_option("--env", env, "environment variable KEY=VALUE (repeatable)")
+      ->type_name("K=V")
+      ->allow_extra_args(false);
 }
 
 Result<boost::json::object> CreateFlags::to_request() const {
@@ -104,9 +109,12 @@ void ExecFlags::add_to(CLI::App* app, bool with_env) {
                   "kill the command and all its processes after this long (exit 124)")
       ->type_name("DURATION");
   if (with_env) {
-    app->add_option("--env", env, "environment variable KEY=VALUE (repeatable)")->type_name("K=V")->allow_extra_args(false);
+    app->add_option("--env", env, "environment variable KEY=VALUE (repeatable)")
+        ->type_name("K=V")
+        ->allow_extra_args(false);
   }
-  app->add_option("--cwd", cwd, "working directory inside the sandbox (default /)")->type_name("DIR");
+  app->add_option("--cwd", cwd, "working directory inside the sandbox (default /)")
+      ->type_name("DIR");
   app->add_option("--user", user, "uid inside the sandbox (default 0)")->type_name("UID");
   app->add_flag("-i,--stdin", forward_stdin,
                 "send this process's stdin to the command (read to end of file first)");

@@ -5,14 +5,13 @@
 
 #include <boost/asio/connect.hpp>
 #include <boost/asio/generic/stream_protocol.hpp>
-#include <boost/asio/local/stream_protocol.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/local/stream_protocol.hpp>
 #include <boost/beast/core/flat_buffer.hpp>
 #include <boost/beast/http.hpp>
 #include <boost/json/parse.hpp>
 #include <boost/json/serialize.hpp>
-
 #include <cctype>
 #include <charconv>
 
@@ -36,10 +35,14 @@ std::string lower_first(std::string s) {
 
 http::verb to_verb(Method m) {
   switch (m) {
-    case Method::kGet: return http::verb::get;
-    case Method::kPost: return http::verb::post;
-    case Method::kPut: return http::verb::put;
-    case Method::kDelete: return http::verb::delete_;
+    case Method::kGet:
+      return http::verb::get;
+    case Method::kPost:
+      return http::verb::post;
+    case Method::kPut:
+      return http::verb::put;
+    case Method::kDelete:
+      return http::verb::delete_;
   }
   return http::verb::get;
 }
@@ -62,7 +65,8 @@ Result<Url> Url::parse(std::string_view text) {
   if (s.starts_with("unix:")) {
     s.remove_prefix(5);
     if (s.starts_with("//")) s.remove_prefix(2);
-    if (!s.starts_with('/')) return bad("a unix socket path must be absolute (unix:/run/tidepool/tidepool.sock)");
+    if (!s.starts_with('/'))
+      return bad("a unix socket path must be absolute (unix:/run/tidepool/tidepool.sock)");
     Url u;
     u.host = "localhost";
     u.port = "80";
@@ -80,7 +84,8 @@ Result<Url> Url::parse(std::string_view text) {
   std::string_view authority = s.substr(0, slash);
   std::string_view path = slash == std::string_view::npos ? std::string_view{} : s.substr(slash);
   while (!path.empty() && path.back() == '/') path.remove_suffix(1);
-  if (path.find_first_of("?#") != std::string_view::npos) return bad("query or fragment not allowed");
+  if (path.find_first_of("?#") != std::string_view::npos)
+    return bad("query or fragment not allowed");
   Url u;
   std::string_view port;
   if (authority.starts_with('[')) {
@@ -103,7 +108,8 @@ Result<Url> Url::parse(std::string_view text) {
   }
   if (u.host.empty()) return bad("missing host");
   if (u.host.find('@') != std::string::npos) return bad("user info is not supported");
-  if (port.empty() && authority.find(':') != std::string_view::npos && !authority.starts_with('[')) {
+  if (port.empty() && authority.find(':') != std::string_view::npos &&
+      !authority.starts_with('[')) {
     return bad("empty port");
   }
   if (port.empty()) {
@@ -194,7 +200,9 @@ Result<void> HttpClient::connect() {
       close();
       std::string why = lower_first(ec.message());
       if (ec == asio::error::access_denied)
-        why += " (the socket is for root and group 'tidepool'; or use --url http://... with --api-key)";
+        why +=
+            " (the socket is for root and group 'tidepool'; or use --url http://... with "
+            "--api-key)";
       return std::unexpected(unreachable(why));
     }
     return {};
@@ -217,10 +225,9 @@ Result<void> HttpClient::connect() {
   return {};
 }
 
-Result<void> HttpClient::stream_once(Method method, std::string_view target,
-                                     std::string_view body, std::string_view content_type,
-                                     const HeadSink& on_head, const DataSink& on_data,
-                                     bool* retryable) {
+Result<void> HttpClient::stream_once(Method method, std::string_view target, std::string_view body,
+                                     std::string_view content_type, const HeadSink& on_head,
+                                     const DataSink& on_data, bool* retryable) {
   *retryable = false;
   const bool reused = conn_->sock.is_open();
   if (!reused) TP_TRY(connect());
@@ -229,7 +236,8 @@ Result<void> HttpClient::stream_once(Method method, std::string_view target,
   http::request<http::string_body> req{to_verb(method), url_.base + std::string(target), 11};
   req.set(http::field::host, url_.host + ":" + url_.port);
   req.set(http::field::user_agent, "tidepool-cli/" TP_VERSION);
-  if (!api_key_.empty() && url_.unix_path.empty()) req.set(http::field::authorization, "Bearer " + api_key_);
+  if (!api_key_.empty() && url_.unix_path.empty())
+    req.set(http::field::authorization, "Bearer " + api_key_);
   req.keep_alive(true);
   if (!content_type.empty()) req.set(http::field::content_type, content_type);
   req.body() = std::string(body);
@@ -279,7 +287,8 @@ Result<void> HttpClient::stream_once(Method method, std::string_view target,
     if (n == 0) continue;
     std::string_view got(piece.data(), n);
     if (is_error) {
-      if (error_body.size() < kMaxErrorBody) error_body.append(got.substr(0, kMaxErrorBody - error_body.size()));
+      if (error_body.size() < kMaxErrorBody)
+        error_body.append(got.substr(0, kMaxErrorBody - error_body.size()));
     } else if (on_data) {
       if (auto r = on_data(got); !r) {
         close();

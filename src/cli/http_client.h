@@ -16,7 +16,6 @@
 #pragma once
 
 #include <boost/json/value.hpp>
-
 #include <functional>
 #include <memory>
 #include <optional>
@@ -29,8 +28,8 @@ namespace tp::cli {
 
 struct Url {
   std::string host;
-  std::string port;  // "7070"
-  std::string base;  // path prefix without trailing '/', usually empty
+  std::string port;       // "7070"
+  std::string base;       // path prefix without trailing '/', usually empty
   std::string unix_path;  // set: connect to this unix socket (host is "localhost")
 
   // Accepts "http://host[:port][/prefix]"; "host:port" alone is taken as http. https is

@@ -21,10 +21,16 @@ std::string lower(std::string_view s) {
 std::optional<double> scan_number(std::string_view& s) {
   size_t i = 0;
   size_t digits = 0;
-  while (i < s.size() && std::isdigit(static_cast<unsigned char>(s[i]))) { ++i; ++digits; }
+  while (i < s.size() && std::isdigit(static_cast<unsigned char>(s[i]))) {
+    ++i;
+    ++digits;
+  }
   if (i < s.size() && s[i] == '.') {
     ++i;
-    while (i < s.size() && std::isdigit(static_cast<unsigned char>(s[i]))) { ++i; ++digits; }
+    while (i < s.size() && std::isdigit(static_cast<unsigned char>(s[i]))) {
+      ++i;
+      ++digits;
+    }
   }
   if (digits == 0) return std::nullopt;
   double v = 0;
@@ -159,7 +165,8 @@ Result<std::string> base64_decode(std::string_view text) {
   static const std::array<int8_t, 256> kRev = [] {
     std::array<int8_t, 256> r{};
     r.fill(-1);
-    for (size_t k = 0; k < kB64.size(); ++k) r[static_cast<unsigned char>(kB64[k])] = static_cast<int8_t>(k);
+    for (size_t k = 0; k < kB64.size(); ++k)
+      r[static_cast<unsigned char>(kB64[k])] = static_cast<int8_t>(k);
     return r;
   }();
   if (text.size() % 4 != 0) {
@@ -212,20 +219,23 @@ std::optional<std::time_t> parse_rfc3339(std::string_view text) {
   int y, mo, d, h, mi, sec;
   int n = 0;
   std::string s(text);
-  if (std::sscanf(s.c_str(), "%4d-%2d-%2d%*[Tt ]%2d:%2d:%2d%n", &y, &mo, &d, &h, &mi, &sec, &n) != 6) {
+  if (std::sscanf(s.c_str(), "%4d-%2d-%2d%*[Tt ]%2d:%2d:%2d%n", &y, &mo, &d, &h, &mi, &sec, &n) !=
+      6) {
     return std::nullopt;
   }
   std::string_view rest = std::string_view(s).substr(static_cast<size_t>(n));
   if (!rest.empty() && rest.front() == '.') {
     rest.remove_prefix(1);
-    while (!rest.empty() && std::isdigit(static_cast<unsigned char>(rest.front()))) rest.remove_prefix(1);
+    while (!rest.empty() && std::isdigit(static_cast<unsigned char>(rest.front())))
+      rest.remove_prefix(1);
   }
   long offset = 0;
   if (rest == "Z" || rest == "z") {
     offset = 0;
   } else if (rest.size() == 6 && (rest[0] == '+' || rest[0] == '-') && rest[3] == ':') {
     int oh = 0, om = 0;
-    if (std::sscanf(std::string(rest.substr(1)).c_str(), "%2d:%2d", &oh, &om) != 2) return std::nullopt;
+    if (std::sscanf(std::string(rest.substr(1)).c_str(), "%2d:%2d", &oh, &om) != 2)
+      return std::nullopt;
     offset = (oh * 3600L + om * 60L) * (rest[0] == '+' ? 1 : -1);
   } else {
     return std::nullopt;
@@ -261,7 +271,8 @@ Result<void> NdjsonSplitter::feed(std::string_view bytes,
     size_t nl = bytes.find('\n');
     if (nl == std::string_view::npos) {
       if (buf_.size() + bytes.size() > max_line_) {
-        return fail(Code::kInternal, "response line longer than " + std::to_string(max_line_) + " bytes");
+        return fail(Code::kInternal,
+                    "response line longer than " + std::to_string(max_line_) + " bytes");
       }
       buf_.append(bytes);
       return {};
@@ -271,7 +282,8 @@ Result<void> NdjsonSplitter::feed(std::string_view bytes,
       line = bytes.substr(0, nl);
     } else {
       if (buf_.size() + nl > max_line_) {
-        return fail(Code::kInternal, "response line longer than " + std::to_string(max_line_) + " bytes");
+        return fail(Code::kInternal,
+                    "response line longer than " + std::to_string(max_line_) + " bytes");
       }
       buf_.append(bytes.substr(0, nl));
       line = buf_;

@@ -1,7 +1,6 @@
 #include "common/json_util.h"
 
 #include <boost/beast/core/detail/base64.hpp>
-
 #include <cmath>
 #include <cstdio>
 #include <ctime>
@@ -169,14 +168,17 @@ size_t utf8_len(std::string_view s, size_t i) {
   auto b = [&](size_t k) { return static_cast<unsigned char>(s[k]); };
   unsigned char c = b(i);
   if (c < 0x80) return 1;
-  size_t n = c >= 0xc2 && c <= 0xdf ? 2 : c >= 0xe0 && c <= 0xef ? 3 : c >= 0xf0 && c <= 0xf4 ? 4 : 0;
+  size_t n = c >= 0xc2 && c <= 0xdf   ? 2
+             : c >= 0xe0 && c <= 0xef ? 3
+             : c >= 0xf0 && c <= 0xf4 ? 4
+                                      : 0;
   if (n == 0 || i + n > s.size()) return 0;
   for (size_t k = 1; k < n; ++k)
     if ((b(i + k) & 0xc0) != 0x80) return 0;
-  if (c == 0xe0 && b(i + 1) < 0xa0) return 0;   // overlong
-  if (c == 0xed && b(i + 1) > 0x9f) return 0;   // surrogate
-  if (c == 0xf0 && b(i + 1) < 0x90) return 0;   // overlong
-  if (c == 0xf4 && b(i + 1) > 0x8f) return 0;   // beyond U+10FFFF
+  if (c == 0xe0 && b(i + 1) < 0xa0) return 0;  // overlong
+  if (c == 0xed && b(i + 1) > 0x9f) return 0;  // surrogate
+  if (c == 0xf0 && b(i + 1) < 0x90) return 0;  // overlong
+  if (c == 0xf4 && b(i + 1) > 0x8f) return 0;  // beyond U+10FFFF
   return n;
 }
 

@@ -5,7 +5,6 @@
 #pragma once
 
 #include <boost/json.hpp>
-
 #include <cstdint>
 #include <map>
 #include <string>
@@ -17,7 +16,8 @@ namespace tp::json_util {
 
 Result<boost::json::object> parse_object(std::string_view body);
 // Fails when `o` has a key outside `allowed`.
-Result<void> only_keys(const boost::json::object& o, std::initializer_list<std::string_view> allowed);
+Result<void> only_keys(const boost::json::object& o,
+                       std::initializer_list<std::string_view> allowed);
 Result<int64_t> get_int(const boost::json::object& o, std::string_view key, int64_t dflt,
                         int64_t min, int64_t max);
 Result<double> get_number(const boost::json::object& o, std::string_view key, double dflt,
@@ -28,7 +28,8 @@ Result<bool> get_bool(const boost::json::object& o, std::string_view key, bool d
 Result<std::map<std::string, std::string>> get_string_map(const boost::json::object& o,
                                                           std::string_view key);
 // A list of strings; missing or null = empty.
-Result<std::vector<std::string>> get_string_list(const boost::json::object& o, std::string_view key);
+Result<std::vector<std::string>> get_string_list(const boost::json::object& o,
+                                                 std::string_view key);
 // "2026-11-30T01:02:03.456Z" for Unix epoch milliseconds; "" for ms <= 0.
 std::string rfc3339(int64_t ms);
 // A command: a list of strings (argv) or one string (run by /bin/sh -c).

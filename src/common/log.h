@@ -14,7 +14,7 @@ void init(const std::string& level);
 }  // namespace tp::log
 
 // Every log line about a sandbox carries its id first: TP_SB_INFO(id, "exec {}", x).
-#define TP_SB_INFO(id, fmtstr, ...) spdlog::info("[{}] " fmtstr, id __VA_OPT__(,) __VA_ARGS__)
-#define TP_SB_WARN(id, fmtstr, ...) spdlog::warn("[{}] " fmtstr, id __VA_OPT__(,) __VA_ARGS__)
-#define TP_SB_ERROR(id, fmtstr, ...) spdlog::error("[{}] " fmtstr, id __VA_OPT__(,) __VA_ARGS__)
-#define TP_SB_DEBUG(id, fmtstr, ...) spdlog::debug("[{}] " fmtstr, id __VA_OPT__(,) __VA_ARGS__)
+#define TP_SB_INFO(id, fmtstr, ...) spdlog::info("[{}] " fmtstr, id __VA_OPT__(, ) __VA_ARGS__)
+#define TP_SB_WARN(id, fmtstr, ...) spdlog::warn("[{}] " fmtstr, id __VA_OPT__(, ) __VA_ARGS__)
+#define TP_SB_ERROR(id, fmtstr, ...) spdlog::error("[{}] " fmtstr, id __VA_OPT__(, ) __VA_ARGS__)
+#define TP_SB_DEBUG(id, fmtstr, ...) spdlog::debug("[{}] " fmtstr, id __VA_OPT__(, ) __VA_ARGS__)

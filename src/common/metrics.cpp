@@ -48,7 +48,8 @@ std::string Metrics::render() const {
       {"creating", 0}, {"running", 0}, {"paused", 0}, {"stopped", 0}, {"lost", 0}};
   if (states)
     for (const auto& [k, v] : states()) by_state[k] = v;
-  for (const auto& [k, v] : by_state) out += fmt::format("tidepool_sandboxes{{state=\"{}\"}} {}\n", k, v);
+  for (const auto& [k, v] : by_state)
+    out += fmt::format("tidepool_sandboxes{{state=\"{}\"}} {}\n", k, v);
   auto counter = [&](const char* name, const char* help, uint64_t v) {
     out += fmt::format("# HELP {0} {1}\n# TYPE {0} counter\n{0} {2}\n", name, help, v);
   };
@@ -57,14 +58,17 @@ std::string Metrics::render() const {
           creation_failures.load());
   counter("tidepool_sandbox_destructions_total", "Sandboxes destroyed.", destructions.load());
   counter("tidepool_exec_total", "Commands run.", exec_total.load());
-  out += "# HELP tidepool_exec_duration_seconds Command wall time.\n"
-         "# TYPE tidepool_exec_duration_seconds histogram\n";
+  out +=
+      "# HELP tidepool_exec_duration_seconds Command wall time.\n"
+      "# TYPE tidepool_exec_duration_seconds histogram\n";
   exec_seconds.render("tidepool_exec_duration_seconds", &out);
-  out += "# HELP tidepool_sandbox_create_duration_seconds Time to create a sandbox.\n"
-         "# TYPE tidepool_sandbox_create_duration_seconds histogram\n";
+  out +=
+      "# HELP tidepool_sandbox_create_duration_seconds Time to create a sandbox.\n"
+      "# TYPE tidepool_sandbox_create_duration_seconds histogram\n";
   create_seconds.render("tidepool_sandbox_create_duration_seconds", &out);
-  out += "# HELP tidepool_http_requests_total HTTP requests by status.\n"
-         "# TYPE tidepool_http_requests_total counter\n";
+  out +=
+      "# HELP tidepool_http_requests_total HTTP requests by status.\n"
+      "# TYPE tidepool_http_requests_total counter\n";
   for (const auto& [code, n] : http)
     out += fmt::format("tidepool_http_requests_total{{code=\"{}\"}} {}\n", code, n);
   return out;

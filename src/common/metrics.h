@@ -16,9 +16,8 @@ namespace tp {
 // Fixed-bucket histogram of seconds.
 class Histogram {
  public:
-  static constexpr std::array<double, 14> kBounds = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
-                                                     0.1,   0.25,   0.5,   1,    2.5,   5,
-                                                     10,    60};
+  static constexpr std::array<double, 14> kBounds = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+                                                     0.25,  0.5,    1,     2.5,  5,     10,   60};
   void observe(double seconds);
   // Appends the _bucket/_sum/_count lines for `name`.
   void render(const std::string& name, std::string* out) const;

@@ -31,7 +31,7 @@ namespace tp::control {
 
 struct SandboxRecord {
   std::string id;
-  std::string state;        // creating, running, paused, stopped, lost
+  std::string state;  // creating, running, paused, stopped, lost
   std::string tier;
   std::string image;
   std::string node;
@@ -43,11 +43,11 @@ struct SandboxRecord {
   uint64_t idle_timeout_seconds = 0;
   std::map<std::string, std::string> labels;
   std::map<std::string, std::string> env;
-  int64_t created_at_ms = 0;   // unix epoch milliseconds
+  int64_t created_at_ms = 0;  // unix epoch milliseconds
   int64_t expires_at_ms = 0;
-  int64_t ended_at_ms = 0;     // 0 while live
-  std::string end_reason;      // see node::EndReason; "" while live
-  uint64_t version = 0;        // the store's row version (0 = never stored)
+  int64_t ended_at_ms = 0;  // 0 while live
+  std::string end_reason;   // see node::EndReason; "" while live
+  uint64_t version = 0;     // the store's row version (0 = never stored)
 };
 
 struct SandboxQuery {

@@ -18,9 +18,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <boost/json.hpp>
-
 #include <algorithm>
+#include <boost/json.hpp>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -43,8 +42,8 @@ namespace json = boost::json;
 bool safe_token(const std::string& s) {
   if (s.empty() || s.size() > 200) return false;
   for (char c : s)
-    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '-' || c == '+' || c == '_' || c == ':' ||
-          c == '=' || c == '~'))
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '-' || c == '+' ||
+          c == '_' || c == ':' || c == '=' || c == '~'))
       return false;
   return true;
 }
@@ -81,8 +80,8 @@ std::string tail_of(const std::string& path, size_t n) {
 Result<BuildSpec> parse_build_spec(const std::string& text) {
   auto o = json_util::parse_object(text);
   if (!o) return std::unexpected(o.error());
-  TP_TRY(json_util::only_keys(*o, {"name", "version", "suite", "variant", "mirror", "packages", "files", "run", "env",
-                                   "workdir", "user", "cmd"}));
+  TP_TRY(json_util::only_keys(*o, {"name", "version", "suite", "variant", "mirror", "packages",
+                                   "files", "run", "env", "workdir", "user", "cmd"}));
   BuildSpec s;
   auto str = [&](const char* k, std::string* out) -> Result<void> {
     auto v = json_util::get_string(*o, k, *out);
@@ -97,12 +96,15 @@ Result<BuildSpec> parse_build_spec(const std::string& text) {
   TP_TRY(str("mirror", &s.mirror));
   TP_TRY(str("workdir", &s.defaults.workdir));
   TP_TRY(str("user", &s.defaults.user));
-  if (!valid_image_name(s.name)) return fail(Code::kInvalidArgument, "field 'name': invalid image name '" + s.name + "'");
+  if (!valid_image_name(s.name))
+    return fail(Code::kInvalidArgument, "field 'name': invalid image name '" + s.name + "'");
   if (!s.version.empty() && !valid_image_version(s.version))
     return fail(Code::kInvalidArgument, "field 'version': invalid version '" + s.version + "'");
   if (!safe_token(s.suite)) return fail(Code::kInvalidArgument, "field 'suite': invalid suite");
-  if (!safe_token(s.variant)) return fail(Code::kInvalidArgument, "field 'variant': invalid variant");
-  if (s.mirror.rfind("http://", 0) != 0 && s.mirror.rfind("https://", 0) != 0 && s.mirror.rfind("file://", 0) != 0)
+  if (!safe_token(s.variant))
+    return fail(Code::kInvalidArgument, "field 'variant': invalid variant");
+  if (s.mirror.rfind("http://", 0) != 0 && s.mirror.rfind("https://", 0) != 0 &&
+      s.mirror.rfind("file://", 0) != 0)
     return fail(Code::kInvalidArgument, "field 'mirror' must be an http(s):// or file:// URL");
   if (s.mirror.find_first_of(" \t\n'\"") != std::string::npos)
     return fail(Code::kInvalidArgument, "field 'mirror' must not contain spaces or quotes");
@@ -110,7 +112,8 @@ Result<BuildSpec> parse_build_spec(const std::string& text) {
   auto pk = arr("packages");
   if (!pk) return std::unexpected(pk.error());
   for (const auto& p : *pk)
-    if (!safe_token(p)) return fail(Code::kInvalidArgument, "field 'packages': invalid package '" + p + "'");
+    if (!safe_token(p))
+      return fail(Code::kInvalidArgument, "field 'packages': invalid package '" + p + "'");
   s.packages = *pk;
   auto run = arr("run");
   if (!run) return std::unexpected(run.error());
@@ -122,14 +125,17 @@ Result<BuildSpec> parse_build_spec(const std::string& text) {
   if (!env) return std::unexpected(env.error());
   s.defaults.env = *env;
   if (auto* f = o->if_contains("files"); f && !f->is_null()) {
-    if (!f->is_array()) return fail(Code::kInvalidArgument, "field 'files' must be a list of {src, dst}");
+    if (!f->is_array())
+      return fail(Code::kInvalidArgument, "field 'files' must be a list of {src, dst}");
     for (const auto& x : f->as_array()) {
-      if (!x.is_object()) return fail(Code::kInvalidArgument, "field 'files' must be a list of {src, dst}");
+      if (!x.is_object())
+        return fail(Code::kInvalidArgument, "field 'files' must be a list of {src, dst}");
       auto src = json_util::get_string(x.as_object(), "src", "");
       auto dst = json_util::get_string(x.as_object(), "dst", "");
       if (!src || !dst || src->empty() || (*src)[0] != '/' || dst->empty() || (*dst)[0] != '/' ||
           dst->find("..") != std::string::npos)
-        return fail(Code::kInvalidArgument, "field 'files': src and dst must be absolute paths (dst without '..')");
+        return fail(Code::kInvalidArgument,
+                    "field 'files': src and dst must be absolute paths (dst without '..')");
       s.files.emplace_back(*src, *dst);
     }
   }
@@ -171,7 +177,8 @@ Result<std::string> staged_name(const std::string& src) {
   while (p.size() > 1 && p.back() == '/') p.pop_back();
   std::string n = p.substr(p.rfind('/') + 1);
   if (n.empty() || n == "." || n == "..")
-    return fail(Code::kInvalidArgument, "field 'files': src " + src + " names no file or directory");
+    return fail(Code::kInvalidArgument,
+                "field 'files': src " + src + " names no file or directory");
   return n;
 }
 
@@ -181,12 +188,15 @@ Result<bool> tar_is_directory(const std::string& tar) {
   std::unique_ptr<archive, int (*)(archive*)> a(archive_read_new(), archive_read_free);
   archive_read_support_format_tar(a.get());
   if (archive_read_open_filename(a.get(), tar.c_str(), 1 << 16) != ARCHIVE_OK)
-    return fail(Code::kInternal, std::string("reading staged files: ") + archive_error_string(a.get()));
+    return fail(Code::kInternal,
+                std::string("reading staged files: ") + archive_error_string(a.get()));
   archive_entry* e = nullptr;
   int r = archive_read_next_header(a.get(), &e);
-  if (r == ARCHIVE_EOF) return fail(Code::kInvalidArgument, "field 'files': an empty archive was read");
+  if (r == ARCHIVE_EOF)
+    return fail(Code::kInvalidArgument, "field 'files': an empty archive was read");
   if (r != ARCHIVE_OK && r != ARCHIVE_WARN)
-    return fail(Code::kInternal, std::string("reading staged files: ") + archive_error_string(a.get()));
+    return fail(Code::kInternal,
+                std::string("reading staged files: ") + archive_error_string(a.get()));
   std::string n = archive_entry_pathname(e) ? archive_entry_pathname(e) : "";
   return n == "." || n == "./";
 }
@@ -197,14 +207,16 @@ Result<std::string> own_and_digest(const std::string& dir, const std::string& sr
   namespace fs = std::filesystem;
   std::vector<std::string> rels = {""};
   std::error_code ec;
-  for (fs::recursive_directory_iterator it(dir, fs::directory_options::none, ec), end; !ec && it != end;
-       it.increment(ec))
+  for (fs::recursive_directory_iterator it(dir, fs::directory_options::none, ec), end;
+       !ec && it != end; it.increment(ec))
     rels.push_back(fs::relative(it->path(), dir).string());
   if (ec) return fail(Code::kInternal, "walking staged files of " + src + ": " + ec.message());
   std::sort(rels.begin(), rels.end());
   std::unique_ptr<EVP_MD_CTX, void (*)(EVP_MD_CTX*)> md(EVP_MD_CTX_new(), EVP_MD_CTX_free);
   EVP_DigestInit_ex(md.get(), EVP_sha256(), nullptr);
-  auto put = [&](const std::string& x) { EVP_DigestUpdate(md.get(), x.data(), x.size() + 1); };  // with the NUL
+  auto put = [&](const std::string& x) {
+    EVP_DigestUpdate(md.get(), x.data(), x.size() + 1);
+  };  // with the NUL
   for (const auto& rel : rels) {
     std::string p = rel.empty() ? dir : dir + "/" + rel;
     struct stat st {};
@@ -236,7 +248,8 @@ Result<std::string> own_and_digest(const std::string& dir, const std::string& sr
     } else {
       // Whiteouts: unpack_layer turns ".wh.NAME" members into 0/0 devices.
       return fail(Code::kInvalidArgument,
-                  "field 'files': " + src + " holds " + rel + ", which cannot be copied into an image (.wh. names)");
+                  "field 'files': " + src + " holds " + rel +
+                      ", which cannot be copied into an image (.wh. names)");
     }
   }
   unsigned char d[EVP_MAX_MD_SIZE];
@@ -266,40 +279,76 @@ Result<std::unique_ptr<sys::SeccompProgram>> build_filter() {
   if (!ctx) return fail(Code::kInternal, "seccomp_init(SCMP_ACT_ALLOW) failed");
   std::unique_ptr<void, void (*)(void*)> guard(ctx, [](void* c) { seccomp_release(c); });
   static const char* kDenied[] = {
-      "kexec_load", "kexec_file_load", "init_module", "finit_module", "delete_module", "bpf", "perf_event_open",
-      "keyctl", "add_key", "request_key", "userfaultfd", "open_by_handle_at", "name_to_handle_at", "swapon",
-      "swapoff", "reboot", "acct", "quotactl", "quotactl_fd", "lookup_dcookie", "iopl", "ioperm", "vm86",
-      "vm86old", "setns", "io_uring_setup", "io_uring_enter", "io_uring_register", "syslog", "settimeofday",
-      "clock_settime", "stime", "uselib",
+      "kexec_load",
+      "kexec_file_load",
+      "init_module",
+      "finit_module",
+      "delete_module",
+      "bpf",
+      "perf_event_open",
+      "keyctl",
+      "add_key",
+      "request_key",
+      "userfaultfd",
+      "open_by_handle_at",
+      "name_to_handle_at",
+      "swapon",
+      "swapoff",
+      "reboot",
+      "acct",
+      "quotactl",
+      "quotactl_fd",
+      "lookup_dcookie",
+      "iopl",
+      "ioperm",
+      "vm86",
+      "vm86old",
+      "setns",
+      "io_uring_setup",
+      "io_uring_enter",
+      "io_uring_register",
+      "syslog",
+      "settimeofday",
+      "clock_settime",
+      "stime",
+      "uselib",
   };
   for (const char* name : kDenied) {
     int nr = seccomp_syscall_resolve_name(name);
     if (nr == __NR_SCMP_ERROR) continue;  // not on this architecture
     int rc = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), nr, 0);
     if (rc < 0 && rc != -EDOM)
-      return std::unexpected(Error{Code::kInternal, -rc, std::string("seccomp_rule_add(") + name + ")"});
+      return std::unexpected(
+          Error{Code::kInternal, -rc, std::string("seccomp_rule_add(") + name + ")"});
   }
   for (int nr : {SCMP_SYS(unshare), SCMP_SYS(clone)}) {
-    int rc = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), nr, 1, SCMP_A0(SCMP_CMP_MASKED_EQ, CLONE_NEWUSER, CLONE_NEWUSER));
-    if (rc < 0) return std::unexpected(Error{Code::kInternal, -rc, "seccomp_rule_add(CLONE_NEWUSER)"});
+    int rc = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), nr, 1,
+                              SCMP_A0(SCMP_CMP_MASKED_EQ, CLONE_NEWUSER, CLONE_NEWUSER));
+    if (rc < 0)
+      return std::unexpected(Error{Code::kInternal, -rc, "seccomp_rule_add(CLONE_NEWUSER)"});
   }
-  for (unsigned long req : {static_cast<unsigned long>(FIFREEZE), static_cast<unsigned long>(FITHAW)}) {
+  for (unsigned long req :
+       {static_cast<unsigned long>(FIFREEZE), static_cast<unsigned long>(FITHAW)}) {
     int rc = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), SCMP_SYS(ioctl), 1,
                               SCMP_A1(SCMP_CMP_MASKED_EQ, 0xffffffffUL, req));
     if (rc < 0) return std::unexpected(Error{Code::kInternal, -rc, "seccomp_rule_add(ioctl)"});
   }
-  // clone3 passes its flags in memory, which BPF cannot read: ENOSYS makes glibc fall back to clone.
+  // clone3 passes its flags in memory, which BPF cannot read: ENOSYS makes glibc fall back to
+  // clone.
   int rc = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(ENOSYS), SCMP_SYS(clone3), 0);
-  if (rc < 0 && rc != -EDOM) return std::unexpected(Error{Code::kInternal, -rc, "seccomp_rule_add(clone3)"});
+  if (rc < 0 && rc != -EDOM)
+    return std::unexpected(Error{Code::kInternal, -rc, "seccomp_rule_add(clone3)"});
   sys::UniqueFd mfd(::memfd_create("tp-build-seccomp", MFD_CLOEXEC));
   if (!mfd) return sys_fail("memfd_create");
   rc = seccomp_export_bpf(ctx, mfd.get());
   if (rc < 0) return std::unexpected(Error{Code::kInternal, -rc, "seccomp_export_bpf"});
   off_t size = ::lseek(mfd.get(), 0, SEEK_END);
-  if (size <= 0 || size % sizeof(sock_filter) != 0) return fail(Code::kInternal, "seccomp_export_bpf: bad size");
+  if (size <= 0 || size % sizeof(sock_filter) != 0)
+    return fail(Code::kInternal, "seccomp_export_bpf: bad size");
   auto prog = std::make_unique<sys::SeccompProgram>();
   prog->insns.resize(static_cast<size_t>(size) / sizeof(sock_filter));
-  if (::pread(mfd.get(), prog->insns.data(), static_cast<size_t>(size), 0) != size) return sys_fail("pread");
+  if (::pread(mfd.get(), prog->insns.data(), static_cast<size_t>(size), 0) != size)
+    return sys_fail("pread");
   prog->fprog.len = static_cast<unsigned short>(prog->insns.size());
   prog->fprog.filter = prog->insns.data();
   return prog;
@@ -313,9 +362,9 @@ struct Jail {
     unsigned long flags;  // MS_RDONLY / MS_NOSUID / MS_NODEV / MS_NOEXEC for the bind mount
     bool recursive;
   };
-  std::string view;                                         // host path the view's tmpfs is mounted on
-  std::vector<std::string> dirs;                            // to create in the view, in order
-  std::vector<std::string> files;                           // empty files to bind device nodes on
+  std::string view;                // host path the view's tmpfs is mounted on
+  std::vector<std::string> dirs;   // to create in the view, in order
+  std::vector<std::string> files;  // empty files to bind device nodes on
   std::vector<std::pair<std::string, std::string>> links;  // target, path
   std::vector<Bind> binds;
   std::string proc;  // where the view's /proc is mounted
@@ -335,7 +384,8 @@ void add_dirs_to(Jail& j, const std::string& abs) {
   }
 }
 
-Jail make_jail(const std::string& view, const std::string& build_dir, const std::string& mirror_dir) {
+Jail make_jail(const std::string& view, const std::string& build_dir,
+               const std::string& mirror_dir) {
   Jail j;
   j.view = view;
   constexpr unsigned long kRo = MS_RDONLY | MS_NOSUID | MS_NODEV;
@@ -384,7 +434,8 @@ Jail make_jail(const std::string& view, const std::string& build_dir, const std:
   int i = sizeof num;
   num[--i] = '\n';
   unsigned e = static_cast<unsigned>(err);
-  do num[--i] = static_cast<char>('0' + e % 10); while ((e /= 10) && i > 0);
+  do num[--i] = static_cast<char>('0' + e % 10);
+  while ((e /= 10) && i > 0);
   const char* pre = "tidepool build jail: ";
   (void)!::write(2, pre, strlen(pre));
   (void)!::write(2, what, strlen(what));
@@ -406,7 +457,9 @@ void restrict_bind(const Jail::Bind& b) {
     if (b.flags & MS_NOSUID) a.attr_set |= 0x2;
     if (b.flags & MS_NODEV) a.attr_set |= 0x4;
     if (b.flags & MS_NOEXEC) a.attr_set |= 0x8;
-    if (::syscall(SYS_mount_setattr, AT_FDCWD, b.dst.c_str(), 0x8000 /* AT_RECURSIVE */, &a, sizeof a) == 0) return;
+    if (::syscall(SYS_mount_setattr, AT_FDCWD, b.dst.c_str(), 0x8000 /* AT_RECURSIVE */, &a,
+                  sizeof a) == 0)
+      return;
     if (errno != ENOSYS) die("mount_setattr", errno);
   }
   if (::mount(nullptr, b.dst.c_str(), nullptr, MS_REMOUNT | MS_BIND | b.flags, nullptr) != 0)
@@ -416,12 +469,15 @@ void restrict_bind(const Jail::Bind& b) {
 // The build's pid 1 (after fork, before exec): builds the view, enters it,
 // becomes root of a new user namespace once `ack` says the id maps are
 // written, loads the filter and runs mmdebstrap.
-[[noreturn]] void jail_child(const Jail& j, int sync_w, int ack_r, const sys::SeccompProgram& filter,
-                             char* const* argv, char* const* envp) {
+[[noreturn]] void jail_child(const Jail& j, int sync_w, int ack_r,
+                             const sys::SeccompProgram& filter, char* const* argv,
+                             char* const* envp) {
   if (::prctl(PR_SET_PDEATHSIG, SIGKILL) != 0) die("prctl(PDEATHSIG)", errno);
   if (::unshare(CLONE_NEWNS) != 0) die("unshare(mount)", errno);
-  if (::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) die("make / private", errno);
-  if (::mount("tmpfs", j.view.c_str(), "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=1m") != 0) die("mount view", errno);
+  if (::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0)
+    die("make / private", errno);
+  if (::mount("tmpfs", j.view.c_str(), "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=1m") != 0)
+    die("mount view", errno);
   for (const auto& d : j.dirs)
     if (::mkdir(d.c_str(), 0755) != 0 && errno != EEXIST) die(d.c_str(), errno);
   for (const auto& f : j.files) {
@@ -432,7 +488,8 @@ void restrict_bind(const Jail::Bind& b) {
   for (const auto& [target, path] : j.links)
     if (::symlink(target.c_str(), path.c_str()) != 0) die(path.c_str(), errno);
   for (const auto& b : j.binds) {
-    if (::mount(b.src.c_str(), b.dst.c_str(), nullptr, MS_BIND | (b.recursive ? MS_REC : 0), nullptr) != 0)
+    if (::mount(b.src.c_str(), b.dst.c_str(), nullptr, MS_BIND | (b.recursive ? MS_REC : 0),
+                nullptr) != 0)
       die(b.src.c_str(), errno);
     restrict_bind(b);
   }
@@ -440,7 +497,8 @@ void restrict_bind(const Jail::Bind& b) {
   // which the kernel allows in a user namespace only if one is already visible.
   if (::mount("proc", j.proc.c_str(), "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, nullptr) != 0)
     die("mount proc", errno);
-  if (::mount(nullptr, j.view.c_str(), nullptr, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV, nullptr) != 0)
+  if (::mount(nullptr, j.view.c_str(), nullptr,
+              MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV, nullptr) != 0)
     die("remount view read-only", errno);
   if (::chdir(j.view.c_str()) != 0) die("chdir(view)", errno);
   if (::syscall(SYS_pivot_root, ".", ".") != 0) die("pivot_root", errno);
@@ -473,8 +531,9 @@ bool write_all(const char* path, const std::string& text) {
 // whole), stdio to the log, a new pid namespace for jail_child, whose id maps
 // it writes from outside (it keeps the daemon's capabilities). Exits with
 // the build's status.
-[[noreturn]] void supervisor_child(const Jail& j, int null_fd, int log_fd, const sys::SeccompProgram& filter,
-                                   char* const* argv, char* const* envp, const std::string& uid_map,
+[[noreturn]] void supervisor_child(const Jail& j, int null_fd, int log_fd,
+                                   const sys::SeccompProgram& filter, char* const* argv,
+                                   char* const* envp, const std::string& uid_map,
                                    const std::string& gid_map) {
   ::setpgid(0, 0);
   struct sigaction dfl {};
@@ -503,7 +562,8 @@ bool write_all(const char* path, const std::string& text) {
     int i = sizeof num;
     num[--i] = 0;
     unsigned v = static_cast<unsigned>(pid);
-    do num[--i] = static_cast<char>('0' + v % 10); while ((v /= 10) && i > 0);
+    do num[--i] = static_cast<char>('0' + v % 10);
+    while ((v /= 10) && i > 0);
     std::strcpy(path, "/proc/");
     std::strcat(path, num + i);
     size_t base = strlen(path);
@@ -570,7 +630,8 @@ Result<std::vector<std::string>> stage_build_files(const BuildSpec& s, const sys
     if (!dfd) return sys_fail("open(" + into + ")");
     UnpackLimits lim;
     lim.uid_base = kBuildIdBase;
-    lim.id_count = UINT32_MAX - kBuildIdBase;  // any owner: everything is given to the build's root below
+    lim.id_count =
+        UINT32_MAX - kBuildIdBase;  // any owner: everything is given to the build's root below
     lim.refuse_setuid = true;
     auto st = unpack_layer_file(tar, dfd.get(), lim);
     ::unlink(tar.c_str());
@@ -610,8 +671,9 @@ std::string build_cache_key(const BuildSpec& s, const std::vector<std::string>& 
 
 std::vector<std::string> mmdebstrap_argv(const BuildSpec& s, const std::string& out_tar,
                                          const std::string& stage_dir) {
-  std::vector<std::string> a = {"mmdebstrap", "--mode=unshare", "--variant=" + s.variant, "--format=tar",
-                                "--quiet", "--skip=output/dev"};  // no device nodes: /dev is the runtime's
+  std::vector<std::string> a = {
+      "mmdebstrap", "--mode=unshare",   "--variant=" + s.variant, "--format=tar",
+      "--quiet",    "--skip=output/dev"};  // no device nodes: /dev is the runtime's
   if (!s.packages.empty()) {
     std::string inc = "--include=";
     for (size_t i = 0; i < s.packages.size(); ++i) inc += (i ? "," : "") + s.packages[i];
@@ -621,20 +683,22 @@ std::vector<std::string> mmdebstrap_argv(const BuildSpec& s, const std::string& 
     const auto& [src, dst] = s.files[i];
     auto name = staged_name(src);
     a.push_back("--customize-hook=mkdir -p \"$1\"" + sh_quote(dst));
-    a.push_back("--customize-hook=copy-in " + sh_quote(stage_dir + "/" + std::to_string(i) + "/" + (name ? *name : "")) +
-                " " + sh_quote(dst));
+    a.push_back("--customize-hook=copy-in " +
+                sh_quote(stage_dir + "/" + std::to_string(i) + "/" + (name ? *name : "")) + " " +
+                sh_quote(dst));
   }
   for (const auto& cmd : s.run)
-    a.push_back("--customize-hook=unshare --fork --kill-child --pid --mount --net --ipc --uts perl -e " +
-                sh_quote(kRunStepPerl) + " -- \"$1\" " + sh_quote(cmd));
+    a.push_back(
+        "--customize-hook=unshare --fork --kill-child --pid --mount --net --ipc --uts perl -e " +
+        sh_quote(kRunStepPerl) + " -- \"$1\" " + sh_quote(cmd));
   a.push_back(s.suite);
   a.push_back(out_tar);
   a.push_back(s.mirror);
   return a;
 }
 
-Result<BuildResult> build_image(ImageStore& store, const BuildSpec& s, const sys::HostReader& files_reader,
-                                int timeout_s) {
+Result<BuildResult> build_image(ImageStore& store, const BuildSpec& s,
+                                const sys::HostReader& files_reader, int timeout_s) {
   std::string mdir = mirror_dir(s.mirror);
   if (!mdir.empty()) {
     // A file:// mirror is a host path the caller names; the build reads it
@@ -670,7 +734,8 @@ Result<BuildResult> build_image(ImageStore& store, const BuildSpec& s, const sys
   std::string key = build_cache_key(s, *digests);
 
   std::string cache_dir = store.root() + "/build-cache";
-  if (::mkdir(cache_dir.c_str(), 0700) != 0 && errno != EEXIST) return sys_fail("mkdir(" + cache_dir + ")");
+  if (::mkdir(cache_dir.c_str(), 0700) != 0 && errno != EEXIST)
+    return sys_fail("mkdir(" + cache_dir + ")");
   std::string cache_file = cache_dir + "/" + key;
   BuildResult out;
   std::vector<std::shared_ptr<void>> pins;
@@ -699,20 +764,24 @@ Result<BuildResult> build_image(ImageStore& store, const BuildSpec& s, const sys
     std::vector<char*> av;
     for (auto& x : argv) av.push_back(x.data());
     av.push_back(nullptr);
-    std::vector<std::string> envs = {kPath, "TMPDIR=" + dir + "/tmp", "HOME=" + dir + "/tmp", "LC_ALL=C.UTF-8"};
+    std::vector<std::string> envs = {kPath, "TMPDIR=" + dir + "/tmp", "HOME=" + dir + "/tmp",
+                                     "LC_ALL=C.UTF-8"};
     std::vector<char*> ev;
     for (auto& x : envs) ev.push_back(x.data());
     ev.push_back(nullptr);
-    std::string uid_map = "0 " + std::to_string(kBuildIdBase) + " " + std::to_string(kBuildIdCount) + "\n";
+    std::string uid_map =
+        "0 " + std::to_string(kBuildIdBase) + " " + std::to_string(kBuildIdCount) + "\n";
     sys::UniqueFd null_fd(::open("/dev/null", O_RDONLY | O_CLOEXEC));
     sys::UniqueFd log_fd(::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600));
     if (!null_fd || !log_fd) return sys_fail("open(" + log + ")");
     pid_t pid = ::fork();
     if (pid < 0) return sys_fail("fork");
-    if (pid == 0) supervisor_child(jail, null_fd.get(), log_fd.get(), **filter, av.data(), ev.data(), uid_map, uid_map);
+    if (pid == 0)
+      supervisor_child(jail, null_fd.get(), log_fd.get(), **filter, av.data(), ev.data(), uid_map,
+                       uid_map);
     log_fd.reset();
-    spdlog::info("image build {}: pid {} ({} {} +{} packages, {} files, {} run steps)", s.name, pid, s.suite,
-                 s.variant, s.packages.size(), s.files.size(), s.run.size());
+    spdlog::info("image build {}: pid {} ({} {} +{} packages, {} files, {} run steps)", s.name, pid,
+                 s.suite, s.variant, s.packages.size(), s.files.size(), s.run.size());
     auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(timeout_s);
     int status = 0;
     for (;;) {
@@ -728,7 +797,8 @@ Result<BuildResult> build_image(ImageStore& store, const BuildSpec& s, const sys
         ::kill(-pid, SIGKILL);
         while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
         }
-        return fail(Code::kDeadlineExceeded, "image build took longer than " + std::to_string(timeout_s) + " s");
+        return fail(Code::kDeadlineExceeded,
+                    "image build took longer than " + std::to_string(timeout_s) + " s");
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(200));
     }
@@ -738,14 +808,16 @@ Result<BuildResult> build_image(ImageStore& store, const BuildSpec& s, const sys
     if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
       std::string why = WIFEXITED(status) ? "exit status " + std::to_string(WEXITSTATUS(status))
                                           : "signal " + std::to_string(WTERMSIG(status));
-      return fail(Code::kInvalidArgument, "image build failed (mmdebstrap " + why + "):\n" + out.log_tail);
+      return fail(Code::kInvalidArgument,
+                  "image build failed (mmdebstrap " + why + "):\n" + out.log_tail);
     }
     // The build's root owns `dir`: open its output without following links.
     sys::UniqueFd tfd(::open(out_tar.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
     struct stat st {};
     if (!tfd || ::fstat(tfd.get(), &st) != 0 || !S_ISREG(st.st_mode))
       return fail(Code::kInternal, "image build left no tar at " + out_tar);
-    auto li = store.add_layer_stream(fd_source(tfd.get()), "", "mmdebstrap:" + s.suite + "/" + s.variant, &pins);
+    auto li = store.add_layer_stream(fd_source(tfd.get()), "",
+                                     "mmdebstrap:" + s.suite + "/" + s.variant, &pins);
     if (!li) return std::unexpected(li.error());
     digest = li->digest;
     std::ofstream(cache_file) << digest << "\n";

@@ -92,7 +92,7 @@ struct BuildResult {
 // running past timeout_s (kDeadlineExceeded). Nothing of a failed build
 // remains: its processes are killed with its pid namespace and its private
 // directory is removed.
-Result<BuildResult> build_image(ImageStore& store, const BuildSpec& s, const sys::HostReader& files_reader,
-                                int timeout_s = 1800);
+Result<BuildResult> build_image(ImageStore& store, const BuildSpec& s,
+                                const sys::HostReader& files_reader, int timeout_s = 1800);
 
 }  // namespace tp::image

@@ -24,7 +24,8 @@ Result<void> mkdir_owned(const std::string& p, mode_t mode, uint32_t uid) {
   sys::UniqueFd fd(::open(p.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
   if (!fd) return sys_fail("open(" + p + ", O_DIRECTORY|O_NOFOLLOW)");
   if (::fchmod(fd.get(), mode) != 0) return sys_fail("fchmod(" + p + ")");
-  if (::fchown(fd.get(), uid, uid) != 0) return sys_fail("fchown(" + p + ", " + std::to_string(uid) + ")");
+  if (::fchown(fd.get(), uid, uid) != 0)
+    return sys_fail("fchown(" + p + ", " + std::to_string(uid) + ")");
   return {};
 }
 
@@ -39,7 +40,8 @@ Result<void> write_owned(const std::string& p, const std::string& text, mode_t m
 }
 
 Result<void> symlink_owned(const std::string& target, const std::string& p, uint32_t uid) {
-  if (::symlink(target.c_str(), p.c_str()) != 0) return sys_fail("symlink(" + target + ", " + p + ")");
+  if (::symlink(target.c_str(), p.c_str()) != 0)
+    return sys_fail("symlink(" + target + ", " + p + ")");
   if (::lchown(p.c_str(), uid, uid) != 0) return sys_fail("lchown(" + p + ")");
   return {};
 }
@@ -84,11 +86,14 @@ Result<void> copy_tree(const std::string& src, const std::string& dst, uint32_t 
 
 Result<void> build(const std::string& root, uint32_t uid, std::vector<std::string>* binds) {
   TP_TRY(mkdir_owned(root, 0755, uid));
-  struct D { const char* p; mode_t m; };
+  struct D {
+    const char* p;
+    mode_t m;
+  };
   for (D d : {D{"usr", 0755}, D{"etc", 0755}, D{"proc", 0555}, D{"dev", 0755}, D{"sys", 0555},
-              D{"tmp", 01777}, D{"root", 0700}, D{"home", 0755}, D{"var", 0755}, D{"var/tmp", 01777},
-              D{"var/log", 0755}, D{"var/cache", 0755}, D{"var/lib", 0755}, D{"run", 0755}, D{"mnt", 0755},
-              D{"opt", 0755}, D{"srv", 0755}, D{"etc/ssl", 0755}}) {
+              D{"tmp", 01777}, D{"root", 0700}, D{"home", 0755}, D{"var", 0755},
+              D{"var/tmp", 01777}, D{"var/log", 0755}, D{"var/cache", 0755}, D{"var/lib", 0755},
+              D{"run", 0755}, D{"mnt", 0755}, D{"opt", 0755}, D{"srv", 0755}, D{"etc/ssl", 0755}}) {
     TP_TRY(mkdir_owned(root + "/" + d.p, d.m, uid));
   }
   // Merged /usr: mirror the host's links; on split hosts bind the directory.
@@ -109,19 +114,24 @@ Result<void> build(const std::string& root, uint32_t uid, std::vector<std::strin
                      "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n",
                      0644, uid));
   TP_TRY(write_owned(etc + "group", "root:x:0:\ntty:x:5:\nnogroup:x:65534:\n", 0644, uid));
-  TP_TRY(write_owned(etc + "hosts", "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n", 0644, uid));
+  TP_TRY(write_owned(etc + "hosts",
+                     "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n", 0644,
+                     uid));
   TP_TRY(write_owned(etc + "resolv.conf", "nameserver 127.0.0.1\n", 0644, uid));
-  TP_TRY(write_owned(etc + "nsswitch.conf",
-                     "passwd: files\ngroup: files\nshadow: files\nhosts: files dns\nnetworks: files\n"
-                     "protocols: files\nservices: files\n",
-                     0644, uid));
+  TP_TRY(
+      write_owned(etc + "nsswitch.conf",
+                  "passwd: files\ngroup: files\nshadow: files\nhosts: files dns\nnetworks: files\n"
+                  "protocols: files\nservices: files\n",
+                  0644, uid));
   TP_TRY(write_owned(etc + "hostname", "sandbox\n", 0644, uid));
   // Public host files that dynamic programs, python3 and TLS clients need. No secrets:
   // shadow, gshadow, ssl/private, ssh and everything under /root and /home stay out.
-  for (const char* f : {"ld.so.cache", "ld.so.conf", "ld.so.conf.d", "os-release", "localtime", "timezone",
-                        "alternatives", "ssl/certs", "ssl/openssl.cnf", "ca-certificates.conf", "python3",
-                        "python3.11", "debian_version", "mime.types", "profile", "bash.bashrc",
-                        "inputrc", "protocols", "services", "login.defs", "environment"}) {
+  for (const char* f :
+       {"ld.so.cache", "ld.so.conf",   "ld.so.conf.d",   "os-release",      "localtime",
+        "timezone",    "alternatives", "ssl/certs",      "ssl/openssl.cnf", "ca-certificates.conf",
+        "python3",     "python3.11",   "debian_version", "mime.types",      "profile",
+        "bash.bashrc", "inputrc",      "protocols",      "services",        "login.defs",
+        "environment"}) {
     TP_TRY(copy_tree(std::string("/etc/") + f, etc + f, uid));
   }
   return write_owned(root + "/" + kMarker, "1\n", 0644, uid);
@@ -156,7 +166,8 @@ Result<HostImage> ensure_host_image(const std::string& data_dir, uint32_t uid_ba
   auto r = build(tmp, uid_base, &binds);
   if (r) {
     fs::remove_all(img.rootfs, ec);  // a rootfs without marker is a half-built leftover
-    if (::rename(tmp.c_str(), img.rootfs.c_str()) != 0) r = sys_fail("rename(" + tmp + ", " + img.rootfs + ")");
+    if (::rename(tmp.c_str(), img.rootfs.c_str()) != 0)
+      r = sys_fail("rename(" + tmp + ", " + img.rootfs + ")");
   }
   if (!r) {
     fs::remove_all(tmp, ec);

@@ -7,9 +7,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <boost/json.hpp>
-
 #include <algorithm>
+#include <boost/json.hpp>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -27,13 +26,14 @@ namespace json = boost::json;
 using sys::UniqueFd;
 
 int64_t now_ms() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
       .count();
 }
 
 bool name_char(char c) {
-  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' || c == '_' ||
-         c == '-';
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' ||
+         c == '_' || c == '-';
 }
 
 Result<void> ensure_dir(const std::string& p, mode_t mode, uid_t uid = 0) {
@@ -63,7 +63,8 @@ Result<void> write_file_atomic(const std::string& path, const std::string& text)
   }
   if (::fsync(fd.get()) != 0) return sys_fail("fsync(" + tmp + ")");
   fd.reset();
-  if (::rename(tmp.c_str(), path.c_str()) != 0) return sys_fail("rename(" + tmp + ", " + path + ")");
+  if (::rename(tmp.c_str(), path.c_str()) != 0)
+    return sys_fail("rename(" + tmp + ", " + path + ")");
   return {};
 }
 
@@ -101,7 +102,8 @@ ImageDefaults defaults_from(const json::object& o) {
   if (auto* e = o.if_contains("env"); e && e->is_object())
     for (const auto& [k, v] : e->as_object())
       if (v.is_string()) d.env[std::string(k)] = std::string(v.as_string());
-  if (auto* w = o.if_contains("workdir"); w && w->is_string()) d.workdir = std::string(w->as_string());
+  if (auto* w = o.if_contains("workdir"); w && w->is_string())
+    d.workdir = std::string(w->as_string());
   if (auto* u = o.if_contains("user"); u && u->is_string()) d.user = std::string(u->as_string());
   if (auto* c = o.if_contains("cmd"); c && c->is_array())
     for (const auto& x : c->as_array())
@@ -130,7 +132,8 @@ std::unique_ptr<archive, ArchiveFree> open_outer(const std::string& path, Error*
   archive_read_support_format_tar(a.get());
   if (archive_read_open_filename(a.get(), path.c_str(), 1 << 16) != ARCHIVE_OK) {
     const char* s = archive_error_string(a.get());
-    *err = Error{Code::kInvalidArgument, 0, "open archive " + path + ": " + (s ? s : "not a tar archive")};
+    *err = Error{Code::kInvalidArgument, 0,
+                 "open archive " + path + ": " + (s ? s : "not a tar archive")};
     return nullptr;
   }
   return a;
@@ -149,8 +152,10 @@ Result<void> for_each_member(
     int r = archive_read_next_header(a.get(), &e);
     if (r == ARCHIVE_EOF) return {};
     if (r < ARCHIVE_WARN)
-      return fail(Code::kInvalidArgument, std::string("read archive: ") + (archive_error_string(a.get()) ?: "?"));
-    TP_TRY(fn(a.get(), e, normalize_member(archive_entry_pathname(e) ? archive_entry_pathname(e) : "")));
+      return fail(Code::kInvalidArgument,
+                  std::string("read archive: ") + (archive_error_string(a.get()) ?: "?"));
+    TP_TRY(fn(a.get(), e,
+              normalize_member(archive_entry_pathname(e) ? archive_entry_pathname(e) : "")));
   }
 }
 
@@ -169,17 +174,21 @@ bool valid_image_version(const std::string& s) {
 
 bool valid_layer_digest(const std::string& d) {
   if (d.size() != 71 || d.rfind("sha256:", 0) != 0) return false;
-  return std::all_of(d.begin() + 7, d.end(), [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); });
+  return std::all_of(d.begin() + 7, d.end(),
+                     [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); });
 }
 
 Result<std::pair<std::string, std::string>> parse_image_ref(const std::string& ref) {
   auto colon = ref.find(':');
-  std::string name = ref.substr(0, colon), version = colon == std::string::npos ? "" : ref.substr(colon + 1);
+  std::string name = ref.substr(0, colon),
+              version = colon == std::string::npos ? "" : ref.substr(colon + 1);
   if (!valid_image_name(name))
-    return fail(Code::kInvalidArgument, "invalid image name '" + name +
-                                            "' (1-128 of [A-Za-z0-9._-], starting alphanumeric; not host/layers/image)");
+    return fail(Code::kInvalidArgument,
+                "invalid image name '" + name +
+                    "' (1-128 of [A-Za-z0-9._-], starting alphanumeric; not host/layers/image)");
   if (colon != std::string::npos && !valid_image_version(version))
-    return fail(Code::kInvalidArgument, "invalid image version '" + version + "' (1-64 of [A-Za-z0-9._-])");
+    return fail(Code::kInvalidArgument,
+                "invalid image version '" + version + "' (1-64 of [A-Za-z0-9._-])");
   return std::pair{name, version};
 }
 
@@ -188,7 +197,8 @@ ImageStore::ImageStore(StoreOptions o) : opts_(std::move(o)), root_(opts_.data_d
 Result<std::shared_ptr<ImageStore>> ImageStore::open(StoreOptions opts) {
   std::shared_ptr<ImageStore> s(new ImageStore(std::move(opts)));
   if (s->opts_.data_dir.empty() || s->opts_.data_dir[0] != '/')
-    return fail(Code::kInvalidArgument, "image store data dir must be absolute: '" + s->opts_.data_dir + "'");
+    return fail(Code::kInvalidArgument,
+                "image store data dir must be absolute: '" + s->opts_.data_dir + "'");
   std::error_code ec;
   std::filesystem::create_directories(s->opts_.data_dir, ec);
   if (ec) return fail(Code::kInternal, "create " + s->opts_.data_dir + ": " + ec.message());
@@ -216,7 +226,9 @@ Result<void> ImageStore::load() {
     if (d) ::closedir(d);
     for (const auto& n : names) {
       auto r = remove_tree_at(t.get(), n);
-      if (!r) spdlog::warn("image store: cannot remove leftover {}/tmp/{}: {}", root_, n, r.error().message());
+      if (!r)
+        spdlog::warn("image store: cannot remove leftover {}/tmp/{}: {}", root_, n,
+                     r.error().message());
     }
   }
   std::string ldir = root_ + "/layers/sha256";
@@ -242,30 +254,40 @@ Result<void> ImageStore::load() {
     LayerInfo li;
     li.digest = digest;
     li.path = layer_path(digest);
-    if (auto* b = o.if_contains("bytes"); b && b->is_int64()) li.bytes = static_cast<uint64_t>(b->as_int64());
-    if (auto* b = o.if_contains("entries"); b && b->is_int64()) li.entries = static_cast<uint64_t>(b->as_int64());
+    if (auto* b = o.if_contains("bytes"); b && b->is_int64())
+      li.bytes = static_cast<uint64_t>(b->as_int64());
+    if (auto* b = o.if_contains("entries"); b && b->is_int64())
+      li.entries = static_cast<uint64_t>(b->as_int64());
     if (auto* b = o.if_contains("created_ms"); b && b->is_int64()) li.created_ms = b->as_int64();
-    if (auto* b = o.if_contains("source"); b && b->is_string()) li.source = std::string(b->as_string());
+    if (auto* b = o.if_contains("source"); b && b->is_string())
+      li.source = std::string(b->as_string());
     layers_[digest] = li;
   }
   auto text = read_file(root_ + "/images.json");
   if (!text) return {};  // a fresh store
   boost::system::error_code ec;
   json::value v = json::parse(*text, ec);
-  if (ec || !v.is_object()) return fail(Code::kInternal, root_ + "/images.json is corrupt: " + ec.message());
+  if (ec || !v.is_object())
+    return fail(Code::kInternal, root_ + "/images.json is corrupt: " + ec.message());
   if (auto* arr = v.as_object().if_contains("images"); arr && arr->is_array()) {
     for (const auto& x : arr->as_array()) {
       if (!x.is_object()) continue;
       const auto& o = x.as_object();
       ImageRecord r;
-      r.name = o.contains("name") && o.at("name").is_string() ? std::string(o.at("name").as_string()) : "";
-      r.version = o.contains("version") && o.at("version").is_string() ? std::string(o.at("version").as_string()) : "";
+      r.name = o.contains("name") && o.at("name").is_string()
+                   ? std::string(o.at("name").as_string())
+                   : "";
+      r.version = o.contains("version") && o.at("version").is_string()
+                      ? std::string(o.at("version").as_string())
+                      : "";
       if (!valid_image_name(r.name) || !valid_image_version(r.version)) continue;
       if (auto* p = o.if_contains("parts"); p && p->is_array())
         for (const auto& s : p->as_array())
           if (s.is_string()) r.parts.emplace_back(s.as_string());
-      if (auto* dd = o.if_contains("defaults"); dd && dd->is_object()) r.defaults = defaults_from(dd->as_object());
-      if (auto* s = o.if_contains("source"); s && s->is_string()) r.source = std::string(s->as_string());
+      if (auto* dd = o.if_contains("defaults"); dd && dd->is_object())
+        r.defaults = defaults_from(dd->as_object());
+      if (auto* s = o.if_contains("source"); s && s->is_string())
+        r.source = std::string(s->as_string());
       if (auto* c = o.if_contains("created_ms"); c && c->is_int64()) r.created_ms = c->as_int64();
       images_[r.name][r.version] = std::move(r);
     }
@@ -323,9 +345,11 @@ std::shared_ptr<void> ImageStore::pin_locked(const std::vector<std::string>& dig
 }
 
 Result<LayerInfo> ImageStore::add_layer_stream(const ByteSource& src, const std::string& expect,
-                                               const std::string& source, std::vector<std::shared_ptr<void>>* pins) {
+                                               const std::string& source,
+                                               std::vector<std::shared_ptr<void>>* pins) {
   if (!expect.empty()) {
-    if (!valid_layer_digest(expect)) return fail(Code::kInvalidArgument, "invalid layer digest '" + expect + "'");
+    if (!valid_layer_digest(expect))
+      return fail(Code::kInvalidArgument, "invalid layer digest '" + expect + "'");
     std::lock_guard lk(mu_);
     if (auto it = layers_.find(expect); it != layers_.end()) {
       if (pins) pins->push_back(pin_locked({expect}));
@@ -348,14 +372,16 @@ Result<LayerInfo> ImageStore::add_layer_stream(const ByteSource& src, const std:
   if (opts_.budget_bytes) {
     uint64_t used = used_bytes();
     if (used >= opts_.budget_bytes)
-      return fail(Code::kInsufficientStorage, "image store budget of " + std::to_string(opts_.budget_bytes) +
+      return fail(Code::kInsufficientStorage, "image store budget of " +
+                                                  std::to_string(opts_.budget_bytes) +
                                                   " bytes is used up (run gc or remove images)");
     lim.max_bytes = std::min(lim.max_bytes, opts_.budget_bytes - used);
   }
   auto st = unpack_layer(src, rootfd.get(), lim);
   if (!st) return std::unexpected(st.error());
   if (!expect.empty() && st->diff_id != expect)
-    return fail(Code::kInvalidArgument, "layer content has " + st->diff_id + " but the image config says " + expect);
+    return fail(Code::kInvalidArgument,
+                "layer content has " + st->diff_id + " but the image config says " + expect);
   LayerInfo li;
   li.digest = st->diff_id;
   li.path = layer_path(li.digest);
@@ -380,12 +406,13 @@ Result<LayerInfo> ImageStore::add_layer_stream(const ByteSource& src, const std:
     return it->second;
   }
   std::string final_dir = root_ + "/layers/sha256/" + li.digest.substr(7);
-  if (::rename(tmp.c_str(), final_dir.c_str()) != 0) return sys_fail("rename(" + tmp + ", " + final_dir + ")");
+  if (::rename(tmp.c_str(), final_dir.c_str()) != 0)
+    return sys_fail("rename(" + tmp + ", " + final_dir + ")");
   cleanup.p.clear();
   layers_[li.digest] = li;
   if (pins) pins->push_back(pin_locked({li.digest}));
-  spdlog::info("image store: stored layer {} ({} bytes, {} entries, from {})", li.digest, li.bytes, li.entries,
-               source);
+  spdlog::info("image store: stored layer {} ({} bytes, {} entries, from {})", li.digest, li.bytes,
+               li.entries, source);
   return li;
 }
 
@@ -410,25 +437,30 @@ Result<LayerInfo> ImageStore::add_layer_dir(const std::string& dir, const std::s
     ~Cleanup() { ::unlink(p.c_str()); }
   } cleanup{tar};
   {
-    std::unique_ptr<archive, decltype(&archive_read_free)> disk(archive_read_disk_new(), archive_read_free);
-    std::unique_ptr<archive, decltype(&archive_write_free)> w(archive_write_new(), archive_write_free);
+    std::unique_ptr<archive, decltype(&archive_read_free)> disk(archive_read_disk_new(),
+                                                                archive_read_free);
+    std::unique_ptr<archive, decltype(&archive_write_free)> w(archive_write_new(),
+                                                              archive_write_free);
     archive_read_disk_set_symlink_physical(disk.get());
     archive_read_disk_set_behavior(disk.get(), ARCHIVE_READDISK_NO_TRAVERSE_MOUNTS);
     archive_write_set_format_pax_restricted(w.get());
     if (archive_write_open_filename(w.get(), tar.c_str()) != ARCHIVE_OK)
-      return fail(Code::kInternal, std::string("archive_write_open(") + tar + "): " + archive_error_string(w.get()));
+      return fail(Code::kInternal,
+                  std::string("archive_write_open(") + tar + "): " + archive_error_string(w.get()));
     if (archive_read_disk_open(disk.get(), base.c_str()) != ARCHIVE_OK)
       return fail(Code::kInvalidArgument, "read " + base + ": " + archive_error_string(disk.get()));
     std::unique_ptr<archive_entry_linkresolver, decltype(&archive_entry_linkresolver_free)> lr(
         archive_entry_linkresolver_new(), archive_entry_linkresolver_free);
     archive_entry_linkresolver_set_strategy(lr.get(), archive_format(w.get()));
-    std::unique_ptr<archive_entry, decltype(&archive_entry_free)> e(archive_entry_new(), archive_entry_free);
+    std::unique_ptr<archive_entry, decltype(&archive_entry_free)> e(archive_entry_new(),
+                                                                    archive_entry_free);
     for (;;) {
       archive_entry_clear(e.get());
       int r = archive_read_next_header2(disk.get(), e.get());
       if (r == ARCHIVE_EOF) break;
       if (r < ARCHIVE_WARN)
-        return fail(Code::kInvalidArgument, "read " + base + ": " + archive_error_string(disk.get()));
+        return fail(Code::kInvalidArgument,
+                    "read " + base + ": " + archive_error_string(disk.get()));
       archive_read_disk_descend(disk.get());
       std::string p = archive_entry_pathname(e.get());
       std::string rel = p.size() > base.size() ? p.substr(base.size() + 1) : ".";
@@ -440,13 +472,15 @@ Result<LayerInfo> ImageStore::add_layer_dir(const std::string& dir, const std::s
       if (!out) continue;
       if (archive_write_header(w.get(), out) != ARCHIVE_OK)
         return fail(Code::kInternal, "write tar of " + base + ": " + archive_error_string(w.get()));
-      if (archive_entry_filetype(out) == AE_IFREG && !archive_entry_hardlink(out) && archive_entry_size(out) > 0) {
+      if (archive_entry_filetype(out) == AE_IFREG && !archive_entry_hardlink(out) &&
+          archive_entry_size(out) > 0) {
         const void* buf = nullptr;
         size_t len = 0;
         la_int64_t off = 0;
         while (archive_read_data_block(disk.get(), &buf, &len, &off) == ARCHIVE_OK)
           if (archive_write_data(w.get(), buf, len) < 0)
-            return fail(Code::kInternal, "write tar of " + base + ": " + archive_error_string(w.get()));
+            return fail(Code::kInternal,
+                        "write tar of " + base + ": " + archive_error_string(w.get()));
       }
     }
     if (archive_write_close(w.get()) != ARCHIVE_OK)
@@ -455,9 +489,10 @@ Result<LayerInfo> ImageStore::add_layer_dir(const std::string& dir, const std::s
   return add_layer_file(tar, source.empty() ? "dir:" + base : source, pins);
 }
 
-Result<ImageRecord> ImageStore::import_archive(const std::string& path, std::string name, std::string version,
-                                               ArchiveKind kind) {
-  if (!name.empty() && !valid_image_name(name)) return fail(Code::kInvalidArgument, "invalid image name '" + name + "'");
+Result<ImageRecord> ImageStore::import_archive(const std::string& path, std::string name,
+                                               std::string version, ArchiveKind kind) {
+  if (!name.empty() && !valid_image_name(name))
+    return fail(Code::kInvalidArgument, "invalid image name '" + name + "'");
   if (!version.empty() && !valid_image_version(version))
     return fail(Code::kInvalidArgument, "invalid image version '" + version + "'");
   constexpr uint64_t kSmall = 8ull << 20, kSmallTotal = 64ull << 20;
@@ -465,21 +500,26 @@ Result<ImageRecord> ImageStore::import_archive(const std::string& path, std::str
   std::set<std::string> members;
   if (kind != ArchiveKind::kLayer) {
     uint64_t total = 0;
-    TP_TRY(for_each_member(path, [&](archive* a, archive_entry* e, const std::string& n) -> Result<void> {
-      if (members.size() > 100000) return fail(Code::kPayloadTooLarge, "archive has too many members");
-      members.insert(n);
-      la_int64_t sz = archive_entry_size(e);
-      bool meta_like = n.ends_with(".json") || n == "oci-layout" || n == "repositories" || n.rfind("blobs/", 0) == 0;
-      if (archive_entry_filetype(e) == AE_IFREG && meta_like && sz >= 0 && static_cast<uint64_t>(sz) <= kSmall &&
-          total + static_cast<uint64_t>(sz) <= kSmallTotal) {
-        std::string data(static_cast<size_t>(sz), '\0');
-        la_ssize_t got = sz ? archive_read_data(a, data.data(), data.size()) : 0;
-        if (got != sz) return fail(Code::kInvalidArgument, "read archive member " + n + ": truncated");
-        total += static_cast<uint64_t>(sz);
-        small[n] = std::move(data);
-      }
-      return {};
-    }));
+    TP_TRY(for_each_member(
+        path, [&](archive* a, archive_entry* e, const std::string& n) -> Result<void> {
+          if (members.size() > 100000)
+            return fail(Code::kPayloadTooLarge, "archive has too many members");
+          members.insert(n);
+          la_int64_t sz = archive_entry_size(e);
+          bool meta_like = n.ends_with(".json") || n == "oci-layout" || n == "repositories" ||
+                           n.rfind("blobs/", 0) == 0;
+          if (archive_entry_filetype(e) == AE_IFREG && meta_like && sz >= 0 &&
+              static_cast<uint64_t>(sz) <= kSmall &&
+              total + static_cast<uint64_t>(sz) <= kSmallTotal) {
+            std::string data(static_cast<size_t>(sz), '\0');
+            la_ssize_t got = sz ? archive_read_data(a, data.data(), data.size()) : 0;
+            if (got != sz)
+              return fail(Code::kInvalidArgument, "read archive member " + n + ": truncated");
+            total += static_cast<uint64_t>(sz);
+            small[n] = std::move(data);
+          }
+          return {};
+        }));
     if (kind == ArchiveKind::kAuto) {
       if (small.contains("manifest.json"))
         kind = ArchiveKind::kDocker;
@@ -509,14 +549,17 @@ Result<ImageRecord> ImageStore::import_archive(const std::string& path, std::str
       name = t.substr(0, c);
       if (version.empty() && c != std::string::npos) version = t.substr(c + 1);
       if (!valid_image_name(name) || (!version.empty() && !valid_image_version(version)))
-        return fail(Code::kInvalidArgument, "the archive's tag '" + plan->tags[0] + "' is not a valid name: give one");
+        return fail(Code::kInvalidArgument,
+                    "the archive's tag '" + plan->tags[0] + "' is not a valid name: give one");
     }
-    if (name.empty()) return fail(Code::kInvalidArgument, "the archive has no tag: give the image a name");
+    if (name.empty())
+      return fail(Code::kInvalidArgument, "the archive has no tag: give the image a name");
     // Layers already stored (known diff_id) are pinned without reading them.
     std::map<std::string, std::string> digest_of;  // member -> digest
-    std::map<std::string, std::string> needed;      // member -> expected diff id
+    std::map<std::string, std::string> needed;     // member -> expected diff id
     for (const auto& l : plan->layers) {
-      if (!members.contains(l.member)) return fail(Code::kInvalidArgument, "layer member '" + l.member + "' is missing");
+      if (!members.contains(l.member))
+        return fail(Code::kInvalidArgument, "layer member '" + l.member + "' is missing");
       if (!l.diff_id.empty()) {
         std::lock_guard lk(mu_);
         if (layers_.contains(l.diff_id)) {
@@ -528,25 +571,30 @@ Result<ImageRecord> ImageStore::import_archive(const std::string& path, std::str
       needed[l.member] = l.diff_id;
     }
     if (!needed.empty()) {
-      TP_TRY(for_each_member(path, [&](archive* outer, archive_entry*, const std::string& n) -> Result<void> {
-        auto it = needed.find(n);
-        if (it == needed.end() || digest_of.contains(n)) return {};
-        ByteSource src = [outer](void* buf, size_t len) -> ssize_t { return archive_read_data(outer, buf, len); };
-        auto li = add_layer_stream(src, it->second, "archive:" + n, &pins);
-        if (!li) {
-          Error er = li.error();
-          er.context = "layer " + n + ": " + er.context;
-          return std::unexpected(er);
-        }
-        digest_of[n] = li->digest;
-        return {};
-      }));
+      TP_TRY(for_each_member(
+          path, [&](archive* outer, archive_entry*, const std::string& n) -> Result<void> {
+            auto it = needed.find(n);
+            if (it == needed.end() || digest_of.contains(n)) return {};
+            ByteSource src = [outer](void* buf, size_t len) -> ssize_t {
+              return archive_read_data(outer, buf, len);
+            };
+            auto li = add_layer_stream(src, it->second, "archive:" + n, &pins);
+            if (!li) {
+              Error er = li.error();
+              er.context = "layer " + n + ": " + er.context;
+              return std::unexpected(er);
+            }
+            digest_of[n] = li->digest;
+            return {};
+          }));
       for (const auto& [m, d] : needed)
-        if (!digest_of.contains(m)) return fail(Code::kInvalidArgument, "layer member '" + m + "' could not be read");
+        if (!digest_of.contains(m))
+          return fail(Code::kInvalidArgument, "layer member '" + m + "' could not be read");
     }
     for (auto it = plan->layers.rbegin(); it != plan->layers.rend(); ++it) {
       const std::string& d = digest_of[it->member];
-      if (std::find(rec.parts.begin(), rec.parts.end(), d) == rec.parts.end()) rec.parts.push_back(d);
+      if (std::find(rec.parts.begin(), rec.parts.end(), d) == rec.parts.end())
+        rec.parts.push_back(d);
     }
     rec.defaults = plan->defaults;
     rec.source = kind == ArchiveKind::kDocker ? "docker-archive" : "oci-archive";
@@ -561,7 +609,8 @@ std::string ImageStore::next_version(const std::string& name) {
   uint64_t mx = 0;
   if (auto it = images_.find(name); it != images_.end())
     for (const auto& [v, r] : it->second) {
-      if (!v.empty() && std::all_of(v.begin(), v.end(), ::isdigit) && v.size() < 18) mx = std::max<uint64_t>(mx, std::stoull(v));
+      if (!v.empty() && std::all_of(v.begin(), v.end(), ::isdigit) && v.size() < 18)
+        mx = std::max<uint64_t>(mx, std::stoull(v));
     }
   return std::to_string(mx + 1);
 }
@@ -570,7 +619,8 @@ Result<ImageRecord> ImageStore::find_locked(const std::string& ref) {
   auto nv = parse_image_ref(ref);
   if (!nv) return std::unexpected(nv.error());
   auto it = images_.find(nv->first);
-  if (it == images_.end() || it->second.empty()) return fail(Code::kNotFound, "image '" + nv->first + "' not found");
+  if (it == images_.end() || it->second.empty())
+    return fail(Code::kNotFound, "image '" + nv->first + "' not found");
   if (!nv->second.empty()) {
     auto v = it->second.find(nv->second);
     if (v == it->second.end()) return fail(Code::kNotFound, "image '" + ref + "' not found");
@@ -578,21 +628,24 @@ Result<ImageRecord> ImageStore::find_locked(const std::string& ref) {
   }
   const ImageRecord* best = nullptr;
   for (const auto& [v, r] : it->second)
-    if (!best || r.created_ms > best->created_ms || (r.created_ms == best->created_ms && r.version > best->version))
+    if (!best || r.created_ms > best->created_ms ||
+        (r.created_ms == best->created_ms && r.version > best->version))
       best = &r;
   return *best;
 }
 
-Result<void> ImageStore::expand_locked(const ImageRecord& r, int depth, std::vector<std::string>* digests,
-                                       ImageDefaults* d) {
-  if (depth > 16) return fail(Code::kInvalidArgument, "image '" + r.name + "' is composed too deep (a cycle?)");
+Result<void> ImageStore::expand_locked(const ImageRecord& r, int depth,
+                                       std::vector<std::string>* digests, ImageDefaults* d) {
+  if (depth > 16)
+    return fail(Code::kInvalidArgument, "image '" + r.name + "' is composed too deep (a cycle?)");
   ImageDefaults acc;
   // parts are top first; defaults merge bottom to top.
   std::vector<ImageDefaults> part_defaults;
   std::vector<std::string> out;
   for (const auto& p : r.parts) {
     if (p.rfind("sha256:", 0) == 0) {
-      if (!layers_.contains(p)) return fail(Code::kNotFound, "layer " + p + " of image " + r.name + " is missing");
+      if (!layers_.contains(p))
+        return fail(Code::kNotFound, "layer " + p + " of image " + r.name + " is missing");
       out.push_back(p);
     } else if (p.rfind("image:", 0) == 0) {
       auto sub = find_locked(p.substr(6));
@@ -604,7 +657,8 @@ Result<void> ImageStore::expand_locked(const ImageRecord& r, int depth, std::vec
       return fail(Code::kInvalidArgument, "invalid part '" + p + "' of image " + r.name);
     }
   }
-  for (auto it = part_defaults.rbegin(); it != part_defaults.rend(); ++it) merge_defaults(&acc, *it);
+  for (auto it = part_defaults.rbegin(); it != part_defaults.rend(); ++it)
+    merge_defaults(&acc, *it);
   merge_defaults(&acc, r.defaults);
   for (auto& x : out)
     if (std::find(digests->begin(), digests->end(), x) == digests->end()) digests->push_back(x);
@@ -613,9 +667,12 @@ Result<void> ImageStore::expand_locked(const ImageRecord& r, int depth, std::vec
 }
 
 Result<ImageRecord> ImageStore::put_image(ImageRecord r) {
-  if (!valid_image_name(r.name)) return fail(Code::kInvalidArgument, "invalid image name '" + r.name + "'");
-  if (!valid_image_version(r.version)) return fail(Code::kInvalidArgument, "invalid image version '" + r.version + "'");
-  if (r.parts.empty()) return fail(Code::kInvalidArgument, "an image needs at least one layer or image part");
+  if (!valid_image_name(r.name))
+    return fail(Code::kInvalidArgument, "invalid image name '" + r.name + "'");
+  if (!valid_image_version(r.version))
+    return fail(Code::kInvalidArgument, "invalid image version '" + r.version + "'");
+  if (r.parts.empty())
+    return fail(Code::kInvalidArgument, "an image needs at least one layer or image part");
   if (r.parts.size() > 128) return fail(Code::kInvalidArgument, "at most 128 parts");
   for (const auto& [k, v] : r.defaults.env)
     if (k.empty() || k.find('=') != std::string::npos || k.find('\0') != std::string::npos ||
@@ -626,16 +683,19 @@ Result<ImageRecord> ImageStore::put_image(ImageRecord r) {
   std::lock_guard lk(mu_);
   for (const auto& p : r.parts) {
     if (p.rfind("sha256:", 0) == 0) {
-      if (!valid_layer_digest(p)) return fail(Code::kInvalidArgument, "invalid layer digest '" + p + "'");
+      if (!valid_layer_digest(p))
+        return fail(Code::kInvalidArgument, "invalid layer digest '" + p + "'");
       if (!layers_.contains(p)) return fail(Code::kNotFound, "layer " + p + " not found");
     } else if (p.rfind("image:", 0) == 0) {
       auto nv = parse_image_ref(p.substr(6));
       if (!nv) return std::unexpected(nv.error());
-      if (nv->first == r.name) return fail(Code::kInvalidArgument, "image " + r.name + " cannot contain itself");
+      if (nv->first == r.name)
+        return fail(Code::kInvalidArgument, "image " + r.name + " cannot contain itself");
       auto sub = find_locked(p.substr(6));
       if (!sub) return std::unexpected(sub.error());
     } else {
-      return fail(Code::kInvalidArgument, "part '" + p + "' must be sha256:<hex> or image:<name>[:<version>]");
+      return fail(Code::kInvalidArgument,
+                  "part '" + p + "' must be sha256:<hex> or image:<name>[:<version>]");
     }
   }
   if (r.created_ms == 0) r.created_ms = now_ms();
@@ -682,8 +742,10 @@ Result<void> ImageStore::remove_image(const std::string& ref) {
       for (const auto& p : other.parts) {
         if (p.rfind("image:", 0) != 0) continue;
         auto sub = find_locked(p.substr(6));
-        if (sub && sub->name == r->name && sub->version == r->version && !(n == r->name && v == r->version))
-          return fail(Code::kConflict, "image " + n + ":" + v + " is composed of " + r->name + ":" + r->version);
+        if (sub && sub->name == r->name && sub->version == r->version &&
+            !(n == r->name && v == r->version))
+          return fail(Code::kConflict,
+                      "image " + n + ":" + v + " is composed of " + r->name + ":" + r->version);
       }
   images_[r->name].erase(r->version);
   if (images_[r->name].empty()) images_.erase(r->name);
@@ -700,9 +762,11 @@ Result<ResolvedLayers> ImageStore::resolve(const std::string& ref) {
       size_t j = list.find(',', i);
       if (j == std::string::npos) j = list.size();
       std::string d = list.substr(i, j - i);
-      if (!valid_layer_digest(d)) return fail(Code::kInvalidArgument, "invalid layer digest '" + d + "' in '" + ref + "'");
+      if (!valid_layer_digest(d))
+        return fail(Code::kInvalidArgument, "invalid layer digest '" + d + "' in '" + ref + "'");
       if (!layers_.contains(d)) return fail(Code::kNotFound, "layer " + d + " not found");
-      if (std::find(out.digests.begin(), out.digests.end(), d) == out.digests.end()) out.digests.push_back(d);
+      if (std::find(out.digests.begin(), out.digests.end(), d) == out.digests.end())
+        out.digests.push_back(d);
       i = j + 1;
     }
     if (out.digests.empty()) return fail(Code::kInvalidArgument, "empty layer list");
@@ -768,7 +832,8 @@ Result<GcReport> ImageStore::gc() {
       // Out of the store first (under the lock), deleted afterwards.
       std::string from = root_ + "/layers/sha256/" + d.substr(7);
       std::string to = make_tmp_dir("gc");
-      if (::rename(from.c_str(), to.c_str()) != 0) return sys_fail("rename(" + from + ", " + to + ")");
+      if (::rename(from.c_str(), to.c_str()) != 0)
+        return sys_fail("rename(" + from + ", " + to + ")");
       rep.removed.push_back(d);
       rep.freed_bytes += it->second.bytes;
       doomed.push_back(to);
@@ -779,7 +844,8 @@ Result<GcReport> ImageStore::gc() {
     auto r = remove_path(p);
     if (!r) spdlog::warn("image gc: cannot remove {}: {}", p, r.error().message());
   }
-  if (!rep.removed.empty()) spdlog::info("image gc: removed {} layers, {} bytes", rep.removed.size(), rep.freed_bytes);
+  if (!rep.removed.empty())
+    spdlog::info("image gc: removed {} layers, {} bytes", rep.removed.size(), rep.freed_bytes);
   return rep;
 }
 

@@ -48,8 +48,8 @@ namespace tp::image {
 
 struct StoreOptions {
   std::string data_dir;
-  UnpackLimits limits;       // per layer (uid_base is taken from here)
-  uint64_t budget_bytes = 0; // total apparent bytes of all layers; 0 = no budget
+  UnpackLimits limits;        // per layer (uid_base is taken from here)
+  uint64_t budget_bytes = 0;  // total apparent bytes of all layers; 0 = no budget
 };
 
 struct LayerInfo {
@@ -76,7 +76,7 @@ struct ResolvedLayers {
   std::vector<std::string> digests;  // top first, de-duplicated
   std::vector<std::string> paths;    // lower directories, top first
   ImageDefaults defaults;
-  std::shared_ptr<void> pin;         // holds every layer above against gc
+  std::shared_ptr<void> pin;  // holds every layer above against gc
 };
 
 struct GcReport {
@@ -101,7 +101,8 @@ class ImageStore : public std::enable_shared_from_this<ImageStore> {
   // a stored layer. The returned layer is pinned in *pins (if given) until
   // the caller drops it.
   Result<LayerInfo> add_layer_stream(const ByteSource& src, const std::string& expect_diff_id,
-                                     const std::string& source, std::vector<std::shared_ptr<void>>* pins);
+                                     const std::string& source,
+                                     std::vector<std::shared_ptr<void>>* pins);
   Result<LayerInfo> add_layer_file(const std::string& path, const std::string& source,
                                    std::vector<std::shared_ptr<void>>* pins);
   // A host directory as a layer: its owners are taken as ids inside the sandbox.
@@ -147,7 +148,7 @@ class ImageStore : public std::enable_shared_from_this<ImageStore> {
   std::string root_;  // <data_dir>/images
 
   std::mutex mu_;
-  std::map<std::string, LayerInfo> layers_;                          // by digest
+  std::map<std::string, LayerInfo> layers_;                           // by digest
   std::map<std::string, std::map<std::string, ImageRecord>> images_;  // name -> version -> record
   std::map<std::string, uint32_t> pins_;
 };

@@ -34,14 +34,16 @@ std::string read_from_layers(const std::vector<std::string>& layers, const char*
     std::string out;
     char buf[8192];
     ssize_t n;
-    while ((n = ::read(fd.get(), buf, sizeof buf)) > 0 && out.size() < (4u << 20)) out.append(buf, n);
+    while ((n = ::read(fd.get(), buf, sizeof buf)) > 0 && out.size() < (4u << 20))
+      out.append(buf, n);
     return out;
   }
   return "";
 }
 
 // Field 2 (id) and, for passwd, field 3 (gid) of the line whose first field is `name`.
-std::optional<std::pair<uint32_t, uint32_t>> lookup(const std::string& db, const std::string& name) {
+std::optional<std::pair<uint32_t, uint32_t>> lookup(const std::string& db,
+                                                    const std::string& name) {
   std::istringstream in(db);
   std::string line;
   while (std::getline(in, line)) {
@@ -70,7 +72,9 @@ Result<std::pair<uint32_t, uint32_t>> resolve_user(const std::string& user,
     uid = gid = *n;
   } else {
     auto e = lookup(read_from_layers(layers, "etc/passwd"), u);
-    if (!e) return fail(Code::kInvalidArgument, "image user '" + u + "' is not in the image's /etc/passwd");
+    if (!e)
+      return fail(Code::kInvalidArgument,
+                  "image user '" + u + "' is not in the image's /etc/passwd");
     uid = e->first;
     gid = e->second;
   }
@@ -79,7 +83,9 @@ Result<std::pair<uint32_t, uint32_t>> resolve_user(const std::string& user,
       gid = *n;
     } else {
       auto e = lookup(read_from_layers(layers, "etc/group"), g);
-      if (!e) return fail(Code::kInvalidArgument, "image group '" + g + "' is not in the image's /etc/group");
+      if (!e)
+        return fail(Code::kInvalidArgument,
+                    "image group '" + g + "' is not in the image's /etc/group");
       gid = e->first;
     }
   }

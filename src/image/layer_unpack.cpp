@@ -23,7 +23,8 @@ namespace {
 
 using sys::UniqueFd;
 
-constexpr uint64_t kResolve = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS | RESOLVE_NO_XDEV;
+constexpr uint64_t kResolve =
+    RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS | RESOLVE_NO_XDEV;
 constexpr uint64_t kSpaceCheckEvery = 8ull << 20;
 constexpr const char* kWhPrefix = ".wh.";
 constexpr const char* kWhMeta = ".wh..wh.";
@@ -53,7 +54,8 @@ struct MdFree {
 
 class Unpacker {
  public:
-  Unpacker(const ByteSource& src, int root, const UnpackLimits& lim) : src_(src), root_(root), lim_(lim) {
+  Unpacker(const ByteSource& src, int root, const UnpackLimits& lim)
+      : src_(src), root_(root), lim_(lim) {
     if (lim_.max_stream_bytes == 0) lim_.max_stream_bytes = lim_.max_bytes + (1ull << 30);
   }
 
@@ -140,7 +142,8 @@ class Unpacker {
     }
     stream_bytes_ += static_cast<uint64_t>(got);
     if (stream_bytes_ > lim_.max_stream_bytes) {
-      stream_error_ = "decompressed layer exceeds " + std::to_string(lim_.max_stream_bytes) + " bytes (limit)";
+      stream_error_ =
+          "decompressed layer exceeds " + std::to_string(lim_.max_stream_bytes) + " bytes (limit)";
       stream_limit_ = true;
       return -1;
     }
@@ -162,8 +165,8 @@ class Unpacker {
     if (stream_limit_) return fail(Code::kPayloadTooLarge, stream_error_);
     if (!stream_error_.empty()) return fail(Code::kInvalidArgument, what + ": " + stream_error_);
     const char* s = archive_error_string(tar_.get());
-    return fail(Code::kInvalidArgument,
-                what + " (entry " + std::to_string(stats_.entries) + "): " + (s ? s : "malformed tar"));
+    return fail(Code::kInvalidArgument, what + " (entry " + std::to_string(stats_.entries) +
+                                            "): " + (s ? s : "malformed tar"));
   }
   std::unexpected<Error> bad(const std::string& name, const std::string& why) {
     return fail(Code::kInvalidArgument, "layer entry '" + name + "': " + why);
@@ -173,14 +176,17 @@ class Unpacker {
   }
 
   // Directory fd of comps[0..n), created (owned by uid_base) when missing if `create`.
-  Result<int> dir_of(const std::vector<std::string>& comps, size_t n, bool create, const std::string& name) {
+  Result<int> dir_of(const std::vector<std::string>& comps, size_t n, bool create,
+                     const std::string& name) {
     if (n == 0) return root_;
     std::string key = join(comps, n);
     if (cache_fd_ && key == cache_key_) return cache_fd_.get();
     UniqueFd fd(open_dir_beneath(root_, key.c_str()));
     if (!fd) {
       if (errno == ELOOP || errno == ENOTDIR || errno == EXDEV)
-        return bad(name, "its directory '" + key + "' is a symlink or not a directory (writing through links is refused)");
+        return bad(name,
+                   "its directory '" + key +
+                       "' is a symlink or not a directory (writing through links is refused)");
       if (errno != ENOENT || !create) return sysbad(name, "openat2(" + key + ")");
       // Walk and create the missing directories one by one.
       UniqueFd cur;
@@ -199,7 +205,8 @@ class Unpacker {
         }
         if (f < 0) {
           if (errno == ELOOP || errno == ENOTDIR)
-            return bad(name, "its directory '" + join(comps, i + 1) + "' is a symlink or not a directory");
+            return bad(
+                name, "its directory '" + join(comps, i + 1) + "' is a symlink or not a directory");
           return sysbad(name, "openat2(" + join(comps, i + 1) + ")");
         }
         cur.reset(f);
@@ -214,7 +221,8 @@ class Unpacker {
 
   // Makes room for a new entry `leaf` in `pfd`; returns true when an existing
   // directory should be kept (a directory entry over a directory).
-  Result<bool> clear_slot(int pfd, const std::string& leaf, bool new_is_dir, const std::string& name) {
+  Result<bool> clear_slot(int pfd, const std::string& leaf, bool new_is_dir,
+                          const std::string& name) {
     struct stat st {};
     if (::fstatat(pfd, leaf.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) {
       if (errno == ENOENT) return false;
@@ -236,7 +244,8 @@ class Unpacker {
     if (u < 0 || g < 0 || u >= lim_.id_count || g >= lim_.id_count)
       return bad(name, "owner " + std::to_string(u) + ":" + std::to_string(g) + " is outside the " +
                            std::to_string(lim_.id_count) + " ids of a sandbox");
-    return std::pair<uid_t, gid_t>(lim_.uid_base + static_cast<uid_t>(u), lim_.uid_base + static_cast<gid_t>(g));
+    return std::pair<uid_t, gid_t>(lim_.uid_base + static_cast<uid_t>(u),
+                                   lim_.uid_base + static_cast<gid_t>(g));
   }
 
   void set_xattrs(int fd, archive_entry* e) {
@@ -261,8 +270,9 @@ class Unpacker {
     uint64_t avail = static_cast<uint64_t>(sv.f_bavail) * sv.f_frsize;
     if (avail < lim_.reserve_bytes + upcoming)
       return fail(Code::kInsufficientStorage,
-                  "layer entry '" + name + "' (" + std::to_string(upcoming) + " bytes) would leave less than " +
-                      std::to_string(lim_.reserve_bytes) + " bytes free on the image store's file system");
+                  "layer entry '" + name + "' (" + std::to_string(upcoming) +
+                      " bytes) would leave less than " + std::to_string(lim_.reserve_bytes) +
+                      " bytes free on the image store's file system");
     return {};
   }
 
@@ -275,7 +285,8 @@ class Unpacker {
       int r = archive_read_data_block(tar_.get(), &buf, &len, &off);
       if (r == ARCHIVE_EOF) break;
       if (r < ARCHIVE_WARN) return tar_fail("read data of '" + name + "'");
-      if (off < 0 || off + static_cast<la_int64_t>(len) > size) return bad(name, "data beyond its declared size");
+      if (off < 0 || off + static_cast<la_int64_t>(len) > size)
+        return bad(name, "data beyond its declared size");
       const char* p = static_cast<const char*>(buf);
       while (len > 0) {
         ssize_t w = ::pwrite(fd, p, len, off);
@@ -317,7 +328,8 @@ class Unpacker {
       if (leaf == kOpaque) {
         auto d = dir_of(comps, depth, true, name);
         if (!d) return std::unexpected(d.error());
-        if (::fsetxattr(*d, "user.overlay.opaque", "y", 1, 0) != 0) return sysbad(name, "fsetxattr(user.overlay.opaque)");
+        if (::fsetxattr(*d, "user.overlay.opaque", "y", 1, 0) != 0)
+          return sysbad(name, "fsetxattr(user.overlay.opaque)");
         ++stats_.opaque_dirs;
         return {};
       }
@@ -342,7 +354,8 @@ class Unpacker {
 
     if (hl) {
       auto tsp = split_entry_path(hl);
-      if (!tsp || tsp->empty()) return bad(name, "invalid hard link target '" + std::string(hl) + "'");
+      if (!tsp || tsp->empty())
+        return bad(name, "invalid hard link target '" + std::string(hl) + "'");
       std::vector<std::string> tc = *tsp;
       std::string tleaf = tc.back();
       UniqueFd tdir;
@@ -350,7 +363,8 @@ class Unpacker {
       if (tc.size() > 1) {
         std::string tk = join(tc, tc.size() - 1);
         tdir.reset(open_dir_beneath(root_, tk.c_str()));
-        if (!tdir) return bad(name, "hard link target '" + std::string(hl) + "' is not inside the layer");
+        if (!tdir)
+          return bad(name, "hard link target '" + std::string(hl) + "' is not inside the layer");
         tfd = tdir.get();
       }
       struct stat st {};
@@ -368,10 +382,12 @@ class Unpacker {
         stats_.bytes += static_cast<uint64_t>(size);
         if (stats_.bytes > lim_.max_bytes)
           return fail(Code::kPayloadTooLarge, "layer entry '" + name + "': unpacked files exceed " +
-                                                  std::to_string(lim_.max_bytes) + " bytes (limit)");
+                                                  std::to_string(lim_.max_bytes) +
+                                                  " bytes (limit)");
         TP_TRY(check_space(static_cast<uint64_t>(size), name));
         TP_TRY(clear_slot(pfd, leaf, false, name));
-        UniqueFd fd(::openat(pfd, leaf.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
+        UniqueFd fd(::openat(pfd, leaf.c_str(),
+                             O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
         if (!fd) return sysbad(name, "openat(O_CREAT|O_EXCL)");
         TP_TRY(write_file(fd.get(), e, name));
         return finish_fd(fd.get(), e, *own, perm, name);
@@ -396,14 +412,17 @@ class Unpacker {
       }
       case AE_IFIFO: {
         TP_TRY(clear_slot(pfd, leaf, false, name));
-        if (::mknodat(pfd, leaf.c_str(), S_IFIFO | 0600, 0) != 0) return sysbad(name, "mknodat(fifo)");
+        if (::mknodat(pfd, leaf.c_str(), S_IFIFO | 0600, 0) != 0)
+          return sysbad(name, "mknodat(fifo)");
         if (::fchownat(pfd, leaf.c_str(), own->first, own->second, AT_SYMLINK_NOFOLLOW) != 0)
           return sysbad(name, "fchownat(fifo)");
-        if (::fchmodat(pfd, leaf.c_str(), perm & 0777, 0) != 0) return sysbad(name, "fchmodat(fifo)");
+        if (::fchmodat(pfd, leaf.c_str(), perm & 0777, 0) != 0)
+          return sysbad(name, "fchmodat(fifo)");
         return {};
       }
       case AE_IFCHR:
-        if (archive_entry_rdevmajor(e) == 0 && archive_entry_rdevminor(e) == 0) {  // overlay-style whiteout
+        if (archive_entry_rdevmajor(e) == 0 &&
+            archive_entry_rdevminor(e) == 0) {  // overlay-style whiteout
           TP_TRY(clear_slot(pfd, leaf, false, name));
           return make_whiteout(pfd, leaf, name);
         }
@@ -411,7 +430,8 @@ class Unpacker {
       case AE_IFBLK:
         return bad(name, std::string(type == AE_IFBLK ? "block" : "character") + " device " +
                              std::to_string(archive_entry_rdevmajor(e)) + ":" +
-                             std::to_string(archive_entry_rdevminor(e)) + " refused (device nodes are not allowed in layers)");
+                             std::to_string(archive_entry_rdevminor(e)) +
+                             " refused (device nodes are not allowed in layers)");
       case AE_IFSOCK:
         return bad(name, "socket entries are refused");
       default:
@@ -420,14 +440,16 @@ class Unpacker {
   }
 
   Result<void> make_whiteout(int pfd, const std::string& leaf, const std::string& name) {
-    if (::mknodat(pfd, leaf.c_str(), S_IFCHR | 0000, makedev(0, 0)) != 0) return sysbad(name, "mknodat(whiteout 0/0)");
+    if (::mknodat(pfd, leaf.c_str(), S_IFCHR | 0000, makedev(0, 0)) != 0)
+      return sysbad(name, "mknodat(whiteout 0/0)");
     if (::fchownat(pfd, leaf.c_str(), lim_.uid_base, lim_.uid_base, AT_SYMLINK_NOFOLLOW) != 0)
       return sysbad(name, "fchownat(whiteout)");
     ++stats_.whiteouts;
     return {};
   }
 
-  Result<void> finish_fd(int fd, archive_entry* e, std::pair<uid_t, gid_t> own, mode_t perm, const std::string& name) {
+  Result<void> finish_fd(int fd, archive_entry* e, std::pair<uid_t, gid_t> own, mode_t perm,
+                         const std::string& name) {
     if (::fchown(fd, own.first, own.second) != 0) return sysbad(name, "fchown");
     // After chown, which clears setuid bits.
     if (::fchmod(fd, perm) != 0) return sysbad(name, "fchmod");
@@ -497,7 +519,8 @@ Result<void> remove_tree_at(int dir_fd, const std::string& name) {
     return sys_fail("fstatat(" + name + ")");
   }
   if (!S_ISDIR(st.st_mode)) {
-    if (::unlinkat(dir_fd, name.c_str(), 0) != 0 && errno != ENOENT) return sys_fail("unlinkat(" + name + ")");
+    if (::unlinkat(dir_fd, name.c_str(), 0) != 0 && errno != ENOENT)
+      return sys_fail("unlinkat(" + name + ")");
     return {};
   }
   int fd = ::openat(dir_fd, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
@@ -540,7 +563,8 @@ ByteSource fd_source(int fd) {
   };
 }
 
-Result<UnpackStats> unpack_layer_file(const std::string& path, int dir_fd, const UnpackLimits& lim) {
+Result<UnpackStats> unpack_layer_file(const std::string& path, int dir_fd,
+                                      const UnpackLimits& lim) {
   UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
   if (!fd) return sys_fail("open(" + path + ")");
   ByteSource src = fd_source(fd.get());

@@ -58,10 +58,10 @@ struct UnpackLimits {
 };
 
 struct UnpackStats {
-  std::string diff_id;      // sha256:<hex> of the uncompressed tar
-  uint64_t bytes = 0;       // apparent bytes of regular files
-  uint64_t entries = 0;     // tar entries processed
-  uint64_t whiteouts = 0;   // .wh.* converted
+  std::string diff_id;     // sha256:<hex> of the uncompressed tar
+  uint64_t bytes = 0;      // apparent bytes of regular files
+  uint64_t entries = 0;    // tar entries processed
+  uint64_t whiteouts = 0;  // .wh.* converted
   uint64_t opaque_dirs = 0;
   uint64_t xattrs_dropped = 0;
 };

@@ -31,9 +31,11 @@ Result<std::string> blob_path(const std::string& digest) {
   return "blobs/sha256/" + digest.substr(7);
 }
 
-Result<const std::string*> member(const std::map<std::string, std::string>& m, const std::string& name) {
+Result<const std::string*> member(const std::map<std::string, std::string>& m,
+                                  const std::string& name) {
   auto it = m.find(normalize_member(name));
-  if (it == m.end()) return fail(Code::kInvalidArgument, "archive member '" + name + "' is missing");
+  if (it == m.end())
+    return fail(Code::kInvalidArgument, "archive member '" + name + "' is missing");
   return &it->second;
 }
 
@@ -60,7 +62,8 @@ std::string normalize_member(const std::string& name) {
   return out;
 }
 
-Result<ImageDefaults> parse_image_config(const std::string& text, std::vector<std::string>* diff_ids) {
+Result<ImageDefaults> parse_image_config(const std::string& text,
+                                         std::vector<std::string>* diff_ids) {
   auto v = parse(text, "image config");
   if (!v) return std::unexpected(v.error());
   if (!v->is_object()) return fail(Code::kInvalidArgument, "image config is not an object");
@@ -92,7 +95,8 @@ Result<ImageDefaults> parse_image_config(const std::string& text, std::vector<st
       if (auto* ids = rf->as_object().if_contains("diff_ids"); ids && ids->is_array())
         for (const auto& x : ids->as_array()) {
           std::string s = x.is_string() ? std::string(x.as_string()) : "";
-          if (!valid_digest(s)) return fail(Code::kInvalidArgument, "image config has an invalid diff_id '" + s + "'");
+          if (!valid_digest(s))
+            return fail(Code::kInvalidArgument, "image config has an invalid diff_id '" + s + "'");
           diff_ids->push_back(s);
         }
     }
@@ -108,7 +112,8 @@ Result<ImagePlan> plan_docker(const std::map<std::string, std::string>& members)
   if (!v->is_array() || v->as_array().empty())
     return fail(Code::kInvalidArgument, "manifest.json must be a non-empty array");
   if (v->as_array().size() > 1)
-    return fail(Code::kInvalidArgument, "the archive holds " + std::to_string(v->as_array().size()) +
+    return fail(Code::kInvalidArgument, "the archive holds " +
+                                            std::to_string(v->as_array().size()) +
                                             " images; import one image per archive");
   const auto& e = v->as_array()[0];
   if (!e.is_object()) return fail(Code::kInvalidArgument, "manifest.json entry is not an object");
@@ -123,14 +128,18 @@ Result<ImagePlan> plan_docker(const std::map<std::string, std::string>& members)
   if (!d) return std::unexpected(d.error());
   plan.defaults = std::move(*d);
   auto* layers = o.if_contains("Layers");
-  if (!layers || !layers->is_array()) return fail(Code::kInvalidArgument, "manifest.json has no Layers");
+  if (!layers || !layers->is_array())
+    return fail(Code::kInvalidArgument, "manifest.json has no Layers");
   const auto& la = layers->as_array();
   if (!diff_ids.empty() && diff_ids.size() != la.size())
-    return fail(Code::kInvalidArgument, "config lists " + std::to_string(diff_ids.size()) + " diff_ids for " +
-                                            std::to_string(la.size()) + " layers");
+    return fail(Code::kInvalidArgument, "config lists " + std::to_string(diff_ids.size()) +
+                                            " diff_ids for " + std::to_string(la.size()) +
+                                            " layers");
   for (size_t i = 0; i < la.size(); ++i) {
-    if (!la[i].is_string()) return fail(Code::kInvalidArgument, "manifest.json Layers must be strings");
-    plan.layers.push_back({normalize_member(std::string(la[i].as_string())), diff_ids.empty() ? "" : diff_ids[i]});
+    if (!la[i].is_string())
+      return fail(Code::kInvalidArgument, "manifest.json Layers must be strings");
+    plan.layers.push_back(
+        {normalize_member(std::string(la[i].as_string())), diff_ids.empty() ? "" : diff_ids[i]});
   }
   if (auto* t = o.if_contains("RepoTags"); t && t->is_array())
     for (const auto& x : t->as_array())
@@ -151,10 +160,12 @@ Result<ImagePlan> plan_oci(const std::map<std::string, std::string>& members) {
     if (!cur.is_object()) return fail(Code::kInvalidArgument, "index is not an object");
     auto* ms = cur.as_object().if_contains("manifests");
     if (!ms) break;  // an image manifest
-    if (!ms->is_array() || ms->as_array().empty()) return fail(Code::kInvalidArgument, "index lists no manifests");
+    if (!ms->is_array() || ms->as_array().empty())
+      return fail(Code::kInvalidArgument, "index lists no manifests");
     if (ms->as_array().size() > 1)
-      return fail(Code::kInvalidArgument, "the index lists " + std::to_string(ms->as_array().size()) +
-                                              " manifests; import one image (platform) per archive");
+      return fail(Code::kInvalidArgument,
+                  "the index lists " + std::to_string(ms->as_array().size()) +
+                      " manifests; import one image (platform) per archive");
     const auto& d = ms->as_array()[0];
     if (!d.is_object()) return fail(Code::kInvalidArgument, "index entry is not an object");
     if (auto* an = d.as_object().if_contains("annotations"); an && an->is_object()) {
@@ -184,8 +195,9 @@ Result<ImagePlan> plan_oci(const std::map<std::string, std::string>& members) {
   if (!layers || !layers->is_array()) return fail(Code::kInvalidArgument, "manifest has no layers");
   const auto& la = layers->as_array();
   if (!diff_ids.empty() && diff_ids.size() != la.size())
-    return fail(Code::kInvalidArgument, "config lists " + std::to_string(diff_ids.size()) + " diff_ids for " +
-                                            std::to_string(la.size()) + " layers");
+    return fail(Code::kInvalidArgument, "config lists " + std::to_string(diff_ids.size()) +
+                                            " diff_ids for " + std::to_string(la.size()) +
+                                            " layers");
   for (size_t i = 0; i < la.size(); ++i) {
     if (!la[i].is_object()) return fail(Code::kInvalidArgument, "manifest layer is not an object");
     std::string mt = str(la[i].as_object(), "mediaType");

@@ -31,7 +31,7 @@ struct LayerSource {
 struct ImagePlan {
   std::vector<LayerSource> layers;  // bottom first, as manifests list them
   ImageDefaults defaults;
-  std::vector<std::string> tags;    // RepoTags / org.opencontainers.image.ref.name
+  std::vector<std::string> tags;  // RepoTags / org.opencontainers.image.ref.name
 };
 
 // Normalizes an archive member name ("./a//b" -> "a/b").
@@ -41,6 +41,7 @@ std::string normalize_member(const std::string& name);
 Result<ImagePlan> plan_docker(const std::map<std::string, std::string>& members);
 Result<ImagePlan> plan_oci(const std::map<std::string, std::string>& members);
 // Reads Env, WorkingDir, User, Entrypoint, Cmd and rootfs.diff_ids of an image config.
-Result<ImageDefaults> parse_image_config(const std::string& json, std::vector<std::string>* diff_ids);
+Result<ImageDefaults> parse_image_config(const std::string& json,
+                                         std::vector<std::string>* diff_ids);
 
 }  // namespace tp::image

@@ -11,21 +11,21 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cstring>
 #include <boost/asio/bind_executor.hpp>
 #include <boost/asio/buffer.hpp>
-#include <boost/asio/post.hpp>
 #include <boost/asio/posix/stream_descriptor.hpp>
+#include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/strand.hpp>
 #include <boost/asio/write.hpp>
+#include <cstring>
 #include <deque>
 #include <mutex>
 #include <set>
 
 #include "node/agent_client_codec.h"
-#include "sys/fd.h"
 #include "protocol/wire.h"
+#include "sys/fd.h"
 
 namespace tp::node {
 namespace {
@@ -46,7 +46,8 @@ uint64_t session_epoch() {
   static const uint64_t epoch = [] {
     timespec ts{};
     ::clock_gettime(CLOCK_REALTIME, &ts);
-    uint64_t v = static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<uint64_t>(ts.tv_nsec);
+    uint64_t v =
+        static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<uint64_t>(ts.tv_nsec);
     return v ? v : 1;
   }();
   return epoch;
@@ -55,7 +56,10 @@ uint64_t session_epoch() {
 class AgentClientImpl final : public AgentClient {
  public:
   AgentClientImpl(asio::io_context& io, int fd, std::string sandbox_id)
-      : strand_(asio::make_strand(io)), sd_(strand_), attach_timer_(strand_), sandbox_id_(std::move(sandbox_id)) {
+      : strand_(asio::make_strand(io)),
+        sd_(strand_),
+        attach_timer_(strand_),
+        sandbox_id_(std::move(sandbox_id)) {
     int d = ::fcntl(fd, F_DUPFD_CLOEXEC, 3);
     if (d < 0) {
       dup_errno_ = errno;
@@ -164,8 +168,7 @@ class AgentClientImpl final : public AgentClient {
     });
   }
 
-  void list(std::string path,
-            std::function<void(Result<std::vector<FileEntry>>)> cb) override {
+  void list(std::string path, std::function<void(Result<std::vector<FileEntry>>)> cb) override {
     Message m(MsgType::kFileList, 0);
     m.add(Tag::kPath, path);
     simple(std::move(m), [path, cb = std::move(cb)](Result<Message> r) {
@@ -394,18 +397,19 @@ class AgentClientImpl final : public AgentClient {
   void do_write() {
     if (writing_ || wq_.empty() || closed_) return;
     writing_ = true;
-    asio::async_write(sd_, asio::buffer(wq_.front()),
-                      asio::bind_executor(strand_, [self = self()](boost::system::error_code ec, size_t) {
-                        self->writing_ = false;
-                        if (ec) {
-                          if (!self->closed_)
-                            self->fail_all(Error{Code::kUnavailable, ec.value(),
-                                                 "write to agent of " + self->sandbox_id_});
-                          return;
-                        }
-                        self->wq_.pop_front();
-                        self->do_write();
-                      }));
+    asio::async_write(
+        sd_, asio::buffer(wq_.front()),
+        asio::bind_executor(strand_, [self = self()](boost::system::error_code ec, size_t) {
+          self->writing_ = false;
+          if (ec) {
+            if (!self->closed_)
+              self->fail_all(
+                  Error{Code::kUnavailable, ec.value(), "write to agent of " + self->sandbox_id_});
+            return;
+          }
+          self->wq_.pop_front();
+          self->do_write();
+        }));
   }
 
   // Waits for readability, then drains the socket into a per-thread buffer: an
@@ -417,7 +421,8 @@ class AgentClientImpl final : public AgentClient {
         asio::bind_executor(strand_, [self = self()](boost::system::error_code ec) {
           if (self->closed_) return;
           if (ec) {
-            self->fail_all(Error{Code::kUnavailable, ec.value(), "wait on agent of " + self->sandbox_id_});
+            self->fail_all(
+                Error{Code::kUnavailable, ec.value(), "wait on agent of " + self->sandbox_id_});
             return;
           }
           thread_local std::vector<char> buf(kReadChunk);
@@ -430,8 +435,10 @@ class AgentClientImpl final : public AgentClient {
             }
             if (n < 0 && errno == EINTR) continue;
             if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
-            Error e = n == 0 ? Error{Code::kUnavailable, 0, "agent of " + self->sandbox_id_ + " closed the connection"}
-                             : Error{Code::kUnavailable, errno, "read from agent of " + self->sandbox_id_};
+            Error e = n == 0 ? Error{Code::kUnavailable, 0,
+                                     "agent of " + self->sandbox_id_ + " closed the connection"}
+                             : Error{Code::kUnavailable, errno,
+                                     "read from agent of " + self->sandbox_id_};
             // Deliver what arrived before the end, then fail the rest.
             while (auto m = self->reader_.next()) self->on_message(std::move(*m));
             if (!self->closed_) self->fail_all(e);
@@ -514,9 +521,10 @@ class AgentClientImpl final : public AgentClient {
         ids_above(m.u64(Tag::kHighId, 0));
         if (!unattached_.empty()) {
           attach_timer_.expires_after(kAttachWait);
-          attach_timer_.async_wait(asio::bind_executor(strand_, [self = self()](boost::system::error_code ec) {
-            if (!ec) self->abandon_unattached();
-          }));
+          attach_timer_.async_wait(
+              asio::bind_executor(strand_, [self = self()](boost::system::error_code ec) {
+                if (!ec) self->abandon_unattached();
+              }));
         }
         if (auto cb = std::exchange(on_ready_, nullptr)) cb({});
       }
@@ -532,7 +540,8 @@ class AgentClientImpl final : public AgentClient {
           return;
         case MsgType::kOutput:
           if (p.exec.on_output)
-            p.exec.on_output(static_cast<int>(m.u64(Tag::kStream, 1)), m.get(Tag::kData).value_or(""));
+            p.exec.on_output(static_cast<int>(m.u64(Tag::kStream, 1)),
+                             m.get(Tag::kData).value_or(""));
           return;
         case MsgType::kExit:
         case MsgType::kError: {
@@ -636,7 +645,8 @@ Result<std::shared_ptr<AgentClient>> AgentClient::connect(boost::asio::io_contex
   sockaddr_un sa{};
   sa.sun_family = AF_UNIX;
   if (address.empty() || address[0] != '/')
-    return fail(Code::kInvalidArgument, "agent address of " + sandbox_id + " is not an absolute path: " + address);
+    return fail(Code::kInvalidArgument,
+                "agent address of " + sandbox_id + " is not an absolute path: " + address);
   std::string path = address;
   sys::UniqueFd dir_fd;
   if (path.size() >= sizeof(sa.sun_path)) {
@@ -646,7 +656,8 @@ Result<std::shared_ptr<AgentClient>> AgentClient::connect(boost::asio::io_contex
     dir_fd.reset(::open(dir.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
     if (!dir_fd) return sys_fail("open(" + dir + ", O_PATH) for the agent of " + sandbox_id);
     path = "/proc/self/fd/" + std::to_string(dir_fd.get()) + path.substr(slash);
-    if (path.size() >= sizeof(sa.sun_path)) return fail(Code::kInvalidArgument, "agent socket name too long: " + address);
+    if (path.size() >= sizeof(sa.sun_path))
+      return fail(Code::kInvalidArgument, "agent socket name too long: " + address);
   }
   std::memcpy(sa.sun_path, path.data(), path.size());
   sys::UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
@@ -660,7 +671,8 @@ Result<std::shared_ptr<AgentClient>> AgentClient::connect(boost::asio::io_contex
     Code c = (e == ECONNREFUSED || e == ENOENT) ? Code::kNotFound : Code::kUnavailable;
     return std::unexpected(Error{c, e, "connect(" + address + ") to the agent of " + sandbox_id});
   }
-  return std::shared_ptr<AgentClient>(std::make_shared<AgentClientImpl>(io, fd.get(), std::move(sandbox_id)));
+  return std::shared_ptr<AgentClient>(
+      std::make_shared<AgentClientImpl>(io, fd.get(), std::move(sandbox_id)));
 }
 
 }  // namespace tp::node

@@ -21,7 +21,6 @@
 #pragma once
 
 #include <boost/asio/io_context.hpp>
-
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -35,15 +34,15 @@
 namespace tp::node {
 
 struct ExecRequest {
-  std::vector<std::string> argv;          // argv[0] looked up in PATH when it has no '/'
-  std::vector<std::string> env;           // "K=V"; empty = the agent's default environment
+  std::vector<std::string> argv;  // argv[0] looked up in PATH when it has no '/'
+  std::vector<std::string> env;   // "K=V"; empty = the agent's default environment
   std::string cwd = "/";
   uint32_t uid = 0;
   uint32_t gid = 0;
-  uint64_t timeout_ms = 0;                // 0 = none
-  uint64_t output_limit = 16ull << 20;    // per stream
-  std::string stdin_data;                 // written to stdin first
-  bool stdin_open = false;                // keep stdin open for send_stdin()
+  uint64_t timeout_ms = 0;              // 0 = none
+  uint64_t output_limit = 16ull << 20;  // per stream
+  std::string stdin_data;               // written to stdin first
+  bool stdin_open = false;              // keep stdin open for send_stdin()
   // Opaque to the agent: kept with the command and handed back when a new
   // session resumes (the node's note of what the command is for).
   std::string meta;
@@ -58,8 +57,8 @@ struct ResumedCommand {
 };
 
 struct ExecResult {
-  int64_t exit_code = -1;     // -1 when killed by a signal
-  int signal = 0;             // terminating signal, 0 if exited
+  int64_t exit_code = -1;  // -1 when killed by a signal
+  int signal = 0;          // terminating signal, 0 if exited
   uint64_t wall_us = 0;
   uint64_t max_rss_kb = 0;
   bool timed_out = false;
@@ -68,11 +67,11 @@ struct ExecResult {
 };
 
 struct FileEntry {
-  std::string name;         // base name
-  std::string path;         // absolute path inside the sandbox
-  std::string type;         // "file", "dir", "symlink", "other"
+  std::string name;  // base name
+  std::string path;  // absolute path inside the sandbox
+  std::string type;  // "file", "dir", "symlink", "other"
   uint64_t size = 0;
-  uint32_t mode = 0;        // permission bits
+  uint32_t mode = 0;  // permission bits
   uint64_t mtime_ns = 0;
   uint32_t uid = 0;
   uint32_t gid = 0;
@@ -80,9 +79,9 @@ struct FileEntry {
 };
 
 struct ExecHandlers {
-  std::function<void(uint32_t pid)> on_started;                   // optional
+  std::function<void(uint32_t pid)> on_started;                      // optional
   std::function<void(int stream, std::string_view data)> on_output;  // 1 stdout, 2 stderr; optional
-  std::function<void(Result<ExecResult>)> on_done;                // required, called once
+  std::function<void(Result<ExecResult>)> on_done;                   // required, called once
 };
 
 class AgentClient : public std::enable_shared_from_this<AgentClient> {

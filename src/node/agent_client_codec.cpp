@@ -28,7 +28,8 @@ Result<std::vector<std::string>> exec_frames(const ExecRequest& req, uint32_t id
   std::vector<std::string> frames;
   frames.push_back(proto::encode(m));
   if (req.meta.size() > proto::kMaxMeta)
-    return fail(Code::kPayloadTooLarge, "exec: meta exceeds " + std::to_string(proto::kMaxMeta) + " bytes");
+    return fail(Code::kPayloadTooLarge,
+                "exec: meta exceeds " + std::to_string(proto::kMaxMeta) + " bytes");
   if (frames[0].size() > proto::kMaxFrame)
     return fail(Code::kPayloadTooLarge, "exec: argv and env exceed one frame");
   if (!rest.empty()) {

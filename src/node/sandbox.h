@@ -38,11 +38,11 @@ namespace tp::node {
 // An image resolved to what the runtime needs. `pin` keeps the image's layers
 // from being garbage-collected while a sandbox uses them (released at its end).
 struct ResolvedImage {
-  std::vector<std::string> layers;  // lower directories, top first
+  std::vector<std::string> layers;         // lower directories, top first
   std::map<std::string, std::string> env;  // image defaults, under the sandbox's env
   std::string workdir;                     // default cwd of commands ("" = /)
   std::shared_ptr<void> pin;
-  uint32_t uid = 0;                        // default user of commands
+  uint32_t uid = 0;  // default user of commands
   uint32_t gid = 0;
 };
 
@@ -50,8 +50,8 @@ struct ResolvedImage {
 // under the sandbox's data directory, not to memory.
 struct BgProc {
   std::mutex mu;
-  ProcessInfo info;          // out/err stay empty here: read from the files
-  uint32_t exec_id = 0;      // the agent's id of the command (changes on a restart)
+  ProcessInfo info;      // out/err stay empty here: read from the files
+  uint32_t exec_id = 0;  // the agent's id of the command (changes on a restart)
   std::string out_path, err_path;
   int out_fd = -1, err_fd = -1;  // open while it runs
   uint64_t limit = 0;            // bytes kept per stream

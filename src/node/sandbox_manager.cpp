@@ -4,11 +4,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/json.hpp>
-
-#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -93,8 +92,10 @@ void append_capped(int fd, uint64_t limit, uint64_t* written, std::string_view d
 
 void proc_output(const std::shared_ptr<BgProc>& bg, int stream, std::string_view data) {
   std::lock_guard lk(bg->mu);
-  if (stream == 2) append_capped(bg->err_fd, bg->limit, &bg->err_bytes, data);
-  else append_capped(bg->out_fd, bg->limit, &bg->out_bytes, data);
+  if (stream == 2)
+    append_capped(bg->err_fd, bg->limit, &bg->err_bytes, data);
+  else
+    append_capped(bg->out_fd, bg->limit, &bg->out_bytes, data);
 }
 
 void proc_done(const std::shared_ptr<BgProc>& bg, Result<ExecOutcome> r) {
@@ -102,8 +103,10 @@ void proc_done(const std::shared_ptr<BgProc>& bg, Result<ExecOutcome> r) {
   {
     std::lock_guard lk(bg->mu);
     bg->info.exited = true;
-    if (r) bg->info.outcome = *r;
-    else bg->info.error = r.error();
+    if (r)
+      bg->info.outcome = *r;
+    else
+      bg->info.error = r.error();
     bg->close_files();
     waiters.swap(bg->waiters);
   }
@@ -111,9 +114,11 @@ void proc_done(const std::shared_ptr<BgProc>& bg, Result<ExecOutcome> r) {
 }
 
 Error ended_while_creating(const std::string& id, EndReason why) {
-  if (why == EndReason::kDeleted) return Error{Code::kConflict, 0, "sandbox " + id + " was deleted while creating"};
-  return Error{Code::kConflict, 0,
-               "sandbox " + id + " was stopped while creating (" + std::string(to_string(why)) + ")"};
+  if (why == EndReason::kDeleted)
+    return Error{Code::kConflict, 0, "sandbox " + id + " was deleted while creating"};
+  return Error{
+      Code::kConflict, 0,
+      "sandbox " + id + " was stopped while creating (" + std::string(to_string(why)) + ")"};
 }
 
 runtime::SandboxSpec spec_of(const SandboxRecord& r, const ResolvedImage& img) {
@@ -177,13 +182,15 @@ Result<void> SandboxManager::recover() {
   runner.join();
   io_.restart();
   for (auto* b : registry_.all())
-    for (const auto& id : b->cleanup_orphans(keep)) TP_SB_WARN(id, "removed leftovers of a previous run");
+    for (const auto& id : b->cleanup_orphans(keep))
+      TP_SB_WARN(id, "removed leftovers of a previous run");
   // Output directories of sandboxes that are no more.
   if (!opts_.data_dir.empty()) {
     std::error_code ec;
     for (const auto& e : std::filesystem::directory_iterator(opts_.data_dir + "/sandboxes", ec)) {
       std::string id = e.path().filename().string();
-      if (std::find(keep.begin(), keep.end(), id) == keep.end()) remove_process_files(e.path().string());
+      if (std::find(keep.begin(), keep.end(), id) == keep.end())
+        remove_process_files(e.path().string());
     }
   }
   // A record that cannot be marked stopped (e.g. a full disk) would stay "running"
@@ -205,7 +212,8 @@ Result<bool> SandboxManager::adopt_one(SandboxRecord r) {
     bool resolved = true;
     if (r.image != "host") {
       auto img = resolver_ ? resolver_(r.image) : fail(Code::kNotFound, "no image resolver");
-      if (img) sb->image = std::move(*img);
+      if (img)
+        sb->image = std::move(*img);
       else {
         inst = std::unexpected(img.error());
         resolved = false;
@@ -215,14 +223,16 @@ Result<bool> SandboxManager::adopt_one(SandboxRecord r) {
   }
   if (inst) {
     std::string addr = (*inst)->agent_address();
-    Result<std::shared_ptr<AgentClient>> agent = fail(Code::kUnavailable, "no way to reach its agent");
+    Result<std::shared_ptr<AgentClient>> agent =
+        fail(Code::kUnavailable, "no way to reach its agent");
     if (!addr.empty() && opts_.agent_connect) agent = opts_.agent_connect(io_, addr, r.id);
     Result<void> ready = agent ? Result<void>{} : Result<void>{std::unexpected(agent.error())};
     if (agent) {
       auto p = std::make_shared<std::promise<Result<void>>>();
       auto once = std::make_shared<std::once_flag>();
       auto f = p->get_future();
-      (*agent)->start([p, once](Result<void> ok) { std::call_once(*once, [&] { p->set_value(ok); }); });
+      (*agent)->start(
+          [p, once](Result<void> ok) { std::call_once(*once, [&] { p->set_value(ok); }); });
       if (f.wait_for(opts_.agent_ready_timeout) != std::future_status::ready)
         ready = fail(Code::kDeadlineExceeded, "agent did not answer in time");
       else
@@ -258,13 +268,15 @@ Result<bool> SandboxManager::adopt_one(SandboxRecord r) {
         const json::object* o = (!ec && m.is_object()) ? &m.as_object() : nullptr;
         const json::value* kind = o ? o->if_contains("kind") : nullptr;
         const json::value* handle = o ? o->if_contains("handle") : nullptr;
-        if (kind && kind->is_string() && kind->as_string() == "process" && handle && handle->is_int64()) {
+        if (kind && kind->is_string() && kind->as_string() == "process" && handle &&
+            handle->is_int64()) {
           auto bg = std::make_shared<BgProc>();
           bg->info.pid = static_cast<uint32_t>(handle->as_int64());
           if (auto* a = o->if_contains("argv"); a && a->is_array())
             for (const auto& s : a->as_array())
               if (s.is_string()) bg->info.argv.emplace_back(s.as_string());
-          if (auto* t = o->if_contains("started_ms"); t && t->is_int64()) bg->info.started_ms = t->as_int64();
+          if (auto* t = o->if_contains("started_ms"); t && t->is_int64())
+            bg->info.started_ms = t->as_int64();
           bg->limit = 16ull << 20;
           if (auto* l = o->if_contains("limit"); l && (l->is_uint64() || l->is_int64()))
             bg->limit = l->to_number<uint64_t>();
@@ -313,8 +325,10 @@ void SandboxManager::attach_proc(const std::shared_ptr<Sandbox>& sb, std::shared
     bg->out_fd = open_append(bg->out_path);
     bg->err_fd = open_append(bg->err_path);
     struct stat st {};
-    if (bg->out_fd >= 0 && ::fstat(bg->out_fd, &st) == 0) bg->out_bytes = static_cast<uint64_t>(st.st_size);
-    if (bg->err_fd >= 0 && ::fstat(bg->err_fd, &st) == 0) bg->err_bytes = static_cast<uint64_t>(st.st_size);
+    if (bg->out_fd >= 0 && ::fstat(bg->out_fd, &st) == 0)
+      bg->out_bytes = static_cast<uint64_t>(st.st_size);
+    if (bg->err_fd >= 0 && ::fstat(bg->err_fd, &st) == 0)
+      bg->err_bytes = static_cast<uint64_t>(st.st_size);
   }
   {
     std::lock_guard lk(sb->mu);
@@ -375,7 +389,8 @@ void SandboxManager::on_tick() {
       if (sb->rec.expires_at_ms && now >= sb->rec.expires_at_ms) {
         expired.emplace_back(sb, EndReason::kTtl);
       } else if (sb->rec.idle_timeout_seconds && sb->running_execs == 0 &&
-                 now - sb->last_active_ms >= static_cast<int64_t>(sb->rec.idle_timeout_seconds) * 1000) {
+                 now - sb->last_active_ms >=
+                     static_cast<int64_t>(sb->rec.idle_timeout_seconds) * 1000) {
         expired.emplace_back(sb, EndReason::kIdle);
       }
     }
@@ -428,9 +443,13 @@ void SandboxManager::shutdown() {
 void SandboxManager::create(CreateParams p, RecordCb cb) {
   auto reject = [&](Error e) { asio::post(io_, [cb, e] { cb(std::unexpected(e)); }); };
   runtime::Backend* backend = registry_.find(p.tier);
-  if (!backend) return reject(Error{Code::kInvalidArgument, 0, "tier '" + p.tier + "' is not available on this node"});
-  if (p.image.empty()) return reject(Error{Code::kInvalidArgument, 0, "field 'image' must not be empty"});
-  if (p.image != "host" && !resolver_) return reject(Error{Code::kNotFound, 0, "image '" + p.image + "' not found"});
+  if (!backend)
+    return reject(
+        Error{Code::kInvalidArgument, 0, "tier '" + p.tier + "' is not available on this node"});
+  if (p.image.empty())
+    return reject(Error{Code::kInvalidArgument, 0, "field 'image' must not be empty"});
+  if (p.image != "host" && !resolver_)
+    return reject(Error{Code::kNotFound, 0, "image '" + p.image + "' not found"});
   SandboxRecord r;
   r.id = ids::new_sandbox_id(opts_.node_name);
   r.tier = p.tier;
@@ -505,7 +524,8 @@ void SandboxManager::create_op(std::shared_ptr<Sandbox> sb, RecordCb cb, Sandbox
   bool resolved = true;
   if (snap.image != "host") {
     auto r = resolver_(snap.image);
-    if (r) img = std::move(*r);
+    if (r)
+      img = std::move(*r);
     else {
       inst = std::unexpected(r.error());
       resolved = false;
@@ -545,7 +565,9 @@ void SandboxManager::create_op(std::shared_ptr<Sandbox> sb, RecordCb cb, Sandbox
   auto finish = [this, sb, cb, done, start_us, timer, once](Result<void> ready) {
     std::call_once(*once, [&] {
       timer->cancel();
-      asio::post(blocking_, [this, sb, cb, done, start_us, ready] { agent_ready(sb, cb, done, start_us, ready); });
+      asio::post(blocking_, [this, sb, cb, done, start_us, ready] {
+        agent_ready(sb, cb, done, start_us, ready);
+      });
     });
   };
   timer->async_wait([finish](boost::system::error_code ec) {
@@ -588,7 +610,8 @@ void SandboxManager::agent_ready(std::shared_ptr<Sandbox> sb, RecordCb cb, Sandb
       answer(snap);
       return done();
     }
-    failed = Error{v.error().code, v.error().sys_errno, "cannot record sandbox: " + v.error().message()};
+    failed =
+        Error{v.error().code, v.error().sys_errno, "cannot record sandbox: " + v.error().message()};
     TP_SB_ERROR(sb->id(), "{}", failed->message());
   }
   metrics_.creation_failures++;
@@ -606,7 +629,8 @@ void SandboxManager::watch_agent(const std::shared_ptr<Sandbox>& sb) {
     if (!s) return;
     {
       std::lock_guard lk(s->mu);
-      if (s->state != State::kRunning || s->stop_reason != EndReason::kNone || s->release_requested) return;
+      if (s->state != State::kRunning || s->stop_reason != EndReason::kNone || s->release_requested)
+        return;
     }
     TP_SB_WARN(s->id(), "agent connection lost ({}): sandbox failed", e.message());
     request_stop(s, EndReason::kFailed, nullptr);
@@ -616,7 +640,8 @@ void SandboxManager::watch_agent(const std::shared_ptr<Sandbox>& sb) {
 void SandboxManager::request_stop(std::shared_ptr<Sandbox> sb, EndReason reason, RecordCb cb) {
   {
     std::lock_guard lk(sb->mu);
-    if (sb->state == State::kReleased || (sb->release_requested && sb->stop_reason == EndReason::kNone)) {
+    if (sb->state == State::kReleased ||
+        (sb->release_requested && sb->stop_reason == EndReason::kNone)) {
       // Handed over to the next daemon run: stopping it now would record it
       // stopped while it keeps running.
       if (cb) asio::post(io_, [cb] { cb(fail(Code::kUnavailable, "daemon is shutting down")); });
@@ -712,8 +737,10 @@ void SandboxManager::store_final(const std::shared_ptr<Sandbox>& sb, std::option
   }
   for (auto& w : waiters)
     asio::post(io_, [w, snap, err] {
-      if (err) w(std::unexpected(*err));
-      else w(snap);
+      if (err)
+        w(std::unexpected(*err));
+      else
+        w(snap);
     });
 }
 
@@ -817,8 +844,8 @@ Result<SandboxRecord> SandboxManager::get(const std::string& id) {
   return **rec;
 }
 
-Result<std::vector<SandboxRecord>> SandboxManager::list(const std::map<std::string, std::string>& labels,
-                                                        const std::string& state, bool all) {
+Result<std::vector<SandboxRecord>> SandboxManager::list(
+    const std::map<std::string, std::string>& labels, const std::string& state, bool all) {
   bool ended_too = all || state == "stopped" || state == "lost";
   control::SandboxQuery q;
   q.state = state;
@@ -846,8 +873,10 @@ Result<std::vector<SandboxRecord>> SandboxManager::list(const std::map<std::stri
       auto l = r.labels.find(k);
       match = match && l != r.labels.end() && l->second == v;
     }
-    if (match) merged[r.id] = std::move(r);
-    else if (it != merged.end()) merged.erase(it);
+    if (match)
+      merged[r.id] = std::move(r);
+    else if (it != merged.end())
+      merged.erase(it);
   }
   std::vector<SandboxRecord> out;
   for (auto& [id, r] : merged) out.push_back(std::move(r));
@@ -881,16 +910,19 @@ Result<uint32_t> SandboxManager::exec(const std::string& id, ExecParams p, ExecC
   return start_exec(sb, std::move(p), std::move(cb), exec_meta());
 }
 
-Result<uint32_t> SandboxManager::start_exec(const std::shared_ptr<Sandbox>& sb, ExecParams p, ExecCallbacks cb,
-                                            std::string meta) {
+Result<uint32_t> SandboxManager::start_exec(const std::shared_ptr<Sandbox>& sb, ExecParams p,
+                                            ExecCallbacks cb, std::string meta) {
   const std::string& id = sb->id();
   std::map<std::string, std::string> env;
   uint32_t uid, gid;
   {
     std::lock_guard lk(sb->mu);
-    if (sb->state != State::kRunning || sb->stop_reason != EndReason::kNone || sb->release_requested)
-      return fail(Code::kConflict, "sandbox " + id + " is " +
-                                       std::string(sb->stop_reason != EndReason::kNone ? "stopping" : name(sb->state)));
+    if (sb->state != State::kRunning || sb->stop_reason != EndReason::kNone ||
+        sb->release_requested)
+      return fail(
+          Code::kConflict,
+          "sandbox " + id + " is " +
+              std::string(sb->stop_reason != EndReason::kNone ? "stopping" : name(sb->state)));
     uid = p.uid.value_or(sb->image.uid);
     gid = p.uid ? *p.uid : sb->image.gid;
     env = {
@@ -924,7 +956,8 @@ Result<uint32_t> SandboxManager::start_exec(const std::shared_ptr<Sandbox>& sb, 
   ExecHandlers h;
   h.on_started = cb.on_started;
   h.on_output = cb.on_output;
-  h.on_done = [this, sb, oom_before, done = std::move(cb.on_done), on_output = cb.on_output](Result<ExecResult> r) {
+  h.on_done = [this, sb, oom_before, done = std::move(cb.on_done),
+               on_output = cb.on_output](Result<ExecResult> r) {
     {
       std::lock_guard lk(sb->mu);
       sb->running_execs--;
@@ -974,9 +1007,12 @@ Result<ProcessInfo> SandboxManager::start_process(const std::string& id, ExecPar
   auto bg = std::make_shared<BgProc>();
   {
     std::lock_guard lk(sb->mu);
-    if (sb->state != State::kRunning || sb->stop_reason != EndReason::kNone || sb->release_requested)
-      return fail(Code::kConflict, "sandbox " + id + " is " +
-                                       std::string(sb->stop_reason != EndReason::kNone ? "stopping" : name(sb->state)));
+    if (sb->state != State::kRunning || sb->stop_reason != EndReason::kNone ||
+        sb->release_requested)
+      return fail(
+          Code::kConflict,
+          "sandbox " + id + " is " +
+              std::string(sb->stop_reason != EndReason::kNone ? "stopping" : name(sb->state)));
     bg->info.pid = sb->next_proc++;
   }
   bg->info.argv = p.argv;
@@ -990,7 +1026,8 @@ Result<ProcessInfo> SandboxManager::start_process(const std::string& id, ExecPar
     bg->err_path = base + ".err";
     bg->out_fd = open_append(bg->out_path);
     bg->err_fd = open_append(bg->err_path);
-    if (bg->out_fd < 0 || bg->err_fd < 0) TP_SB_WARN(id, "process output files: {}", strerror(errno));
+    if (bg->out_fd < 0 || bg->err_fd < 0)
+      TP_SB_WARN(id, "process output files: {}", strerror(errno));
   }
   ExecCallbacks cb;
   cb.on_output = [bg](int stream, std::string_view data) { proc_output(bg, stream, data); };
@@ -1104,20 +1141,23 @@ void SandboxManager::wait_process(const std::string& id, uint32_t pid, int64_t t
   asio::post(io_, answer);
 }
 
-Result<void> SandboxManager::process_stdin(const std::string& id, uint32_t pid, std::string data, bool eof) {
+Result<void> SandboxManager::process_stdin(const std::string& id, uint32_t pid, std::string data,
+                                           bool eof) {
   auto bg = find_proc(id, pid);
   if (!bg) return std::unexpected(bg.error());
   uint32_t eid;
   {
     std::lock_guard lk((*bg)->mu);
-    if ((*bg)->info.exited) return fail(Code::kConflict, "process " + std::to_string(pid) + " has exited");
+    if ((*bg)->info.exited)
+      return fail(Code::kConflict, "process " + std::to_string(pid) + " has exited");
     eid = (*bg)->exec_id;
   }
   auto sb = find_live(id);
   if (!sb) return std::unexpected(not_live_error(id));
   {
     std::lock_guard lk(sb->mu);
-    if (sb->state != State::kRunning) return fail(Code::kConflict, "sandbox " + id + " is " + std::string(name(sb->state)));
+    if (sb->state != State::kRunning)
+      return fail(Code::kConflict, "sandbox " + id + " is " + std::string(name(sb->state)));
   }
   sb->agent->send_stdin(eid, std::move(data), eof);
   return {};
@@ -1129,7 +1169,8 @@ Result<void> SandboxManager::signal_process(const std::string& id, uint32_t pid,
   uint32_t eid;
   {
     std::lock_guard lk((*bg)->mu);
-    if ((*bg)->info.exited) return fail(Code::kConflict, "process " + std::to_string(pid) + " has exited");
+    if ((*bg)->info.exited)
+      return fail(Code::kConflict, "process " + std::to_string(pid) + " has exited");
     eid = (*bg)->exec_id;
   }
   signal_exec(id, eid, signo);
@@ -1141,8 +1182,10 @@ Result<SandboxRef> SandboxManager::ref(const std::string& id) {
   if (!sb) return std::unexpected(not_live_error(id));
   std::lock_guard lk(sb->mu);
   if (sb->state != State::kRunning || sb->stop_reason != EndReason::kNone || sb->release_requested)
-    return fail(Code::kConflict, "sandbox " + id + " is " +
-                                     std::string(sb->stop_reason != EndReason::kNone ? "stopping" : name(sb->state)));
+    return fail(
+        Code::kConflict,
+        "sandbox " + id + " is " +
+            std::string(sb->stop_reason != EndReason::kNone ? "stopping" : name(sb->state)));
   sb->last_active_ms = now_ms();
   return SandboxRef{sb->agent, sb->disk_bytes};
 }

@@ -38,7 +38,6 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/thread_pool.hpp>
-
 #include <chrono>
 #include <functional>
 #include <map>
@@ -73,8 +72,8 @@ struct ManagerOptions {
       agent_from_fd;
   // Opens a new session with the agent of an adopted sandbox (its
   // agent_address()); unset = adopted sandboxes count as agent_lost.
-  std::function<Result<std::shared_ptr<AgentClient>>(boost::asio::io_context&, const std::string& address,
-                                                     std::string id)>
+  std::function<Result<std::shared_ptr<AgentClient>>(boost::asio::io_context&,
+                                                     const std::string& address, std::string id)>
       agent_connect;
   // Called once a sandbox's final record is stored (the step log starts its
   // retention clock then). Any thread.
@@ -112,7 +111,8 @@ class SandboxManager : public Service {
   Result<ProcessInfo> get_process(const std::string& id, uint32_t pid) override;
   void wait_process(const std::string& id, uint32_t pid, int64_t timeout_ms,
                     std::function<void(Result<ProcessInfo>)> cb) override;
-  Result<void> process_stdin(const std::string& id, uint32_t pid, std::string data, bool eof) override;
+  Result<void> process_stdin(const std::string& id, uint32_t pid, std::string data,
+                             bool eof) override;
   Result<void> signal_process(const std::string& id, uint32_t pid, int signo) override;
   Result<SandboxRef> ref(const std::string& id) override;
   std::map<std::string, uint64_t> count_by_state() override;

@@ -43,7 +43,7 @@ struct CreateParams {
 struct ExecParams {
   std::vector<std::string> argv;
   std::map<std::string, std::string> env;
-  std::string cwd;  // "" = the image's workdir, else /
+  std::string cwd;              // "" = the image's workdir, else /
   std::optional<uint32_t> uid;  // none = the image's user, else root
   uint64_t timeout_ms = 0;
   uint64_t output_limit = 16ull << 20;
@@ -112,7 +112,8 @@ class Service {
   // Answers once the process exited or after timeout_ms (< 0: no timeout), with its output.
   virtual void wait_process(const std::string& id, uint32_t pid, int64_t timeout_ms,
                             std::function<void(Result<ProcessInfo>)> cb) = 0;
-  virtual Result<void> process_stdin(const std::string& id, uint32_t pid, std::string data, bool eof) = 0;
+  virtual Result<void> process_stdin(const std::string& id, uint32_t pid, std::string data,
+                                     bool eof) = 0;
   virtual Result<void> signal_process(const std::string& id, uint32_t pid, int signo) = 0;
 
   // Agent of a running sandbox for file operations; marks the sandbox active.

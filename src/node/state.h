@@ -32,11 +32,11 @@ enum class Event {
   kCreateFailed,  // backend or agent failed before it ever ran
   kPause,
   kResume,
-  kStop,          // a destroy was requested (delete, ttl, idle, shutdown, agent loss)
-  kStopped,       // its instance is destroyed
-  kAdopted,       // a restarted daemon took it over again
-  kAdoptFailed,   // ... or could not
-  kRelease,       // the daemon exits and leaves it running
+  kStop,         // a destroy was requested (delete, ttl, idle, shutdown, agent loss)
+  kStopped,      // its instance is destroyed
+  kAdopted,      // a restarted daemon took it over again
+  kAdoptFailed,  // ... or could not
+  kRelease,      // the daemon exits and leaves it running
   kLose,
 };
 

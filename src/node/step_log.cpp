@@ -2,6 +2,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <fmt/format.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -10,8 +11,6 @@
 #include <filesystem>
 #include <set>
 #include <unordered_set>
-
-#include <fmt/format.h>
 
 #include "common/ids.h"
 #include "common/log.h"
@@ -65,12 +64,14 @@ void put_u64(std::string& s, uint64_t v) {
 }
 uint32_t get_u32(const char* p) {
   uint32_t v = 0;
-  for (int i = 0; i < 4; ++i) v |= static_cast<uint32_t>(static_cast<unsigned char>(p[i])) << (8 * i);
+  for (int i = 0; i < 4; ++i)
+    v |= static_cast<uint32_t>(static_cast<unsigned char>(p[i])) << (8 * i);
   return v;
 }
 uint64_t get_u64(const char* p) {
   uint64_t v = 0;
-  for (int i = 0; i < 8; ++i) v |= static_cast<uint64_t>(static_cast<unsigned char>(p[i])) << (8 * i);
+  for (int i = 0; i < 8; ++i)
+    v |= static_cast<uint64_t>(static_cast<unsigned char>(p[i])) << (8 * i);
   return v;
 }
 void field(std::string& s, uint16_t tag, std::string_view v) {
@@ -98,8 +99,10 @@ std::string encode(const StepRecord& r, bool answer_inline, const std::string& a
   put_u32(st, static_cast<uint32_t>(r.status));
   field(p, kStatus, st);
   field(p, kContentType, r.content_type);
-  if (answer_inline) field(p, kAnswer, answer);
-  else field(p, kAnswerSide, r.answer_side);
+  if (answer_inline)
+    field(p, kAnswer, answer);
+  else
+    field(p, kAnswerSide, r.answer_side);
   field_u64(p, kAnswerLen, r.answer_len);
   std::string crc;
   put_u32(crc, r.answer_crc);
@@ -131,21 +134,50 @@ Result<StepRecord> decode(std::string_view p) {
     i += n;
     auto u64 = [&] { return v.size() == 8 ? get_u64(v.data()) : 0; };
     switch (tag) {
-      case kKey: r.key = v; break;
-      case kMethod: r.request.method = v; break;
-      case kTarget: r.request.target = v; break;
-      case kBodySha: r.request.body_sha256 = v; break;
-      case kBodyLen: r.request.body_len = u64(); break;
-      case kRequestBody: r.request_body = std::string(v); break;
-      case kStatus: r.status = v.size() == 4 ? static_cast<int>(get_u32(v.data())) : 0; break;
-      case kContentType: r.content_type = v; break;
-      case kAnswer: r.answer = v; break;
-      case kAnswerSide: r.answer_side = v; break;
-      case kAnswerLen: r.answer_len = u64(); break;
-      case kAnswerCrc: r.answer_crc = v.size() == 4 ? get_u32(v.data()) : 0; break;
-      case kStarted: r.started_us = static_cast<int64_t>(u64()); break;
-      case kFinished: r.finished_us = static_cast<int64_t>(u64()); break;
-      default: break;  // a field of a later version
+      case kKey:
+        r.key = v;
+        break;
+      case kMethod:
+        r.request.method = v;
+        break;
+      case kTarget:
+        r.request.target = v;
+        break;
+      case kBodySha:
+        r.request.body_sha256 = v;
+        break;
+      case kBodyLen:
+        r.request.body_len = u64();
+        break;
+      case kRequestBody:
+        r.request_body = std::string(v);
+        break;
+      case kStatus:
+        r.status = v.size() == 4 ? static_cast<int>(get_u32(v.data())) : 0;
+        break;
+      case kContentType:
+        r.content_type = v;
+        break;
+      case kAnswer:
+        r.answer = v;
+        break;
+      case kAnswerSide:
+        r.answer_side = v;
+        break;
+      case kAnswerLen:
+        r.answer_len = u64();
+        break;
+      case kAnswerCrc:
+        r.answer_crc = v.size() == 4 ? get_u32(v.data()) : 0;
+        break;
+      case kStarted:
+        r.started_us = static_cast<int64_t>(u64());
+        break;
+      case kFinished:
+        r.finished_us = static_cast<int64_t>(u64());
+        break;
+      default:
+        break;  // a field of a later version
     }
   }
   return r;
@@ -309,11 +341,17 @@ std::string StepLog::scope_of(std::string_view path) {
 Result<std::chrono::seconds> StepLog::parse_duration(std::string_view s) {
   uint64_t v = 0;
   size_t i = 0;
-  for (; i < s.size() && s[i] >= '0' && s[i] <= '9' && v < (1ull << 40); ++i) v = v * 10 + (s[i] - '0');
+  for (; i < s.size() && s[i] >= '0' && s[i] <= '9' && v < (1ull << 40); ++i)
+    v = v * 10 + (s[i] - '0');
   std::string_view unit = s.substr(i);
-  uint64_t mul = unit.empty() || unit == "s" ? 1 : unit == "m" ? 60 : unit == "h" ? 3600 : unit == "d" ? 86400 : 0;
+  uint64_t mul = unit.empty() || unit == "s" ? 1
+                 : unit == "m"               ? 60
+                 : unit == "h"               ? 3600
+                 : unit == "d"               ? 86400
+                                             : 0;
   if (i == 0 || mul == 0 || v >= (1ull << 40))
-    return fail(Code::kInvalidArgument, "duration must be a number with s, m, h or d: " + std::string(s));
+    return fail(Code::kInvalidArgument,
+                "duration must be a number with s, m, h or d: " + std::string(s));
   return std::chrono::seconds(static_cast<int64_t>(v * mul));
 }
 
@@ -322,7 +360,9 @@ std::string StepLog::dir_of(const std::string& scope) const {
 }
 
 namespace {
-std::string log_name(const std::string& scope) { return scope.empty() ? "global.log" : "steps.log"; }
+std::string log_name(const std::string& scope) {
+  return scope.empty() ? "global.log" : "steps.log";
+}
 }  // namespace
 
 uint32_t StepLog::log_id_locked(const std::string& scope) {
@@ -415,16 +455,19 @@ Result<void> StepLog::load(uint32_t log) {
       if (!rec) {
         // The last record, or zeros to the end (blocks allocated but never written),
         // is a torn tail; anything else is damage in the middle.
-        bool last = ok || (magic == kRecordMagic && len <= kMaxRecord &&
-                           end + kRecordHeader + len == size);
+        bool last =
+            ok || (magic == kRecordMagic && len <= kMaxRecord && end + kRecordHeader + len == size);
         if (!last && magic == 0) {
           std::string rest(left, '\0');
           TP_TRY(pread_all(fd, rest.data(), left, end));
           last = rest.find_first_not_of('\0') == std::string::npos;
         }
-        if (last) torn = true;
-        else damaged = true;
-        if (damaged) spdlog::error("step log {}: bad record at offset {}; reading stops there", path, end);
+        if (last)
+          torn = true;
+        else
+          damaged = true;
+        if (damaged)
+          spdlog::error("step log {}: bad record at offset {}; reading stops there", path, end);
         break;
       }
       good.push_back({end, kRecordHeader + len, std::move(*rec)});
@@ -433,7 +476,8 @@ Result<void> StepLog::load(uint32_t log) {
   }
 
   // Records the node-wide log keeps (the others are past retention).
-  int64_t horizon = now_us() - std::chrono::duration_cast<std::chrono::microseconds>(opts_.retention).count();
+  int64_t horizon =
+      now_us() - std::chrono::duration_cast<std::chrono::microseconds>(opts_.retention).count();
   size_t kept = good.size();
   if (scope.empty()) {
     kept = 0;
@@ -470,8 +514,11 @@ Result<void> StepLog::load(uint32_t log) {
     }
     if (damaged) {
       std::string aside = fmt::format("{}.damaged-{}", path, now_us() / 1000000);
-      if (::rename(path.c_str(), aside.c_str()) != 0) spdlog::error("keep {}: {}", aside, strerror(errno));
-      else spdlog::error("step log {}: kept as {}; {} good records carried over", path, aside, good.size());
+      if (::rename(path.c_str(), aside.c_str()) != 0)
+        spdlog::error("keep {}: {}", aside, strerror(errno));
+      else
+        spdlog::error("step log {}: kept as {}; {} good records carried over", path, aside,
+                      good.size());
     }
     if (::rename(tmp.c_str(), path.c_str()) != 0) {
       ::close(nfd);
@@ -483,7 +530,8 @@ Result<void> StepLog::load(uint32_t log) {
     size = end = off;
     std::erase_if(good, [](const Good& g) { return g.len == 0; });
   } else if (torn) {
-    spdlog::warn("step log {}: torn final record at offset {} truncated ({} bytes)", path, end, size - end);
+    spdlog::warn("step log {}: torn final record at offset {} truncated ({} bytes)", path, end,
+                 size - end);
     if (::ftruncate(fd, static_cast<off_t>(end)) != 0 || ::fdatasync(fd) != 0)
       return sys_fail("truncate " + path);
   }
@@ -571,7 +619,8 @@ Result<StepRecord> StepLog::read(const StepLocation& loc, bool with_answer) {
   }
   if (rec->answer.size() != rec->answer_len ||
       crc32c(0, rec->answer.data(), rec->answer.size()) != rec->answer_crc)
-    return fail(Code::kInternal, "step log " + path + ": answer of key does not match its checksum");
+    return fail(Code::kInternal,
+                "step log " + path + ": answer of key does not match its checksum");
   return rec;
 }
 
@@ -587,7 +636,8 @@ Result<std::unique_ptr<StepSideFile>> StepLog::new_side(const std::string& scope
   auto s = std::unique_ptr<StepSideFile>(new StepSideFile);
   s->dir_ = dir + "/steps.d";
   s->name_ = fmt::format("{:x}-{:x}.body", now_us(), seq);
-  s->fd_ = ::open((s->dir_ + "/" + s->name_).c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  s->fd_ =
+      ::open((s->dir_ + "/" + s->name_).c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
   if (s->fd_ < 0) {
     int e = errno;
     s->name_.clear();
@@ -682,8 +732,10 @@ void StepLog::commit(std::vector<Pending>& batch) {
         p.side = std::move(*s);
       }
       if (p.side) {
-        if (p.side->failed_) results[i] = fail(Code::kInternal, "writing the answer's side file failed");
-        else if (::fdatasync(p.side->fd_) != 0) results[i] = sys_fail("fdatasync side file");
+        if (p.side->failed_)
+          results[i] = fail(Code::kInternal, "writing the answer's side file failed");
+        else if (::fdatasync(p.side->fd_) != 0)
+          results[i] = sys_fail("fdatasync side file");
         side_dirs.insert(p.side->dir_);
         p.rec.answer_side = p.side->name_;
         p.rec.answer_len = p.side->size_;
@@ -742,7 +794,8 @@ void StepLog::commit(std::vector<Pending>& batch) {
     }
   }
   for (size_t i = 0; i < batch.size(); ++i) {
-    if (!results[i]) spdlog::error("step log: key {}: {}", batch[i].rec.key, results[i].error().message());
+    if (!results[i])
+      spdlog::error("step log: key {}: {}", batch[i].rec.key, results[i].error().message());
     batch[i].side.reset();
     if (batch[i].done) batch[i].done(std::move(results[i]), std::move(batch[i].answer));
   }
@@ -807,7 +860,8 @@ void StepLog::sweep() {
       if (!ids::valid_sandbox_id(n)) continue;
       struct stat st {};
       std::string p = top + "/" + n + "/steps.log";
-      if (::stat(p.c_str(), &st) != 0 && ::stat((top + "/" + n + "/steps.d").c_str(), &st) != 0) continue;
+      if (::stat(p.c_str(), &st) != 0 && ::stat((top + "/" + n + "/steps.d").c_str(), &st) != 0)
+        continue;
       auto mtime = std::chrono::system_clock::time_point(std::chrono::seconds(st.st_mtim.tv_sec));
       if (now - mtime < opts_.retention) continue;
       if (live && live(n)) continue;
@@ -815,7 +869,8 @@ void StepLog::sweep() {
     }
     ::closedir(d);
   }
-  int64_t horizon = now_us() - std::chrono::duration_cast<std::chrono::microseconds>(opts_.retention).count();
+  int64_t horizon =
+      now_us() - std::chrono::duration_cast<std::chrono::microseconds>(opts_.retention).count();
   std::lock_guard fl(files_mu_);
   std::unordered_set<uint32_t> gone;
   {

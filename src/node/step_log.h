@@ -166,8 +166,8 @@ class StepLog {
   Result<void> append_sync(const std::string& scope, StepRecord rec, std::string answer);
 
   // Sandbox lifecycle hooks. sandbox_ended starts the retention clock of the
-  // sandbox's log (no descriptor of a sandbox's log stays open); is_live tells the sweep which sandboxes
-  // still run (without it every sandbox counts as ended).
+  // sandbox's log (no descriptor of a sandbox's log stays open); is_live tells the sweep which
+  // sandboxes still run (without it every sandbox counts as ended).
   void sandbox_ended(const std::string& sandbox_id);
   void set_is_live(IsLive f);
   // Deletes what retention allows now (also run periodically).

@@ -71,9 +71,9 @@
 
 namespace tp::proto {
 
-inline constexpr uint32_t kMaxFrame = 4u << 20;   // 4 MiB, header included
-inline constexpr uint32_t kMaxChunk = 1u << 20;   // data per kOutput/kFileWrite/kFileRead frame
-inline constexpr size_t kHeaderSize = 12;         // length + type + flags + reserved + id
+inline constexpr uint32_t kMaxFrame = 4u << 20;  // 4 MiB, header included
+inline constexpr uint32_t kMaxChunk = 1u << 20;  // data per kOutput/kFileWrite/kFileRead frame
+inline constexpr size_t kHeaderSize = 12;        // length + type + flags + reserved + id
 inline constexpr uint32_t kVersion = 1;
 
 enum class MsgType : uint8_t {
@@ -81,8 +81,8 @@ enum class MsgType : uint8_t {
   kExec = 1,
   kStdin = 2,
   kSignal = 3,
-  kHello = 4,          // first frame of a node's session: EPOCH. No answer.
-  kAck = 5,            // SEQ: every held frame up to SEQ was handled. No answer.
+  kHello = 4,  // first frame of a node's session: EPOCH. No answer.
+  kAck = 5,    // SEQ: every held frame up to SEQ was handled. No answer.
   kFileWrite = 10,
   kFileRead = 11,
   kFileStat = 12,
@@ -92,7 +92,7 @@ enum class MsgType : uint8_t {
   kPing = 20,
   // agent -> node
   kReady = 100,
-  kResumed = 104,      // before kReady of a new session, one per held command (id = its id)
+  kResumed = 104,  // before kReady of a new session, one per held command (id = its id)
   kStarted = 101,
   kOutput = 102,
   kExit = 103,
@@ -102,52 +102,52 @@ enum class MsgType : uint8_t {
 
 enum class Tag : uint16_t {
   // kExec
-  kArg = 1,            // repeated, argv[i] (argv[0] is looked up in PATH when it has no '/')
-  kEnv = 2,            // repeated, "KEY=VALUE"; replaces the default environment when present
-  kCwd = 3,            // string; default "/"
-  kUid = 4,            // u64; default 0 (root of the sandbox's user namespace)
-  kGid = 5,            // u64; default = uid
-  kTimeoutMs = 6,      // u64; 0 = none. On expiry every process of the command is killed.
-  kOutputLimit = 7,    // u64; per stream, default 16 MiB. Beyond it output is dropped and
-                       //      STDOUT_TRUNCATED / STDERR_TRUNCATED is set in kExit.
-  kStdinOpen = 8,      // u64 bool; 1 = stdin stays open for kStdin frames, else it is
-                       //      closed right after the initial DATA (if any)
-  kMeta = 9,           // bytes, at most kMaxMeta; opaque to the agent, listed back in kResumed
+  kArg = 1,          // repeated, argv[i] (argv[0] is looked up in PATH when it has no '/')
+  kEnv = 2,          // repeated, "KEY=VALUE"; replaces the default environment when present
+  kCwd = 3,          // string; default "/"
+  kUid = 4,          // u64; default 0 (root of the sandbox's user namespace)
+  kGid = 5,          // u64; default = uid
+  kTimeoutMs = 6,    // u64; 0 = none. On expiry every process of the command is killed.
+  kOutputLimit = 7,  // u64; per stream, default 16 MiB. Beyond it output is dropped and
+                     //      STDOUT_TRUNCATED / STDERR_TRUNCATED is set in kExit.
+  kStdinOpen = 8,    // u64 bool; 1 = stdin stays open for kStdin frames, else it is
+                     //      closed right after the initial DATA (if any)
+  kMeta = 9,         // bytes, at most kMaxMeta; opaque to the agent, listed back in kResumed
   // generic
-  kData = 20,          // bytes
-  kEof = 21,           // u64 bool
-  kStream = 22,        // u64: 1 stdout, 2 stderr
-  kSigno = 23,         // u64
-  kPid = 24,           // u64
-  kVersion = 25,       // u64
+  kData = 20,     // bytes
+  kEof = 21,      // u64 bool
+  kStream = 22,   // u64: 1 stdout, 2 stderr
+  kSigno = 23,    // u64
+  kPid = 24,      // u64
+  kVersion = 25,  // u64
   // kExit
-  kExitCode = 30,      // i64; -1 when killed by a signal
-  kTermSignal = 31,    // u64; 0 when exited normally
-  kWallUs = 32,        // u64 microseconds from start to exit
-  kMaxRssKb = 33,      // u64 peak resident set of the command's processes
-  kTimedOut = 34,      // u64 bool
+  kExitCode = 30,         // i64; -1 when killed by a signal
+  kTermSignal = 31,       // u64; 0 when exited normally
+  kWallUs = 32,           // u64 microseconds from start to exit
+  kMaxRssKb = 33,         // u64 peak resident set of the command's processes
+  kTimedOut = 34,         // u64 bool
   kStdoutTruncated = 35,  // u64 bool
   kStderrTruncated = 36,  // u64 bool
   // files
-  kPath = 40,          // string, absolute, resolved inside the sandbox root
-  kMode = 41,          // u64 permission bits (default 0644 files, 0755 dirs)
-  kOffset = 42,        // u64
-  kLength = 43,        // u64
-  kAppend = 44,        // u64 bool: append instead of truncate (chunked uploads)
-  kParents = 45,       // u64 bool: create missing parent directories (write, mkdir)
-  kRecursive = 46,     // u64 bool: remove a directory tree
-  kSize = 47,          // u64
-  kEntry = 48,         // nested field list (repeated in kFileList answers)
-  kName = 49,          // string
-  kFileType = 50,      // string: "file", "dir", "symlink", "other"
-  kMtimeNs = 51,       // u64 nanoseconds since the epoch
-  kLinkTarget = 52,    // string (symlinks)
-  kFileUid = 53,       // u64
-  kFileGid = 54,       // u64
+  kPath = 40,        // string, absolute, resolved inside the sandbox root
+  kMode = 41,        // u64 permission bits (default 0644 files, 0755 dirs)
+  kOffset = 42,      // u64
+  kLength = 43,      // u64
+  kAppend = 44,      // u64 bool: append instead of truncate (chunked uploads)
+  kParents = 45,     // u64 bool: create missing parent directories (write, mkdir)
+  kRecursive = 46,   // u64 bool: remove a directory tree
+  kSize = 47,        // u64
+  kEntry = 48,       // nested field list (repeated in kFileList answers)
+  kName = 49,        // string
+  kFileType = 50,    // string: "file", "dir", "symlink", "other"
+  kMtimeNs = 51,     // u64 nanoseconds since the epoch
+  kLinkTarget = 52,  // string (symlinks)
+  kFileUid = 53,     // u64
+  kFileGid = 54,     // u64
   // kError
-  kErrCode = 60,       // string, a tp::code_name ("not_found", ...)
-  kErrno = 61,         // u64
-  kMessage = 62,       // string
+  kErrCode = 60,  // string, a tp::code_name ("not_found", ...)
+  kErrno = 61,    // u64
+  kMessage = 62,  // string
   // sessions (README.md, "Sessions")
   kSeq = 80,           // u64: on every held frame (answers of kExec); in kAck, cumulative
   kEpoch = 81,         // u64: kHello, the node's session epoch

@@ -28,9 +28,9 @@
 namespace tp::runtime {
 
 struct SandboxSpec {
-  std::string id;                 // also the hostname inside the sandbox
-  std::string image = "host";     // image name; "host" = read-only views of host system dirs
-  std::vector<std::string> layers;  // resolved lower directories, top first (empty for "host")
+  std::string id;                        // also the hostname inside the sandbox
+  std::string image = "host";            // image name; "host" = read-only views of host system dirs
+  std::vector<std::string> layers;       // resolved lower directories, top first (empty for "host")
   uint64_t memory_bytes = 512ull << 20;  // hard limit, no swap
   double cpus = 1.0;                     // cpu quota in cores
   uint32_t pids_max = 512;               // tasks in the sandbox, agent included
@@ -72,8 +72,12 @@ class SandboxInstance {
   // restart of the daemon): a unix socket path on the host, "" if none.
   virtual std::string agent_address() const { return {}; }
   // Freezes / thaws every process of the sandbox (the agent included).
-  virtual Result<void> freeze() { return fail(Code::kInvalidArgument, "this tier cannot freeze a sandbox"); }
-  virtual Result<void> thaw() { return fail(Code::kInvalidArgument, "this tier cannot thaw a sandbox"); }
+  virtual Result<void> freeze() {
+    return fail(Code::kInvalidArgument, "this tier cannot freeze a sandbox");
+  }
+  virtual Result<void> thaw() {
+    return fail(Code::kInvalidArgument, "this tier cannot thaw a sandbox");
+  }
   // Lets go of the sandbox without stopping it (the daemon exits and a later
   // run adopts it): closes the instance's fds; destroy() is a no-op afterwards.
   virtual void release() { std::abort(); }  // tiers that adopt() override it

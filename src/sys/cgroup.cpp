@@ -88,8 +88,9 @@ Result<CgroupLayout> parse_layout(std::string_view mountinfo, SysApi& sys) {
     if (ctrls && has_word(*ctrls, "memory") && has_word(*ctrls, "pids"))
       return CgroupLayout{CgroupVersion::kV2, m, {}};
   }
-  return fail(Code::kUnavailable,
-              "no usable cgroup hierarchy: need cgroup2 with memory+pids, or v1 memory, cpu and pids");
+  return fail(
+      Code::kUnavailable,
+      "no usable cgroup hierarchy: need cgroup2 with memory+pids, or v1 memory, cpu and pids");
 }
 
 Result<CgroupLayout> detect_layout(SysApi& sys) {
@@ -162,7 +163,8 @@ Result<void> CgroupManager::write_limits(const std::string& id, const CgroupLimi
     TP_TRY(sys_.write_file(mem + "/memory.limit_in_bytes", std::to_string(lim.memory_bytes)));
     // memsw is memory+swap: equal to the memory limit means no swap at all.
     if (sys_.exists(mem + "/memory.memsw.limit_in_bytes")) {
-      TP_TRY(sys_.write_file(mem + "/memory.memsw.limit_in_bytes", std::to_string(lim.memory_bytes)));
+      TP_TRY(
+          sys_.write_file(mem + "/memory.memsw.limit_in_bytes", std::to_string(lim.memory_bytes)));
     } else if (sys_.exists(mem + "/memory.swappiness")) {
       TP_TRY(sys_.write_file(mem + "/memory.swappiness", "0"));
     }
@@ -171,7 +173,8 @@ Result<void> CgroupManager::write_limits(const std::string& id, const CgroupLimi
     std::string cpu = controller_dir("cpu", id);
     auto quota = static_cast<uint64_t>(lim.cpus * kCpuPeriodUs);
     TP_TRY(sys_.write_file(cpu + "/cpu.cfs_period_us", std::to_string(kCpuPeriodUs)));
-    TP_TRY(sys_.write_file(cpu + "/cpu.cfs_quota_us", std::to_string(std::max<uint64_t>(quota, 1000))));
+    TP_TRY(sys_.write_file(cpu + "/cpu.cfs_quota_us",
+                           std::to_string(std::max<uint64_t>(quota, 1000))));
   }
   if (lim.pids_max)
     TP_TRY(sys_.write_file(controller_dir("pids", id) + "/pids.max", std::to_string(lim.pids_max)));
@@ -212,7 +215,8 @@ Result<void> CgroupManager::attach(const std::string& id, pid_t pid) {
 }
 
 Result<std::vector<std::string>> CgroupManager::enter_thread(const std::string& id) {
-  if (!can_enter_thread()) return fail(Code::kInternal, "a v2 cgroup takes whole processes, not threads");
+  if (!can_enter_thread())
+    return fail(Code::kInternal, "a v2 cgroup takes whole processes, not threads");
   // Lines "hierarchy-id:controller,list:/path" of the calling thread.
   auto own = sys_.read_file("/proc/thread-self/cgroup");
   if (!own) return std::unexpected(own.error());
@@ -252,8 +256,8 @@ Result<void> CgroupManager::leave_thread(const std::vector<std::string>& previou
   for (size_t i = 0; i < previous.size(); ++i) {
     auto w = sys_.write_file(previous[i] + "/tasks", "0");
     if (!w && i < roots.size()) {
-      spdlog::warn("cgroup: cannot move a daemon thread back to {} ({}); it goes to {}", previous[i],
-                   w.error().message(), roots[i]);
+      spdlog::warn("cgroup: cannot move a daemon thread back to {} ({}); it goes to {}",
+                   previous[i], w.error().message(), roots[i]);
       w = sys_.write_file(roots[i] + "/tasks", "0");
     }
     if (!w) return std::unexpected(w.error());
@@ -325,12 +329,14 @@ void CgroupManager::thaw_subtree(const std::string& id) {
   std::string fz = controller_dir("freezer", id);
   if (fz.empty()) return;
   auto all = subtree(fz);
-  for (size_t i = 1; i < all.size(); ++i) (void)sys_.write_file(all[i] + "/freezer.state", "THAWED");
+  for (size_t i = 1; i < all.size(); ++i)
+    (void)sys_.write_file(all[i] + "/freezer.state", "THAWED");
 }
 
 Result<std::vector<pid_t>> CgroupManager::procs(const std::string& id) {
   // v1: the pids hierarchy has no sub-cgroups (only the freezer's is delegated).
-  std::string d = layout_.version == CgroupVersion::kV2 ? controller_dir("", id) : controller_dir("pids", id);
+  std::string d =
+      layout_.version == CgroupVersion::kV2 ? controller_dir("", id) : controller_dir("pids", id);
   std::vector<pid_t> out;
   const auto all = layout_.version == CgroupVersion::kV2 ? subtree(d) : std::vector<std::string>{d};
   for (size_t i = 0; i < all.size(); ++i) {
@@ -372,7 +378,8 @@ Result<void> CgroupManager::kill_all(const std::string& id) {
     } else {
       // Pre-5.14 kernels: freeze to defeat fork races, kill each, thaw.
       (void)sys_.write_file(d + "/cgroup.freeze", "1");
-      if (auto p = procs(id)) for (pid_t pid : *p) (void)sys_.kill(pid, 9);
+      if (auto p = procs(id))
+        for (pid_t pid : *p) (void)sys_.kill(pid, 9);
       (void)sys_.write_file(d + "/cgroup.freeze", "0");
     }
   } else {
@@ -409,7 +416,8 @@ Result<void> CgroupManager::kill_all(const std::string& id) {
     if (*e) return {};
     // Without a freezer a fork may race the kill pass: kill again.
     if (i % 50 == 49) {
-      if (auto p = procs(id)) for (pid_t pid : *p) (void)sys_.kill(pid, 9);
+      if (auto p = procs(id))
+        for (pid_t pid : *p) (void)sys_.kill(pid, 9);
     }
     sys_.pause_us(1000);
   }
@@ -494,7 +502,8 @@ Result<void> set_frozen(SysApi& sys, const CgroupManager& m, const std::string& 
     if (!v2 && frozen && i % 100 == 99) (void)sys.write_file(d + "/freezer.state", "FROZEN");
     sys.pause_us(1000);
   }
-  return fail(Code::kUnavailable, std::string("cgroup of ") + id + (frozen ? " did not freeze" : " did not thaw"));
+  return fail(Code::kUnavailable,
+              std::string("cgroup of ") + id + (frozen ? " did not freeze" : " did not thaw"));
 }
 
 }  // namespace tp::sys

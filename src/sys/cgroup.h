@@ -36,7 +36,7 @@ enum class CgroupVersion { kV1, kV2 };
 
 struct CgroupLayout {
   CgroupVersion version = CgroupVersion::kV2;
-  std::string v2_root;                          // v2: mount point of the unified hierarchy
+  std::string v2_root;                           // v2: mount point of the unified hierarchy
   std::map<std::string, std::string> v1_mounts;  // v1: controller -> mount point
 };
 

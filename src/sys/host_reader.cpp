@@ -25,14 +25,17 @@ std::vector<std::string> as_reader(const HostReader& who) {
     a.push_back("--clear-groups");
   } else {
     std::string g = "--groups=";
-    for (size_t i = 0; i < who.groups.size(); ++i) g += (i ? "," : "") + std::to_string(who.groups[i]);
+    for (size_t i = 0; i < who.groups.size(); ++i)
+      g += (i ? "," : "") + std::to_string(who.groups[i]);
     a.push_back(g);
   }
-  for (const char* s : {"--inh-caps=-all", "--bounding-set=-all", "--no-new-privs", "--"}) a.emplace_back(s);
+  for (const char* s : {"--inh-caps=-all", "--bounding-set=-all", "--no-new-privs", "--"})
+    a.emplace_back(s);
   return a;
 }
 
-Result<HostRead> spawn_reader(const HostReader& who, std::vector<std::string> argv, const std::string& what) {
+Result<HostRead> spawn_reader(const HostReader& who, std::vector<std::string> argv,
+                              const std::string& what) {
   // A root peer reads as root: it could read the path itself, and dropping
   // its capabilities would refuse it files it owns no more than it can read.
   if (who.uid && *who.uid != 0) {
@@ -76,7 +79,10 @@ Result<HostRead> spawn_reader(const HostReader& who, std::vector<std::string> ar
 }  // namespace
 
 HostRead::HostRead(HostRead&& o) noexcept
-    : pid_(std::exchange(o.pid_, -1)), out_(std::move(o.out_)), err_(std::move(o.err_)), what_(std::move(o.what_)) {}
+    : pid_(std::exchange(o.pid_, -1)),
+      out_(std::move(o.out_)),
+      err_(std::move(o.err_)),
+      what_(std::move(o.what_)) {}
 
 HostRead& HostRead::operator=(HostRead&& o) noexcept {
   if (this != &o) {
@@ -119,24 +125,29 @@ Result<void> HostRead::finish() {
   if (WIFEXITED(st) && WEXITSTATUS(st) == 0) return {};
   while (!msg.empty() && (msg.back() == '\n' || msg.back() == ' ')) msg.pop_back();
   Code code = Code::kInvalidArgument;
-  if (msg.find("Permission denied") != std::string::npos) code = Code::kPermissionDenied;
-  else if (msg.find("No such file") != std::string::npos) code = Code::kNotFound;
+  if (msg.find("Permission denied") != std::string::npos)
+    code = Code::kPermissionDenied;
+  else if (msg.find("No such file") != std::string::npos)
+    code = Code::kNotFound;
   return fail(code, "cannot read host path " + what_ + (msg.empty() ? "" : ": " + msg));
 }
 
 Result<std::string> check_host_path(const HostReader& who, const std::string& path) {
   if (path.empty() || path[0] != '/' || path.find('\0') != std::string::npos)
     return fail(Code::kInvalidArgument, "host path must be absolute: " + path);
-  if (!who.refused.empty()) return fail(Code::kPermissionDenied, "host path " + path + " refused: " + who.refused);
+  if (!who.refused.empty())
+    return fail(Code::kPermissionDenied, "host path " + path + " refused: " + who.refused);
   if (who.uid) return path;
   char real[PATH_MAX];
   if (!::realpath(path.c_str(), real)) {
-    if (errno == ENOENT || errno == ENOTDIR) return fail(Code::kNotFound, "host path " + path + " not found");
+    if (errno == ENOENT || errno == ENOTDIR)
+      return fail(Code::kNotFound, "host path " + path + " not found");
     return sys_fail("realpath(" + path + ")");
   }
   std::string canon = real;
   for (const auto& root : who.roots) {
-    if (canon == root || (canon.starts_with(root) && (root == "/" || canon[root.size()] == '/'))) return canon;
+    if (canon == root || (canon.starts_with(root) && (root == "/" || canon[root.size()] == '/')))
+      return canon;
   }
   return fail(Code::kPermissionDenied, "host path " + path + " is not under an import root");
 }
@@ -146,14 +157,15 @@ Result<HostRead> read_host_tar(const HostReader& who, const std::string& path) {
   if (!p) return std::unexpected(p.error());
   // The child decides file or directory itself: the daemon does not even stat
   // a path on the client's behalf.
-  return spawn_reader(
-      who,
-      {"sh", "-c",
-       "if [ -d \"$1\" ]; then exec tar --format=posix --numeric-owner --one-file-system -c -f - -C \"$1\" .; "
-       "else exec tar --format=posix --numeric-owner --one-file-system -c -f - -C \"$(dirname -- \"$1\")\" -- "
-       "\"./$(basename -- \"$1\")\"; fi",
-       "sh", *p},
-      *p);
+  return spawn_reader(who,
+                      {"sh", "-c",
+                       "if [ -d \"$1\" ]; then exec tar --format=posix --numeric-owner "
+                       "--one-file-system -c -f - -C \"$1\" .; "
+                       "else exec tar --format=posix --numeric-owner --one-file-system -c -f - -C "
+                       "\"$(dirname -- \"$1\")\" -- "
+                       "\"./$(basename -- \"$1\")\"; fi",
+                       "sh", *p},
+                      *p);
 }
 
 Result<HostRead> read_host_file(const HostReader& who, const std::string& path) {

@@ -80,7 +80,8 @@ Result<std::string> check_host_path(const HostReader& who, const std::string& pa
 
 // A tar stream (POSIX format, owners kept numerically, symlinks archived as
 // links and never followed, mount points below `path` not entered) of the
-// file or directory tree at `path`, members named relative to it ("./..."). Read fd() to the end, then finish().
+// file or directory tree at `path`, members named relative to it ("./..."). Read fd() to the end,
+// then finish().
 Result<HostRead> read_host_tar(const HostReader& who, const std::string& path);
 // The bytes of the regular file at `path`, read as `who`.
 Result<HostRead> read_host_file(const HostReader& who, const std::string& path);

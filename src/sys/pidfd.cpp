@@ -13,7 +13,8 @@ namespace tp::sys {
 Result<void> Pidfd::signal(int sig) {
   if (reaped_ || !fd_) return {};
   if (::syscall(SYS_pidfd_send_signal, fd_.get(), sig, nullptr, 0) != 0 && errno != ESRCH)
-    return sys_fail("pidfd_send_signal(pid " + std::to_string(pid_) + ", " + std::to_string(sig) + ")");
+    return sys_fail("pidfd_send_signal(pid " + std::to_string(pid_) + ", " + std::to_string(sig) +
+                    ")");
   return {};
 }
 

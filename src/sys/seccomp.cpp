@@ -29,48 +29,92 @@ Result<std::unique_ptr<SeccompProgram>> build_sandbox_filter() {
   (void)seccomp_attr_set(ctx, SCMP_FLTATR_CTL_OPTIMIZE, 2);
 
   static const char* kDenied[] = {
-      "kexec_load", "kexec_file_load", "init_module", "finit_module", "delete_module", "bpf",
-      "perf_event_open", "keyctl", "add_key", "request_key", "userfaultfd", "open_by_handle_at",
-      "name_to_handle_at", "swapon", "swapoff", "reboot", "acct", "quotactl", "quotactl_fd",
-      "lookup_dcookie", "iopl", "ioperm", "vm86", "vm86old", "mount", "umount", "umount2",
-      "pivot_root", "move_mount", "open_tree", "fsopen", "fsmount", "fsconfig", "fspick",
-      "mount_setattr", "setns",
+      "kexec_load",
+      "kexec_file_load",
+      "init_module",
+      "finit_module",
+      "delete_module",
+      "bpf",
+      "perf_event_open",
+      "keyctl",
+      "add_key",
+      "request_key",
+      "userfaultfd",
+      "open_by_handle_at",
+      "name_to_handle_at",
+      "swapon",
+      "swapoff",
+      "reboot",
+      "acct",
+      "quotactl",
+      "quotactl_fd",
+      "lookup_dcookie",
+      "iopl",
+      "ioperm",
+      "vm86",
+      "vm86old",
+      "mount",
+      "umount",
+      "umount2",
+      "pivot_root",
+      "move_mount",
+      "open_tree",
+      "fsopen",
+      "fsmount",
+      "fsconfig",
+      "fspick",
+      "mount_setattr",
+      "setns",
       // io_uring: a large kernel attack surface whose operations are not seen by
       // this filter (docker's default profile blocks it too).
-      "io_uring_setup", "io_uring_enter", "io_uring_register",
+      "io_uring_setup",
+      "io_uring_enter",
+      "io_uring_register",
       // The host's kernel log (other sandboxes' OOM reports, kernel addresses) on
       // hosts with kernel.dmesg_restrict=0.
       "syslog",
       // Host clock: the kernel refuses without CAP_SYS_TIME in the initial user
       // namespace; refused here as well so a kernel bug is not the only line.
-      "settimeofday", "clock_settime", "stime", "uselib",
+      "settimeofday",
+      "clock_settime",
+      "stime",
+      "uselib",
   };
   for (const char* name : kDenied) {
     int nr = seccomp_syscall_resolve_name(name);
     if (nr == __NR_SCMP_ERROR) continue;  // not on this architecture
     int rc = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), nr, 0);
-    if (rc < 0 && rc != -EDOM) return std::unexpected(Error{Code::kInternal, -rc, std::string("seccomp_rule_add(") + name + ")"});
+    if (rc < 0 && rc != -EDOM)
+      return std::unexpected(
+          Error{Code::kInternal, -rc, std::string("seccomp_rule_add(") + name + ")"});
   }
   // New user namespaces would give the sandbox a fresh set of capabilities.
   int rc = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), SCMP_SYS(unshare), 1,
                             SCMP_A0(SCMP_CMP_MASKED_EQ, CLONE_NEWUSER, CLONE_NEWUSER));
-  if (rc < 0) return std::unexpected(Error{Code::kInternal, -rc, "seccomp_rule_add(unshare, CLONE_NEWUSER)"});
-  // clone's flags are argument 0 on x86_64 and arm64 (the CLONE_BACKWARDS variants differ only in later args).
+  if (rc < 0)
+    return std::unexpected(Error{Code::kInternal, -rc, "seccomp_rule_add(unshare, CLONE_NEWUSER)"});
+  // clone's flags are argument 0 on x86_64 and arm64 (the CLONE_BACKWARDS variants differ only in
+  // later args).
   rc = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), SCMP_SYS(clone), 1,
                         SCMP_A0(SCMP_CMP_MASKED_EQ, CLONE_NEWUSER, CLONE_NEWUSER));
-  if (rc < 0) return std::unexpected(Error{Code::kInternal, -rc, "seccomp_rule_add(clone, CLONE_NEWUSER)"});
+  if (rc < 0)
+    return std::unexpected(Error{Code::kInternal, -rc, "seccomp_rule_add(clone, CLONE_NEWUSER)"});
   // Freezing a file system stops every writer on the host that shares it; the
   // kernel demands CAP_SYS_ADMIN over the superblock's user namespace, which a
   // sandbox has for its own tmpfs mounts. Only the low 32 bits of the request
   // count (the kernel truncates it), hence the mask.
-  for (unsigned long req : {static_cast<unsigned long>(FIFREEZE), static_cast<unsigned long>(FITHAW)}) {
+  for (unsigned long req :
+       {static_cast<unsigned long>(FIFREEZE), static_cast<unsigned long>(FITHAW)}) {
     rc = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), SCMP_SYS(ioctl), 1,
                           SCMP_A1(SCMP_CMP_MASKED_EQ, 0xffffffffUL, req));
-    if (rc < 0) return std::unexpected(Error{Code::kInternal, -rc, "seccomp_rule_add(ioctl, FIFREEZE/FITHAW)"});
+    if (rc < 0)
+      return std::unexpected(
+          Error{Code::kInternal, -rc, "seccomp_rule_add(ioctl, FIFREEZE/FITHAW)"});
   }
   // clone3 passes flags in memory, which BPF cannot read: ENOSYS makes glibc fall back to clone.
   rc = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(ENOSYS), SCMP_SYS(clone3), 0);
-  if (rc < 0 && rc != -EDOM) return std::unexpected(Error{Code::kInternal, -rc, "seccomp_rule_add(clone3)"});
+  if (rc < 0 && rc != -EDOM)
+    return std::unexpected(Error{Code::kInternal, -rc, "seccomp_rule_add(clone3)"});
 
   UniqueFd mfd(::memfd_create("tp-seccomp", MFD_CLOEXEC));
   if (!mfd) return sys_fail("memfd_create(tp-seccomp)");

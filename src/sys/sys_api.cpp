@@ -74,7 +74,8 @@ class RealSysApi final : public SysApi {
   }
 
   Result<void> kill(pid_t pid, int sig) override {
-    if (::kill(pid, sig) != 0) return sys_fail("kill(" + std::to_string(pid) + ", " + std::to_string(sig) + ")");
+    if (::kill(pid, sig) != 0)
+      return sys_fail("kill(" + std::to_string(pid) + ", " + std::to_string(sig) + ")");
     return {};
   }
 

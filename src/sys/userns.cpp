@@ -12,10 +12,12 @@ std::string id_map_text(uint32_t base, uint32_t count) {
 }
 
 Result<void> validate_id_base(uint32_t base, uint32_t count) {
-  if (base == 0) return fail(Code::kInvalidArgument, "uid_base 0 would map sandbox root to host root");
+  if (base == 0)
+    return fail(Code::kInvalidArgument, "uid_base 0 would map sandbox root to host root");
   if (count == 0) return fail(Code::kInvalidArgument, "id map count 0");
   if (static_cast<uint64_t>(base) + count > 0xffffffffull)
-    return fail(Code::kInvalidArgument, "uid_base " + std::to_string(base) + " + " + std::to_string(count) + " overflows");
+    return fail(Code::kInvalidArgument,
+                "uid_base " + std::to_string(base) + " + " + std::to_string(count) + " overflows");
   return {};
 }
 
@@ -26,7 +28,8 @@ Result<void> write_id_maps(pid_t pid, uint32_t base, uint32_t count) {
     UniqueFd fd(::open(path.c_str(), O_WRONLY | O_CLOEXEC));
     if (!fd) return sys_fail("open(" + path + ")");
     if (::write(fd.get(), text.data(), text.size()) != static_cast<ssize_t>(text.size()))
-      return sys_fail("write(" + path + ", \"0 " + std::to_string(base) + " " + std::to_string(count) + "\")");
+      return sys_fail("write(" + path + ", \"0 " + std::to_string(base) + " " +
+                      std::to_string(count) + "\")");
   }
   return {};
 }

@@ -13,9 +13,16 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-static void put_u16(unsigned char* p, uint16_t v) { p[0] = v & 0xff; p[1] = v >> 8; }
-static void put_u32(unsigned char* p, uint32_t v) { for (int i = 0; i < 4; i++) p[i] = (v >> (8 * i)) & 0xff; }
-static void put_u64(unsigned char* p, uint64_t v) { for (int i = 0; i < 8; i++) p[i] = (v >> (8 * i)) & 0xff; }
+static void put_u16(unsigned char* p, uint16_t v) {
+  p[0] = v & 0xff;
+  p[1] = v >> 8;
+}
+static void put_u32(unsigned char* p, uint32_t v) {
+  for (int i = 0; i < 4; i++) p[i] = (v >> (8 * i)) & 0xff;
+}
+static void put_u64(unsigned char* p, uint64_t v) {
+  for (int i = 0; i < 8; i++) p[i] = (v >> (8 * i)) & 0xff;
+}
 
 static int write_all(int fd, const void* buf, size_t n) {
   const char* p = buf;
@@ -41,8 +48,13 @@ int main(int argc, char** argv) {
   put_u16(f + 6, 0);
   put_u32(f + 8, 0);
   unsigned char* q = f + 12;
-  put_u16(q, 25); put_u32(q + 2, 8); put_u64(q + 6, 1); q += 14;        /* VERSION */
-  put_u16(q, 24); put_u32(q + 2, 8); put_u64(q + 6, (uint64_t)getpid()); /* PID */
+  put_u16(q, 25);
+  put_u32(q + 2, 8);
+  put_u64(q + 6, 1);
+  q += 14; /* VERSION */
+  put_u16(q, 24);
+  put_u32(q + 2, 8);
+  put_u64(q + 6, (uint64_t)getpid()); /* PID */
   if (write_all(fd, f, sizeof f) != 0) return 1;
 
   char line[4096];
@@ -66,7 +78,8 @@ int main(int argc, char** argv) {
         if (w == pid || w < 0) break;
       }
       char out[64];
-      int m = snprintf(out, sizeof out, "exit %d\n", WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st));
+      int m = snprintf(out, sizeof out, "exit %d\n",
+                       WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st));
       if (write_all(fd, out, (size_t)m) != 0) return 0;
       size_t used = (size_t)(nl + 1 - line);
       memmove(line, nl + 1, len - used);

@@ -99,7 +99,8 @@ int main(int argc, char** argv) {
     printf("watches=%ld errno=%d\n", watches, err);
     printf("holding\n");
     fflush(stdout);
-    close(open("/tmp/tp-inotify.holding", O_WRONLY | O_CREAT | O_CLOEXEC, 0644)); /* for the test to poll */
+    close(open("/tmp/tp-inotify.holding", O_WRONLY | O_CREAT | O_CLOEXEC,
+               0644)); /* for the test to poll */
     if (hold > 0) sleep((unsigned)hold);
     return 0;
   }

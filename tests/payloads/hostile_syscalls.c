@@ -123,7 +123,8 @@ int main(int argc, char** argv) {
   PROBE("finit_module", syscall(SYS_finit_module, 0, "", 0));
   PROBE("delete_module", syscall(SYS_delete_module, "loop", O_NONBLOCK));
   /* Reboot: in a pid namespace RESTART would kill the namespace's init. */
-  PROBE("reboot", syscall(SYS_reboot, LINUX_REBOOT_MAGIC1, LINUX_REBOOT_MAGIC2, LINUX_REBOOT_CMD_RESTART, 0));
+  PROBE("reboot",
+        syscall(SYS_reboot, LINUX_REBOOT_MAGIC1, LINUX_REBOOT_MAGIC2, LINUX_REBOOT_CMD_RESTART, 0));
   PROBE("kexec_load", syscall(SYS_kexec_load, 0, 0, 0, 0));
   /* Time: set to what it is now, so even a success would change nothing. */
   {
@@ -140,7 +141,8 @@ int main(int argc, char** argv) {
     PROBE("adjtimex", adjtimex(&tx));
   }
   /* Keyrings. */
-  PROBE("add_key", syscall(SYS_add_key, "user", "tp-hostile", "x", 1, -2 /* KEY_SPEC_PROCESS_KEYRING */));
+  PROBE("add_key",
+        syscall(SYS_add_key, "user", "tp-hostile", "x", 1, -2 /* KEY_SPEC_PROCESS_KEYRING */));
   PROBE("keyctl", syscall(SYS_keyctl, 0 /* KEYCTL_GET_KEYRING_ID */, -3 /* session */, 1));
   PROBE("request_key", syscall(SYS_request_key, "user", "tp-hostile", NULL, 0));
   /* Mounts and namespaces. */
@@ -170,7 +172,8 @@ int main(int argc, char** argv) {
   PROBE("open_by_handle_at", syscall(SYS_open_by_handle_at, AT_FDCWD, garbage, O_RDONLY));
   PROBE("swapon", syscall(SYS_swapon, "/tmp/none", 0));
   PROBE("acct", syscall(SYS_acct, "/tmp/acct"));
-  PROBE("syslog_read", syscall(SYS_syslog, 3 /* SYSLOG_ACTION_READ_ALL */, garbage, sizeof garbage));
+  PROBE("syslog_read",
+        syscall(SYS_syslog, 3 /* SYSLOG_ACTION_READ_ALL */, garbage, sizeof garbage));
   /* Limits and priorities owned by the host. */
   {
     struct rlimit rl;

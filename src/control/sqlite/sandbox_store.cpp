@@ -73,7 +73,8 @@ SandboxRecord row_to_record(sqlite3_stmt* s) {
 
 constexpr const char* kColumns =
     "id, state, tier, image, node, memory_mb, cpus, pids, disk_mb, ttl_seconds, "
-    "idle_timeout_seconds, labels, env, created_at_ms, expires_at_ms, ended_at_ms, end_reason, version";
+    "idle_timeout_seconds, labels, env, created_at_ms, expires_at_ms, ended_at_ms, end_reason, "
+    "version";
 
 // Binds the 17 record columns (all but version) at 1..17.
 void bind_record(sqlite3_stmt* s, const SandboxRecord& r, const std::string& labels,
@@ -101,9 +102,9 @@ void bind_record(sqlite3_stmt* s, const SandboxRecord& r, const std::string& lab
 
 Result<std::unique_ptr<SqliteSandboxStore>> SqliteSandboxStore::open(const std::string& path) {
   sqlite3* db = nullptr;
-  int rc = sqlite3_open_v2(path.c_str(), &db,
-                           SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_FULLMUTEX,
-                           nullptr);
+  int rc =
+      sqlite3_open_v2(path.c_str(), &db,
+                      SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_FULLMUTEX, nullptr);
   if (rc != SQLITE_OK) {
     std::string msg = db ? sqlite3_errmsg(db) : "out of memory";
     sqlite3_close(db);
@@ -128,7 +129,8 @@ Result<void> SqliteSandboxStore::migrate() {
   if (version == kSchemaVersion) return {};
   if (version > kSchemaVersion)
     return fail(Code::kInternal, "state.db has schema " + std::to_string(version) +
-                                     ", newer than this daemon's " + std::to_string(kSchemaVersion));
+                                     ", newer than this daemon's " +
+                                     std::to_string(kSchemaVersion));
   TP_TRY(exec_sql("BEGIN IMMEDIATE"));
   auto body = [&]() -> Result<void> {
     // WITHOUT ROWID: the rows live in the id's b-tree, so an update rewrites one
@@ -143,7 +145,8 @@ Result<void> SqliteSandboxStore::migrate() {
     bool has_version = false;
     {
       Stmt cols;
-      if (sqlite3_prepare_v2(db_, "PRAGMA table_info(sandboxes)", -1, &cols.s, nullptr) != SQLITE_OK)
+      if (sqlite3_prepare_v2(db_, "PRAGMA table_info(sandboxes)", -1, &cols.s, nullptr) !=
+          SQLITE_OK)
         return std::unexpected(db_error(db_, "table_info"));
       while (sqlite3_step(cols.s) == SQLITE_ROW) {
         const unsigned char* n = sqlite3_column_text(cols.s, 1);
@@ -152,10 +155,10 @@ Result<void> SqliteSandboxStore::migrate() {
     }
     if (!has_version)
       TP_TRY(exec_sql("ALTER TABLE sandboxes ADD COLUMN version INTEGER NOT NULL DEFAULT 1"));
-    TP_TRY(exec_sql(
-        "CREATE TABLE IF NOT EXISTS sandbox_labels ("
-        " sandbox_id TEXT NOT NULL, key TEXT NOT NULL, value TEXT NOT NULL,"
-        " PRIMARY KEY (sandbox_id, key)) WITHOUT ROWID"));
+    TP_TRY(
+        exec_sql("CREATE TABLE IF NOT EXISTS sandbox_labels ("
+                 " sandbox_id TEXT NOT NULL, key TEXT NOT NULL, value TEXT NOT NULL,"
+                 " PRIMARY KEY (sandbox_id, key)) WITHOUT ROWID"));
     TP_TRY(exec_sql("CREATE INDEX IF NOT EXISTS sandbox_labels_kv ON sandbox_labels (key, value)"));
     TP_TRY(exec_sql("CREATE INDEX IF NOT EXISTS sandboxes_state ON sandboxes (state)"));
     TP_TRY(exec_sql("CREATE INDEX IF NOT EXISTS sandboxes_ended ON sandboxes (ended_at_ms)"));
@@ -203,8 +206,8 @@ Result<uint64_t> SqliteSandboxStore::insert(const SandboxRecord& r) {
                                      ") VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,1)";
   auto ins = prepared(&insert_stmt_, kInsert.c_str());
   if (!ins) return std::unexpected(ins.error());
-  auto lab = prepared(&label_stmt_,
-                      "INSERT INTO sandbox_labels (sandbox_id, key, value) VALUES (?,?,?)");
+  auto lab =
+      prepared(&label_stmt_, "INSERT INTO sandbox_labels (sandbox_id, key, value) VALUES (?,?,?)");
   if (!lab) return std::unexpected(lab.error());
   TP_TRY(exec_sql("BEGIN IMMEDIATE"));
   auto body = [&]() -> Result<void> {
@@ -221,7 +224,8 @@ Result<uint64_t> SqliteSandboxStore::insert(const SandboxRecord& r) {
       sqlite3_bind_text(*lab, 1, r.id.c_str(), -1, SQLITE_TRANSIENT);
       sqlite3_bind_text(*lab, 2, k.c_str(), -1, SQLITE_TRANSIENT);
       sqlite3_bind_text(*lab, 3, v.c_str(), -1, SQLITE_TRANSIENT);
-      if (sqlite3_step(*lab) != SQLITE_DONE) return std::unexpected(db_error(db_, "insert labels " + r.id));
+      if (sqlite3_step(*lab) != SQLITE_DONE)
+        return std::unexpected(db_error(db_, "insert labels " + r.id));
     }
     return {};
   };
@@ -236,11 +240,12 @@ Result<uint64_t> SqliteSandboxStore::insert(const SandboxRecord& r) {
 Result<uint64_t> SqliteSandboxStore::update(const SandboxRecord& r) {
   std::lock_guard lk(mu_);
   // Labels are fixed at insert: not rewritten here.
-  auto up = prepared(&update_stmt_,
-                     "UPDATE sandboxes SET state=?2, tier=?3, image=?4, node=?5, memory_mb=?6, cpus=?7,"
-                     " pids=?8, disk_mb=?9, ttl_seconds=?10, idle_timeout_seconds=?11, env=?13,"
-                     " created_at_ms=?14, expires_at_ms=?15, ended_at_ms=?16, end_reason=?17,"
-                     " version=version+1 WHERE id=?1 AND version=?18");
+  auto up =
+      prepared(&update_stmt_,
+               "UPDATE sandboxes SET state=?2, tier=?3, image=?4, node=?5, memory_mb=?6, cpus=?7,"
+               " pids=?8, disk_mb=?9, ttl_seconds=?10, idle_timeout_seconds=?11, env=?13,"
+               " created_at_ms=?14, expires_at_ms=?15, ended_at_ms=?16, end_reason=?17,"
+               " version=version+1 WHERE id=?1 AND version=?18");
   if (!up) return std::unexpected(up.error());
   {
     Reset reset{*up};
@@ -250,10 +255,12 @@ Result<uint64_t> SqliteSandboxStore::update(const SandboxRecord& r) {
   }
   if (sqlite3_changes(db_) == 1) return r.version + 1;
   Stmt st;
-  if (sqlite3_prepare_v2(db_, "SELECT version FROM sandboxes WHERE id = ?", -1, &st.s, nullptr) != SQLITE_OK)
+  if (sqlite3_prepare_v2(db_, "SELECT version FROM sandboxes WHERE id = ?", -1, &st.s, nullptr) !=
+      SQLITE_OK)
     return std::unexpected(db_error(db_, "prepare version"));
   sqlite3_bind_text(st.s, 1, r.id.c_str(), -1, SQLITE_TRANSIENT);
-  if (sqlite3_step(st.s) != SQLITE_ROW) return fail(Code::kNotFound, "sandbox " + r.id + " not stored");
+  if (sqlite3_step(st.s) != SQLITE_ROW)
+    return fail(Code::kNotFound, "sandbox " + r.id + " not stored");
   return fail(Code::kConflict, "sandbox " + r.id + " changed (version " +
                                    std::to_string(sqlite3_column_int64(st.s, 0)) + ", expected " +
                                    std::to_string(r.version) + ")");
@@ -279,8 +286,9 @@ Result<std::vector<SandboxRecord>> SqliteSandboxStore::list(const SandboxQuery& 
   if (!q.state.empty()) sql += " AND s.state = ?";
   if (q.live_only) sql += " AND s.ended_at_ms = 0";
   for (size_t i = 0; i < q.labels.size(); ++i)
-    sql += " AND EXISTS (SELECT 1 FROM sandbox_labels l WHERE l.sandbox_id = s.id"
-           " AND l.key = ? AND l.value = ?)";
+    sql +=
+        " AND EXISTS (SELECT 1 FROM sandbox_labels l WHERE l.sandbox_id = s.id"
+        " AND l.key = ? AND l.value = ?)";
   sql += " ORDER BY s.created_at_ms, s.id";
   if (sqlite3_prepare_v2(db_, sql.c_str(), -1, &st.s, nullptr) != SQLITE_OK)
     return std::unexpected(db_error(db_, "prepare list"));
@@ -302,16 +310,18 @@ Result<int> SqliteSandboxStore::prune_ended(int64_t before_ms) {
   TP_TRY(exec_sql("BEGIN IMMEDIATE"));
   auto body = [&]() -> Result<int> {
     Stmt labels, rows;
-    if (sqlite3_prepare_v2(db_,
-                           "DELETE FROM sandbox_labels WHERE sandbox_id IN (SELECT id FROM sandboxes"
-                           " WHERE ended_at_ms > 0 AND ended_at_ms < ?1)",
-                           -1, &labels.s, nullptr) != SQLITE_OK ||
-        sqlite3_prepare_v2(db_, "DELETE FROM sandboxes WHERE ended_at_ms > 0 AND ended_at_ms < ?1", -1,
-                           &rows.s, nullptr) != SQLITE_OK)
+    if (sqlite3_prepare_v2(
+            db_,
+            "DELETE FROM sandbox_labels WHERE sandbox_id IN (SELECT id FROM sandboxes"
+            " WHERE ended_at_ms > 0 AND ended_at_ms < ?1)",
+            -1, &labels.s, nullptr) != SQLITE_OK ||
+        sqlite3_prepare_v2(db_, "DELETE FROM sandboxes WHERE ended_at_ms > 0 AND ended_at_ms < ?1",
+                           -1, &rows.s, nullptr) != SQLITE_OK)
       return std::unexpected(db_error(db_, "prepare prune"));
     sqlite3_bind_int64(labels.s, 1, before_ms);
     sqlite3_bind_int64(rows.s, 1, before_ms);
-    if (sqlite3_step(labels.s) != SQLITE_DONE) return std::unexpected(db_error(db_, "prune labels"));
+    if (sqlite3_step(labels.s) != SQLITE_DONE)
+      return std::unexpected(db_error(db_, "prune labels"));
     if (sqlite3_step(rows.s) != SQLITE_DONE) return std::unexpected(db_error(db_, "prune"));
     return sqlite3_changes(db_);
   };

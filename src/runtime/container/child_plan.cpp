@@ -18,16 +18,18 @@ namespace raw = tp::sys::raw;
 // Same lists as docker/crun's defaults, plus kallsyms: with kptr_restrict=0 and
 // perf_event_paranoid<=1 it shows kernel addresses (a KASLR bypass) to anyone.
 const char* const kMaskedProcFiles[] = {
-    "kcore", "keys", "latency_stats", "timer_list", "timer_stats", "sched_debug",
-    "kpagecgroup", "kpageflags", "kpagecount", "sysrq-trigger", "config.gz", "kallsyms", nullptr};
-const DeviceNode kDevices[] = {{"null", 1, 3},   {"zero", 1, 5}, {"full", 1, 7},   {"random", 1, 8},
+    "kcore",       "keys",        "latency_stats", "timer_list", "timer_stats",
+    "sched_debug", "kpagecgroup", "kpageflags",    "kpagecount", "sysrq-trigger",
+    "config.gz",   "kallsyms",    nullptr};
+const DeviceNode kDevices[] = {{"null", 1, 3},    {"zero", 1, 5}, {"full", 1, 7}, {"random", 1, 8},
                                {"urandom", 1, 9}, {"tty", 5, 0},  {nullptr, 0, 0}};
-const char* const kDevSymlinks[][2] = {
-    {"ptmx", "pts/ptmx"},           {"fd", "/proc/self/fd"},          {"stdin", "/proc/self/fd/0"},
-    {"stdout", "/proc/self/fd/1"}, {"stderr", "/proc/self/fd/2"}, {nullptr, nullptr}};
-const UserNsLimit kUserNsLimits[] = {
-    {"max_inotify_instances", "32"}, {"max_inotify_watches", "16384"}, {"max_user_namespaces", "0"},
-    {nullptr, nullptr}};
+const char* const kDevSymlinks[][2] = {{"ptmx", "pts/ptmx"},          {"fd", "/proc/self/fd"},
+                                       {"stdin", "/proc/self/fd/0"},  {"stdout", "/proc/self/fd/1"},
+                                       {"stderr", "/proc/self/fd/2"}, {nullptr, nullptr}};
+const UserNsLimit kUserNsLimits[] = {{"max_inotify_instances", "32"},
+                                     {"max_inotify_watches", "16384"},
+                                     {"max_user_namespaces", "0"},
+                                     {nullptr, nullptr}};
 const char* const kMaskedProcDirs[] = {"acpi", "scsi", "asound", "firmware", nullptr};
 const char* const kReadOnlyProcDirs[] = {"bus", "fs", "irq", "sys", nullptr};
 
@@ -50,7 +52,16 @@ std::string flag_names(unsigned long f) {
 }
 
 // Exec-sequence step offsets from exec_steps_base.
-enum ExecStep : uint32_t { kDupFds, kStdio, kAgentFd, kCloseRange, kSeccomp, kExec, kCgroupFd, kExecStepCount };
+enum ExecStep : uint32_t {
+  kDupFds,
+  kStdio,
+  kAgentFd,
+  kCloseRange,
+  kSeccomp,
+  kExec,
+  kCgroupFd,
+  kExecStepCount
+};
 
 }  // namespace
 
@@ -117,7 +128,8 @@ void ChildPlan::set_rlimit(int resource, const std::string& name, uint64_t value
   ops.push_back(op);
 }
 
-void ChildPlan::simple(OpKind k, const std::string& desc, const std::string& a, unsigned long flags) {
+void ChildPlan::simple(OpKind k, const std::string& desc, const std::string& a,
+                       unsigned long flags) {
   Op op{k};
   op.a = a.empty() ? nullptr : keep(a);
   op.flags = flags;
@@ -144,7 +156,8 @@ void build_root_ops(const RootRecipe& r, ChildPlan* p) {
   // /proc/sys/user resolves to the writer's user namespace: these are the sandbox's own.
   // Missing on older kernels (e.g. no inotify limits there before 5.11): skipped.
   for (int i = 0; kUserNsLimits[i].name; ++i)
-    p->write_file(std::string("/proc/sys/user/") + kUserNsLimits[i].name, kUserNsLimits[i].value, true);
+    p->write_file(std::string("/proc/sys/user/") + kUserNsLimits[i].name, kUserNsLimits[i].value,
+                  true);
   // After the parent moved us into the sandbox cgroup, so that it is the cgroup ns root.
   p->simple(OpKind::kUnshare, "unshare(CLONE_NEWCGROUP)", "", CLONE_NEWCGROUP);
   p->simple(OpKind::kSethostname, "sethostname(" + r.id + ")", r.id);
@@ -172,15 +185,18 @@ void build_root_ops(const RootRecipe& r, ChildPlan* p) {
   const std::string null_dev = r.dev_dir.empty() ? "/dev/null" : r.dev_dir + "/null";
   p->mount("proc", proc, "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, "");
   for (int i = 0; kReadOnlyProcDirs[i]; ++i)
-    p->bind_ro(proc + "/" + kReadOnlyProcDirs[i], proc + "/" + kReadOnlyProcDirs[i], MS_NOEXEC, true);
-  for (const auto& f : r.masked_proc_files) p->mount(null_dev, proc + "/" + f, "", MS_BIND, "", true);
+    p->bind_ro(proc + "/" + kReadOnlyProcDirs[i], proc + "/" + kReadOnlyProcDirs[i], MS_NOEXEC,
+               true);
+  for (const auto& f : r.masked_proc_files)
+    p->mount(null_dev, proc + "/" + f, "", MS_BIND, "", true);
   for (const auto& d : r.masked_proc_dirs)
     p->bind_ro(r.empty_dir, proc + "/" + d, MS_NOEXEC | r.prep_locked, true);
 
   if (!r.dev_dir.empty()) {
     // /dev: one read-only bind of the prepared directory (not nodev: its nodes must work).
     p->mount(r.dev_dir, dev, "", MS_BIND, "");
-    p->mount("", dev, "", MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NOEXEC | r.dev_locked, "");
+    p->mount("", dev, "", MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NOEXEC | r.dev_locked,
+             "");
   } else {
     p->mount("tmpfs", dev, "tmpfs", MS_NOSUID | MS_NOEXEC, "size=65536,mode=0755");
     for (int i = 0; kDevices[i].name; ++i) {
@@ -190,9 +206,11 @@ void build_root_ops(const RootRecipe& r, ChildPlan* p) {
     }
     p->mkdir(dev + "/pts", 0755);
     p->mkdir(dev + "/shm", 01777);
-    for (int i = 0; kDevSymlinks[i][0]; ++i) p->symlink(kDevSymlinks[i][1], dev + "/" + kDevSymlinks[i][0]);
+    for (int i = 0; kDevSymlinks[i][0]; ++i)
+      p->symlink(kDevSymlinks[i][1], dev + "/" + kDevSymlinks[i][0]);
   }
-  p->mount("devpts", dev + "/pts", "devpts", MS_NOSUID | MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620,gid=5");
+  p->mount("devpts", dev + "/pts", "devpts", MS_NOSUID | MS_NOEXEC,
+           "newinstance,ptmxmode=0666,mode=0620,gid=5");
   p->mount("shm", dev + "/shm", "tmpfs", MS_NOSUID | MS_NODEV,
            "size=" + std::to_string(r.tmp_bytes) + ",mode=1777");
   p->mount("tmpfs", root + "/tmp", "tmpfs", MS_NOSUID | MS_NODEV,
@@ -240,7 +258,8 @@ long run_op(const Op& op, const ChildPlan& p) {
     case OpKind::kWaitSync: {
       char b;
       long n;
-      do n = raw::call(SYS_read, p.sync_rd, &b, 1); while (n == -EINTR);
+      do n = raw::call(SYS_read, p.sync_rd, &b, 1);
+      while (n == -EINTR);
       if (n < 0) return n;
       if (n == 0) raw::exit_now(126);  // parent gave up; it reaps us
       return 0;
@@ -251,28 +270,36 @@ long run_op(const Op& op, const ChildPlan& p) {
       if (r == 0) r = raw::call(SYS_setresuid, 0, 0, 0);
       return r;
     }
-    case OpKind::kUnshare: return raw::call(SYS_unshare, op.flags);
+    case OpKind::kUnshare:
+      return raw::call(SYS_unshare, op.flags);
     case OpKind::kSethostname: {
       size_t n = 0;
       while (op.a[n]) ++n;
       return raw::call(SYS_sethostname, op.a, n);
     }
-    case OpKind::kLoopbackUp: return loopback_up();
-    case OpKind::kMount: return raw::call(SYS_mount, op.a, op.b, op.c, op.flags, op.d);
+    case OpKind::kLoopbackUp:
+      return loopback_up();
+    case OpKind::kMount:
+      return raw::call(SYS_mount, op.a, op.b, op.c, op.flags, op.d);
     case OpKind::kMkdir: {
       long r = raw::call(SYS_mkdirat, AT_FDCWD, op.a, op.mode);
       return r == -EEXIST ? 0 : r;
     }
     case OpKind::kTouch: {
-      long fd = raw::call(SYS_openat, AT_FDCWD, op.a, O_WRONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
+      long fd =
+          raw::call(SYS_openat, AT_FDCWD, op.a, O_WRONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
       if (fd < 0) return fd == -EEXIST ? 0 : fd;
       raw::call(SYS_close, fd);
       return 0;
     }
-    case OpKind::kSymlink: return raw::call(SYS_symlinkat, op.a, AT_FDCWD, op.b);
-    case OpKind::kChdir: return raw::call(SYS_chdir, op.a);
-    case OpKind::kPivotRoot: return raw::call(SYS_pivot_root, ".", ".");
-    case OpKind::kUmountDetach: return raw::call(SYS_umount2, op.a, MNT_DETACH);
+    case OpKind::kSymlink:
+      return raw::call(SYS_symlinkat, op.a, AT_FDCWD, op.b);
+    case OpKind::kChdir:
+      return raw::call(SYS_chdir, op.a);
+    case OpKind::kPivotRoot:
+      return raw::call(SYS_pivot_root, ".", ".");
+    case OpKind::kUmountDetach:
+      return raw::call(SYS_umount2, op.a, MNT_DETACH);
     case OpKind::kSetRlimit: {
       struct {
         uint64_t cur, max;
@@ -310,7 +337,8 @@ int run_child(void* arg) {
   long err = raw::call(SYS_fcntl, err_fd, F_DUPFD_CLOEXEC, 10);
   long agent = raw::call(SYS_fcntl, p.agent_child, F_DUPFD_CLOEXEC, 10);
   long cg = p.cgroup_fd >= 0 ? raw::call(SYS_fcntl, p.cgroup_fd, F_DUPFD_CLOEXEC, 10) : 0;
-  long listen = p.agent_listen >= 0 ? raw::call(SYS_fcntl, p.agent_listen, F_DUPFD_CLOEXEC, 10) : -1;
+  long listen =
+      p.agent_listen >= 0 ? raw::call(SYS_fcntl, p.agent_listen, F_DUPFD_CLOEXEC, 10) : -1;
   if (p.agent_listen >= 0 && listen < 0) die(err_fd, e + kDupFds, listen);
   if (err >= 0) err_fd = static_cast<int>(err);
   if (exe < 0 || err < 0 || agent < 0 || cg < 0)
@@ -335,7 +363,11 @@ int run_child(void* arg) {
     if (r < 0) die(err_fd, e + kAgentFd, r);
   }
   // Anything the daemon left without CLOEXEC must not reach the sandbox.
-  r = raw::call(SYS_close_range, listen >= 0 ? 6 : p.cgroup_fd >= 0 ? 5 : 4, ~0U, CLOSE_RANGE_CLOEXEC);
+  r = raw::call(SYS_close_range,
+                listen >= 0        ? 6
+                : p.cgroup_fd >= 0 ? 5
+                                   : 4,
+                ~0U, CLOSE_RANGE_CLOEXEC);
   if (r < 0) die(err_fd, e + kCloseRange, r);
   // Default dispositions, then unblock (the parent blocked everything around clone).
   KernelSigaction dfl{};

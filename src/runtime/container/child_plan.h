@@ -21,20 +21,20 @@
 namespace tp::runtime::container {
 
 enum class OpKind : uint8_t {
-  kWaitSync,     // block until the parent wrote maps/cgroups (one byte) on the sync pipe
-  kBecomeRoot,   // setresgid(0), setgroups(0), setresuid(0) inside the new user ns
-  kUnshare,      // unshare(flags)
-  kSethostname,  // a
-  kLoopbackUp,   // ioctl(SIOCSIFFLAGS, lo, IFF_UP)
-  kMount,        // mount(a=source, b=target, c=fstype, flags, d=data)
-  kMkdir,        // mkdir(a, mode), EEXIST is fine
-  kTouch,        // create empty file a (mount point for a file bind), EEXIST is fine
-  kSymlink,      // symlink(a=target, b=linkpath)
-  kChdir,        // chdir(a)
-  kPivotRoot,    // pivot_root(".", ".")
-  kUmountDetach, // umount2(a, MNT_DETACH)
-  kWriteFile,    // open(a, O_WRONLY) and write the string b (sysctls of the sandbox's namespaces)
-  kSetRlimit,    // prlimit64(0, resource=mode, {flags, flags}): soft = hard = flags
+  kWaitSync,      // block until the parent wrote maps/cgroups (one byte) on the sync pipe
+  kBecomeRoot,    // setresgid(0), setgroups(0), setresuid(0) inside the new user ns
+  kUnshare,       // unshare(flags)
+  kSethostname,   // a
+  kLoopbackUp,    // ioctl(SIOCSIFFLAGS, lo, IFF_UP)
+  kMount,         // mount(a=source, b=target, c=fstype, flags, d=data)
+  kMkdir,         // mkdir(a, mode), EEXIST is fine
+  kTouch,         // create empty file a (mount point for a file bind), EEXIST is fine
+  kSymlink,       // symlink(a=target, b=linkpath)
+  kChdir,         // chdir(a)
+  kPivotRoot,     // pivot_root(".", ".")
+  kUmountDetach,  // umount2(a, MNT_DETACH)
+  kWriteFile,     // open(a, O_WRONLY) and write the string b (sysctls of the sandbox's namespaces)
+  kSetRlimit,     // prlimit64(0, resource=mode, {flags, flags}): soft = hard = flags
 };
 
 struct Op {
@@ -57,13 +57,13 @@ struct ChildFailure {
 
 struct ChildPlan {
   std::vector<Op> ops;
-  std::vector<std::string> steps;  // descriptions, indexed by Op::step and the exec steps below
+  std::vector<std::string> steps;   // descriptions, indexed by Op::step and the exec steps below
   std::deque<std::string> strings;  // storage for the op strings (stable addresses)
   std::vector<char*> argv, envp;    // NULL-terminated
   const sys::SeccompProgram* seccomp = nullptr;
   // fds (numbers in the parent's table, inherited by the child)
   int sync_rd = -1, sync_wr = -1, err_rd = -1, err_wr = -1, agent_child = -1, exe_fd = -1;
-  int cgroup_fd = -1;  // the sandbox's delegated cgroup directory, placed at fd 4 (-1: none)
+  int cgroup_fd = -1;     // the sandbox's delegated cgroup directory, placed at fd 4 (-1: none)
   int agent_listen = -1;  // live restore: the agent's listening socket, placed at fd 5 (-1: none)
   uint32_t exec_steps_base = 0;  // first of the fixed exec-sequence step descriptions
 
@@ -82,17 +82,19 @@ struct ChildPlan {
   void symlink(const std::string& target, const std::string& path);
   void write_file(const std::string& path, const std::string& data, bool ignore_missing);
   void set_rlimit(int resource, const std::string& name, uint64_t value);
-  void simple(OpKind k, const std::string& desc, const std::string& a = {}, unsigned long flags = 0);
+  void simple(OpKind k, const std::string& desc, const std::string& a = {},
+              unsigned long flags = 0);
   // Appends the fixed step descriptions of the exec sequence; call last.
   void finish();
 };
 
 // Inputs for the standard sandbox recipe.
 struct RootRecipe {
-  std::string id;               // hostname
-  std::string mnt_dir;          // empty host dir the sandbox tmpfs is mounted on (inside the child's ns)
+  std::string id;       // hostname
+  std::string mnt_dir;  // empty host dir the sandbox tmpfs is mounted on (inside the child's ns)
   std::vector<std::string> lowers;  // overlay lower dirs, top first
-  std::vector<std::pair<std::string, unsigned long>> ro_binds;  // host path (bound at same path), locked flags to keep
+  std::vector<std::pair<std::string, unsigned long>>
+      ro_binds;  // host path (bound at same path), locked flags to keep
   uint64_t disk_bytes = 0;
   uint64_t tmp_bytes = 0;
   // Host directory holding /dev's nodes, symlinks and mount points (made once by
@@ -134,7 +136,8 @@ extern const DeviceNode kDevices[];
 // /dev's symlinks: {name, target}.
 extern const char* const kDevSymlinks[][2];
 
-// Paths in /proc masked with the null device and directories masked with an empty read-only directory.
+// Paths in /proc masked with the null device and directories masked with an empty read-only
+// directory.
 extern const char* const kMaskedProcFiles[];
 extern const char* const kMaskedProcDirs[];
 extern const char* const kReadOnlyProcDirs[];

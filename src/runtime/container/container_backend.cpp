@@ -82,7 +82,8 @@ unsigned long locked_flags(const std::string& path) {
 bool valid_name(const std::string& id) {
   if (id.empty() || id.size() > 63) return false;
   return std::all_of(id.begin(), id.end(), [](char c) {
-    return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-' || (c >= 'A' && c <= 'Z') || c == '_';
+    return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-' || (c >= 'A' && c <= 'Z') ||
+           c == '_';
   });
 }
 
@@ -96,7 +97,7 @@ struct Shared {
   std::vector<std::pair<std::string, unsigned long>> host_binds;
   std::string mnt_dir;
   container::RootRecipe common;  // what every sandbox's recipe shares (prepared dirs, /proc masks)
-  int dumpable = 1;  // the daemon's PR_GET_DUMPABLE at start
+  int dumpable = 1;              // the daemon's PR_GET_DUMPABLE at start
   std::string run_dir;  // <data_dir>/containers/run, root-only: per-sandbox agent socket and state
 };
 
@@ -105,7 +106,9 @@ struct Shared {
 // agent: the sandbox cannot reach the path), and `state`: the init's host pid
 // and its start time (field 22 of /proc/<pid>/stat), so that a later daemon
 // run adopts the right process and not one that reused the pid.
-std::string sandbox_run_dir(const Shared& sh, const std::string& id) { return sh.run_dir + "/" + id; }
+std::string sandbox_run_dir(const Shared& sh, const std::string& id) {
+  return sh.run_dir + "/" + id;
+}
 
 // Field 22 of /proc/<pid>/stat (start time in clock ticks since boot); 0 if unreadable.
 uint64_t proc_start_time(pid_t pid) {
@@ -124,7 +127,8 @@ uint64_t proc_start_time(pid_t pid) {
 
 void remove_run_dir(const std::string& dir) {
   for (const char* f : {"/agent.sock", "/state", "/state.tmp"}) (void)::unlink((dir + f).c_str());
-  if (::rmdir(dir.c_str()) != 0 && errno != ENOENT) spdlog::warn("rmdir({}): {}", dir, std::strerror(errno));
+  if (::rmdir(dir.c_str()) != 0 && errno != ENOENT)
+    spdlog::warn("rmdir({}): {}", dir, std::strerror(errno));
 }
 
 // Makes <run_dir>/<id>/ afresh with a listening agent.sock in it; the fd.
@@ -144,7 +148,8 @@ Result<UniqueFd> make_agent_socket(const std::string& dir) {
   std::memcpy(sa.sun_path, path.data(), path.size());
   UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
   if (!fd) return sys_fail("socket(AF_UNIX) for " + path);
-  if (::bind(fd.get(), reinterpret_cast<const sockaddr*>(&sa), sizeof(sa)) != 0) return sys_fail("bind(" + path + ")");
+  if (::bind(fd.get(), reinterpret_cast<const sockaddr*>(&sa), sizeof(sa)) != 0)
+    return sys_fail("bind(" + path + ")");
   if (::listen(fd.get(), 4) != 0) return sys_fail("listen(" + path + ")");
   return fd;
 }
@@ -152,12 +157,14 @@ Result<UniqueFd> make_agent_socket(const std::string& dir) {
 // Writes <dir>/state atomically: "pid <pid>\nstarttime <ticks>\n".
 Result<void> write_state(const std::string& dir, pid_t pid) {
   uint64_t start = proc_start_time(pid);
-  if (!start) return fail(Code::kInternal, "no start time in /proc/" + std::to_string(pid) + "/stat");
+  if (!start)
+    return fail(Code::kInternal, "no start time in /proc/" + std::to_string(pid) + "/stat");
   const std::string tmp = dir + "/state.tmp";
   std::string text = "pid " + std::to_string(pid) + "\nstarttime " + std::to_string(start) + "\n";
   UniqueFd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600));
   if (!fd) return sys_fail("open(" + tmp + ")");
-  if (::write(fd.get(), text.data(), text.size()) != static_cast<ssize_t>(text.size())) return sys_fail("write(" + tmp + ")");
+  if (::write(fd.get(), text.data(), text.size()) != static_cast<ssize_t>(text.size()))
+    return sys_fail("write(" + tmp + ")");
   fd.reset();
   if (::rename(tmp.c_str(), (dir + "/state").c_str()) != 0) return sys_fail("rename(" + tmp + ")");
   return {};
@@ -184,7 +191,8 @@ Result<SavedState> read_state(const std::string& dir) {
 
 class ContainerInstance final : public SandboxInstance {
  public:
-  ContainerInstance(std::shared_ptr<const Shared> sh, std::string id, sys::Pidfd proc, UniqueFd agent)
+  ContainerInstance(std::shared_ptr<const Shared> sh, std::string id, sys::Pidfd proc,
+                    UniqueFd agent)
       : sh_(std::move(sh)), id_(std::move(id)), proc_(std::move(proc)), agent_(std::move(agent)) {}
   // Live restore: the run dir exists (create, adopt); `adopted`: a previous
   // daemon run created it, so its init is not our child.
@@ -400,13 +408,14 @@ class ContainerBackend final : public Backend {
 };
 
 Result<std::unique_ptr<SandboxInstance>> ContainerBackend::create_impl(const SandboxSpec& spec) {
-  if (!valid_name(spec.id)) return fail(Code::kInvalidArgument, "invalid sandbox id '" + spec.id + "'");
+  if (!valid_name(spec.id))
+    return fail(Code::kInvalidArgument, "invalid sandbox id '" + spec.id + "'");
   if (spec.disk_bytes == 0 || spec.tmp_bytes == 0 || spec.memory_bytes == 0)
     return fail(Code::kInvalidArgument, "memory, disk and tmp sizes must be > 0");
   if (spec.nofile < 16) return fail(Code::kInvalidArgument, "nofile must be >= 16");
   for (const auto& [k, v] : spec.env) {
-    if (k.empty() || k.find_first_of("=", 0) != std::string::npos || k.find('\0') != std::string::npos ||
-        v.find('\0') != std::string::npos)
+    if (k.empty() || k.find_first_of("=", 0) != std::string::npos ||
+        k.find('\0') != std::string::npos || v.find('\0') != std::string::npos)
       return fail(Code::kInvalidArgument, "invalid environment variable name '" + k + "'");
   }
 
@@ -422,10 +431,12 @@ Result<std::unique_ptr<SandboxInstance>> ContainerBackend::create_impl(const San
   } else {
     for (const auto& l : spec.layers) {
       if (l.empty() || l[0] != '/' || l.find_first_of(",:\\") != std::string::npos)
-        return fail(Code::kInvalidArgument, "layer path '" + l + "' must be absolute without ',', ':' or '\\'");
+        return fail(Code::kInvalidArgument,
+                    "layer path '" + l + "' must be absolute without ',', ':' or '\\'");
       struct stat st {};
       if (::stat(l.c_str(), &st) != 0) return sys_fail("stat(layer " + l + ")");
-      if (!S_ISDIR(st.st_mode)) return fail(Code::kInvalidArgument, "layer " + l + " is not a directory");
+      if (!S_ISDIR(st.st_mode))
+        return fail(Code::kInvalidArgument, "layer " + l + " is not a directory");
     }
     recipe.lowers = spec.layers;
   }
@@ -439,7 +450,8 @@ Result<std::unique_ptr<SandboxInstance>> ContainerBackend::create_impl(const San
   plan.finish();
   plan.seccomp = sh_->seccomp.get();
   plan.exe_fd = sh_->agent_exe.get();
-  for (const char* a : {"tp-agent", "--fd", "3"}) plan.argv.push_back(const_cast<char*>(plan.keep(a)));
+  for (const char* a : {"tp-agent", "--fd", "3"})
+    plan.argv.push_back(const_cast<char*>(plan.keep(a)));
   // The agent's cgroup fd (see below); the child places it at fd 4.
   const std::string cg_dir = sh_->cgroups->delegated_dir(spec.id);
   if (!cg_dir.empty())
@@ -481,7 +493,9 @@ Result<std::unique_ptr<SandboxInstance>> ContainerBackend::create_impl(const San
   struct RunDirOwner {
     const std::string& dir;
     bool owned = true;
-    ~RunDirOwner() { if (owned) remove_run_dir(dir); }
+    ~RunDirOwner() {
+      if (owned) remove_run_dir(dir);
+    }
   } run_dir_owner{run_dir};
 
   // The limits are written while the child sets up its root (below): it runs only
@@ -491,7 +505,8 @@ Result<std::unique_ptr<SandboxInstance>> ContainerBackend::create_impl(const San
   auto drop_cgroup = [&] {
     if (!cgroup_owned) return;
     (void)sh_->cgroups->kill_all(spec.id);
-    if (auto r = sh_->cgroups->remove(spec.id); !r) TP_SB_ERROR(spec.id, "unwind: {}", r.error().message());
+    if (auto r = sh_->cgroups->remove(spec.id); !r)
+      TP_SB_ERROR(spec.id, "unwind: {}", r.error().message());
   };
   // Delegation: the sandbox's root (uid_base) owns its cgroup directory (v2;
   // v1: the freezer one) and the files a delegatee writes, so that its agent
@@ -500,7 +515,8 @@ Result<std::unique_ptr<SandboxInstance>> ContainerBackend::create_impl(const San
   UniqueFd cg_fd;
   if (!cg_dir.empty()) {
     auto own = [&](const std::string& p, bool must) -> Result<void> {
-      if (::chown(p.c_str(), sh_->opts.uid_base, sh_->opts.uid_base) == 0 || (!must && errno == ENOENT))
+      if (::chown(p.c_str(), sh_->opts.uid_base, sh_->opts.uid_base) == 0 ||
+          (!must && errno == ENOENT))
         return {};
       return sys_fail("chown(" + p + ")");
     };
@@ -558,7 +574,8 @@ Result<std::unique_ptr<SandboxInstance>> ContainerBackend::create_impl(const San
       pid = -1;
       clone_errno = static_cast<int>(-as_sandbox_root.result());
     } else {
-      pid = TP_CLONE(container::run_child, static_cast<char*>(stack) + kChildStack, kCloneFlags, &plan, &pidfd);
+      pid = TP_CLONE(container::run_child, static_cast<char*>(stack) + kChildStack, kCloneFlags,
+                     &plan, &pidfd);
       if (pid < 0) clone_errno = errno;
     }
   }
@@ -566,7 +583,8 @@ Result<std::unique_ptr<SandboxInstance>> ContainerBackend::create_impl(const San
     // A daemon thread left in a sandbox's cgroup would be frozen and killed with that
     // sandbox (tests/integration/test_lifecycle.py): a broken invariant, stop here.
     if (auto l = sh_->cgroups->leave_thread(own_cgroups); !l) {
-      spdlog::critical("cannot move a daemon thread out of sandbox cgroup {}: {}", spec.id, l.error().message());
+      spdlog::critical("cannot move a daemon thread out of sandbox cgroup {}: {}", spec.id,
+                       l.error().message());
       std::abort();
     }
   }
@@ -597,24 +615,28 @@ Result<std::unique_ptr<SandboxInstance>> ContainerBackend::create_impl(const San
   char go = 1;
   if (::write(sync_wr.get(), &go, 1) != 1) return abort_child(sys_fail("write(sync pipe)").error());
   sync_wr.reset();
-  if (auto r = sh_->cgroups->write_limits(spec.id, {spec.memory_bytes, spec.cpus, spec.pids_max}); !r)
+  if (auto r = sh_->cgroups->write_limits(spec.id, {spec.memory_bytes, spec.cpus, spec.pids_max});
+      !r)
     return abort_child(r.error());
 
   // EOF = the exec succeeded (the pipe is CLOEXEC); a record = the step that failed.
   ChildFailure f{};
   ssize_t n;
-  do n = ::read(err_rd.get(), &f, sizeof f); while (n < 0 && errno == EINTR);
+  do n = ::read(err_rd.get(), &f, sizeof f);
+  while (n < 0 && errno == EINTR);
   if (n < 0) return abort_child(sys_fail("read(error pipe)").error());
   if (n > 0) {
-    std::string step = (n == sizeof f && f.step >= 0 && static_cast<size_t>(f.step) < plan.steps.size())
-                           ? plan.steps[static_cast<size_t>(f.step)]
-                           : "sandbox setup";
+    std::string step =
+        (n == sizeof f && f.step >= 0 && static_cast<size_t>(f.step) < plan.steps.size())
+            ? plan.steps[static_cast<size_t>(f.step)]
+            : "sandbox setup";
     return abort_child(Error{code_from_errno(f.err), f.err, step});
   }
   // EOF also comes when the child died without a word (killed, e.g. by the OOM killer).
   if (proc.exited()) {
     siginfo_t si{};
-    ::waitid(static_cast<idtype_t>(P_PIDFD), static_cast<id_t>(proc.fd()), &si, WEXITED | WNOWAIT | WNOHANG);
+    ::waitid(static_cast<idtype_t>(P_PIDFD), static_cast<id_t>(proc.fd()), &si,
+             WEXITED | WNOWAIT | WNOHANG);
     return abort_child(Error{Code::kInternal, 0,
                              "sandbox init exited during setup (" +
                                  std::string(si.si_code == CLD_EXITED ? "status " : "signal ") +
@@ -626,25 +648,30 @@ Result<std::unique_ptr<SandboxInstance>> ContainerBackend::create_impl(const San
   run_dir_owner.owned = false;
   cgroup_owned = false;
   TP_SB_DEBUG(spec.id, "started, pid {}", pid);
-  auto inst = std::make_unique<ContainerInstance>(sh_, spec.id, std::move(proc), std::move(agent_host));
+  auto inst =
+      std::make_unique<ContainerInstance>(sh_, spec.id, std::move(proc), std::move(agent_host));
   inst->set_restore(true, false);
   return inst;
 }
 
 Result<std::unique_ptr<SandboxInstance>> ContainerBackend::adopt_impl(const SandboxSpec& spec) {
-  if (!valid_name(spec.id)) return fail(Code::kInvalidArgument, "invalid sandbox id '" + spec.id + "'");
+  if (!valid_name(spec.id))
+    return fail(Code::kInvalidArgument, "invalid sandbox id '" + spec.id + "'");
   const std::string dir = sandbox_run_dir(*sh_, spec.id);
   auto st = read_state(dir);
   if (!st) return std::unexpected(st.error());
   int pfd = static_cast<int>(::syscall(SYS_pidfd_open, st->pid, 0));
   if (pfd < 0) {
-    if (errno == ESRCH) return fail(Code::kNotFound, "init of sandbox " + spec.id + " (pid " + std::to_string(st->pid) + ") is gone");
+    if (errno == ESRCH)
+      return fail(Code::kNotFound,
+                  "init of sandbox " + spec.id + " (pid " + std::to_string(st->pid) + ") is gone");
     return sys_fail("pidfd_open(" + std::to_string(st->pid) + ")");
   }
   sys::Pidfd proc(pfd, st->pid);
   // Checked after pidfd_open: the pidfd then names the process whose start time matched.
   if (proc_start_time(st->pid) != st->start || proc.exited())
-    return fail(Code::kNotFound, "init of sandbox " + spec.id + " (pid " + std::to_string(st->pid) + ") is gone");
+    return fail(Code::kNotFound,
+                "init of sandbox " + spec.id + " (pid " + std::to_string(st->pid) + ") is gone");
   for (const auto& d : sh_->cgroups->dirs(spec.id)) {
     struct stat cs {};
     if (::stat(d.c_str(), &cs) != 0 || !S_ISDIR(cs.st_mode))
@@ -703,10 +730,12 @@ Result<void> prepare_shared_dirs(const std::string& containers_dir, container::R
   r->prep_locked = locked_flags(empty);
   const std::string dev = containers_dir + "/dev";
   struct statvfs sv {};
-  if (::statvfs(containers_dir.c_str(), &sv) != 0) return sys_fail("statvfs(" + containers_dir + ")");
+  if (::statvfs(containers_dir.c_str(), &sv) != 0)
+    return sys_fail("statvfs(" + containers_dir + ")");
   if (sv.f_flag & ST_NODEV) {
-    spdlog::info("{} is on a nodev file system: each sandbox's /dev binds the host's nodes one by one",
-                 containers_dir);
+    spdlog::info(
+        "{} is on a nodev file system: each sandbox's /dev binds the host's nodes one by one",
+        containers_dir);
     return {};
   }
   TP_TRY(ensure_node(dev, S_IFDIR, 0755, 0));
@@ -731,7 +760,8 @@ std::vector<std::string> present_in_proc(const char* const names[]) {
   const bool full = ::access("/proc/meminfo", F_OK) == 0;
   std::vector<std::string> out;
   for (int i = 0; names[i]; ++i)
-    if (!full || ::access((std::string("/proc/") + names[i]).c_str(), F_OK) == 0) out.emplace_back(names[i]);
+    if (!full || ::access((std::string("/proc/") + names[i]).c_str(), F_OK) == 0)
+      out.emplace_back(names[i]);
   return out;
 }
 
@@ -762,7 +792,8 @@ Result<std::unique_ptr<Backend>> make_container_backend(const ContainerOptions& 
   auto sh = std::make_shared<Shared>();
   sh->opts = opts;
   sh->dumpable = ::prctl(PR_GET_DUMPABLE, 0, 0, 0, 0);
-  while (sh->opts.data_dir.size() > 1 && sh->opts.data_dir.back() == '/') sh->opts.data_dir.pop_back();
+  while (sh->opts.data_dir.size() > 1 && sh->opts.data_dir.back() == '/')
+    sh->opts.data_dir.pop_back();
   const std::string& dd = sh->opts.data_dir;
   if (::mkdir(dd.c_str(), 0755) != 0 && errno != EEXIST) return sys_fail("mkdir(" + dd + ")");
   TP_TRY(check_traversable(dd));
@@ -779,7 +810,8 @@ Result<std::unique_ptr<Backend>> make_container_backend(const ContainerOptions& 
   struct stat st {};
   if (::fstat(sh->agent_exe.get(), &st) != 0) return sys_fail("fstat(" + opts.agent_path + ")");
   if (!S_ISREG(st.st_mode) || (st.st_mode & S_IXOTH) == 0)
-    return fail(Code::kInvalidArgument, "agent " + opts.agent_path + " must be a regular file executable by others");
+    return fail(Code::kInvalidArgument,
+                "agent " + opts.agent_path + " must be a regular file executable by others");
 
   sh->common.mnt_dir = sh->mnt_dir;
   TP_TRY(prepare_shared_dirs(dd + "/containers", &sh->common));
@@ -792,10 +824,14 @@ Result<std::unique_ptr<Backend>> make_container_backend(const ContainerOptions& 
     for (int i = 0; container::kDevices[i].name; ++i) {
       const std::string p = std::string("/dev/") + container::kDevices[i].name;
       struct stat ds {};
-      auto in_range = [&](uint32_t id) { return id >= opts.uid_base && id - opts.uid_base < sys::kIdMapCount; };
+      auto in_range = [&](uint32_t id) {
+        return id >= opts.uid_base && id - opts.uid_base < sys::kIdMapCount;
+      };
       if (::stat(p.c_str(), &ds) == 0 && (in_range(ds.st_uid) || in_range(ds.st_gid)))
-        spdlog::error("{} is owned by {}:{}, inside the sandboxes' id range: every sandbox can change it "
-                      "(fix: chown root:root {})", p, ds.st_uid, ds.st_gid, p);
+        spdlog::error(
+            "{} is owned by {}:{}, inside the sandboxes' id range: every sandbox can change it "
+            "(fix: chown root:root {})",
+            p, ds.st_uid, ds.st_gid, p);
     }
   }
 
@@ -812,9 +848,10 @@ Result<std::unique_ptr<Backend>> make_container_backend(const ContainerOptions& 
   if (!host) return std::unexpected(host.error());
   sh->host = *host;
   for (const auto& b : sh->host.ro_binds) sh->host_binds.emplace_back(b, locked_flags(b));
-  spdlog::info("container backend: data_dir {}, cgroup {} ({}), uid_base {}", dd, opts.cgroup_name,
-               layout->version == sys::CgroupVersion::kV2 ? "v2 " + layout->v2_root : std::string("v1"),
-               opts.uid_base);
+  spdlog::info(
+      "container backend: data_dir {}, cgroup {} ({}), uid_base {}", dd, opts.cgroup_name,
+      layout->version == sys::CgroupVersion::kV2 ? "v2 " + layout->v2_root : std::string("v1"),
+      opts.uid_base);
   return std::unique_ptr<Backend>(std::make_unique<ContainerBackend>(std::move(sh)));
 }
 

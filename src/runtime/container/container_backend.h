@@ -70,9 +70,10 @@
 namespace tp::runtime {
 
 struct ContainerOptions {
-  std::string data_dir;        // e.g. /var/lib/tidepool; we create containers/ and images/host/ in it
-  std::string agent_path;      // host path of the static tp-agent binary (build/bin/tp-agent)
-  std::string cgroup_name = "tidepool";  // parent cgroup: <ctrl mount>/tidepool/<id> (v1) or <v2root>/tidepool/<id>
+  std::string data_dir;    // e.g. /var/lib/tidepool; we create containers/ and images/host/ in it
+  std::string agent_path;  // host path of the static tp-agent binary (build/bin/tp-agent)
+  std::string cgroup_name =
+      "tidepool";  // parent cgroup: <ctrl mount>/tidepool/<id> (v1) or <v2root>/tidepool/<id>
   uint32_t uid_base = 100000;  // root inside every sandbox = this host uid; 65536 ids mapped
 };
 

@@ -157,9 +157,11 @@ TEST_P(AgentExecTest, StreamingStdin) {
 // A grandchild that leaves with setsid and records its pid (as the host sees
 // it: /proc is the host's in these tests) before the parent prints "ready".
 std::string daemon_script(const std::string& pidfile) {
-  return "setsid sh -c 'read -r p rest < /proc/self/stat; echo $p > " + pidfile +
-         ".tmp; mv " + pidfile + ".tmp " + pidfile + "; exec sleep 1000' </dev/null >/dev/null 2>&1 & "
-         "while [ ! -s " + pidfile + " ]; do sleep 0.01; done; echo ready; sleep 1000";
+  return "setsid sh -c 'read -r p rest < /proc/self/stat; echo $p > " + pidfile + ".tmp; mv " +
+         pidfile + ".tmp " + pidfile +
+         "; exec sleep 1000' </dev/null >/dev/null 2>&1 & "
+         "while [ ! -s " +
+         pidfile + " ]; do sleep 0.01; done; echo ready; sleep 1000";
 }
 
 TEST_P(AgentExecTest, TimeoutKillsDaemonisedGrandchild) {
@@ -192,8 +194,9 @@ TEST_P(AgentExecTest, SigkillKillsDaemonisedGrandchild) {
 
 TEST_P(AgentExecTest, MainExitEndsBackgroundProcesses) {
   std::string pidfile = host_path("/bg.pid");
-  auto o = exec(sh("sh -c 'read -r p rest < /proc/self/stat; echo $p > " + pidfile +
-                   "; exec sleep 1000' & while [ ! -s " + pidfile + " ]; do sleep 0.01; done; exit 0"));
+  auto o =
+      exec(sh("sh -c 'read -r p rest < /proc/self/stat; echo $p > " + pidfile +
+              "; exec sleep 1000' & while [ ! -s " + pidfile + " ]; do sleep 0.01; done; exit 0"));
   ASSERT_TRUE(o.result.has_value());
   EXPECT_EQ(o.result->exit_code, 0);
   std::string pid = read_host_file(pidfile);
@@ -292,7 +295,8 @@ TEST_P(AgentExecTest, CwdUidAndGid) {
 
 TEST_P(AgentExecTest, CommandSeesOnlyItsStdioAndNoPtraceCap) {
   // ls and grep inherit what sh has.
-  auto o = exec(sh("ls -l /proc/self/fd/; grep -E '^(Cap(Bnd|Eff|Prm)|NoNewPrivs):' /proc/self/status"));
+  auto o =
+      exec(sh("ls -l /proc/self/fd/; grep -E '^(Cap(Bnd|Eff|Prm)|NoNewPrivs):' /proc/self/status"));
   ASSERT_TRUE(o.result.has_value());
   // No socket (control stream, internal channels) reaches the command, nor
   // the agent's cgroup directory.
@@ -390,7 +394,8 @@ TEST_P(AgentExecTest, DoubleForkedDaemonDiesWithMainProcess) {
   auto o = exec(sh("(setsid sh -c 'read -r p rest < /proc/self/stat; echo $p > " + pidfile +
                    ".tmp; mv " + pidfile + ".tmp " + pidfile +
                    "; exec sleep 1000' </dev/null >/dev/null 2>&1 &) ; "
-                   "while [ ! -s " + pidfile + " ]; do sleep 0.01; done; echo ok"));
+                   "while [ ! -s " +
+                   pidfile + " ]; do sleep 0.01; done; echo ok"));
   ASSERT_TRUE(o.result.has_value());
   EXPECT_EQ(o.out, "ok\n");
   std::string pid = read_host_file(pidfile);

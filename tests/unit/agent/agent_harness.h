@@ -11,8 +11,8 @@
 #include <sys/mount.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
-#include <sys/vfs.h>
 #include <sys/un.h>
+#include <sys/vfs.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -77,7 +77,8 @@ class TestCgroup {
     }
     if (base.empty()) return;
     static int n = 0;
-    std::string p = base + "/tp-agent-test-" + std::to_string(::getpid()) + "-" + std::to_string(++n);
+    std::string p =
+        base + "/tp-agent-test-" + std::to_string(::getpid()) + "-" + std::to_string(++n);
     if (::mkdir(p.c_str(), 0755) != 0) return;
     fd_ = ::open(p.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (fd_ < 0) {
@@ -111,11 +112,11 @@ class TestCgroup {
 };
 
 struct AgentOptions {
-  int cgroup_fd = -1;          // >= 0: --cgroup-fd (passed as fd 4); else the command-init fallback
+  int cgroup_fd = -1;  // >= 0: --cgroup-fd (passed as fd 4); else the command-init fallback
   std::string resolve = "auto";
-  bool mount_proc = false;     // run the agent in a private mount ns with proc at <root>/proc
-  bool listen = false;         // --listen-fd 4: a unix socket at <root>.sock (see socket_path())
-  int orphan_timeout_s = -1;   // --orphan-timeout, when >= 0
+  bool mount_proc = false;    // run the agent in a private mount ns with proc at <root>/proc
+  bool listen = false;        // --listen-fd 4: a unix socket at <root>.sock (see socket_path())
+  int orphan_timeout_s = -1;  // --orphan-timeout, when >= 0
 };
 
 class AgentProcess {
@@ -138,7 +139,8 @@ class AgentProcess {
       sa.sun_family = AF_UNIX;
       std::snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", socket_path_.c_str());
       ::unlink(socket_path_.c_str());
-      if (lfd < 0 || ::bind(lfd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) != 0 || ::listen(lfd, 8) != 0) {
+      if (lfd < 0 || ::bind(lfd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) != 0 ||
+          ::listen(lfd, 8) != 0) {
         if (lfd >= 0) ::close(lfd);
         ::close(sv[0]);
         ::close(sv[1]);
@@ -147,7 +149,8 @@ class AgentProcess {
       args.insert(args.end(), {"--listen-fd", "5"});
       listen_ = true;
     }
-    if (o.orphan_timeout_s >= 0) args.insert(args.end(), {"--orphan-timeout", std::to_string(o.orphan_timeout_s)});
+    if (o.orphan_timeout_s >= 0)
+      args.insert(args.end(), {"--orphan-timeout", std::to_string(o.orphan_timeout_s)});
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
@@ -158,7 +161,8 @@ class AgentProcess {
       if (o.mount_proc) {
         if (::unshare(CLONE_NEWNS) != 0) ::_exit(120);
         if (::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) ::_exit(121);
-        if (::mount("proc", proc_dir.c_str(), "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, nullptr) != 0)
+        if (::mount("proc", proc_dir.c_str(), "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, nullptr) !=
+            0)
           ::_exit(122);
       }
       // Out of the way first: the cgroup fd may sit at 3 itself.

@@ -28,7 +28,8 @@ TEST(AgentOptions, DefaultsAndFlags) {
   EXPECT_EQ(d->root, "/");
   EXPECT_EQ(d->cgroup_fd, -1);
   EXPECT_EQ(d->resolve, Resolver::Mode::kAuto);
-  auto o = parse({"tp-agent", "--fd", "7", "--root=/tmp/x", "--cgroup-fd", "4", "--resolve", "walk"});
+  auto o =
+      parse({"tp-agent", "--fd", "7", "--root=/tmp/x", "--cgroup-fd", "4", "--resolve", "walk"});
   ASSERT_TRUE(o.has_value());
   EXPECT_EQ(o->fd, 7);
   EXPECT_EQ(o->root, "/tmp/x");
@@ -130,7 +131,9 @@ class ResolverModes : public ::testing::TestWithParam<Resolver::Mode> {
 
 INSTANTIATE_TEST_SUITE_P(Modes, ResolverModes,
                          ::testing::Values(Resolver::Mode::kOpenat2, Resolver::Mode::kWalk),
-                         [](const auto& i) { return i.param == Resolver::Mode::kWalk ? "Walk" : "Openat2"; });
+                         [](const auto& i) {
+                           return i.param == Resolver::Mode::kWalk ? "Walk" : "Openat2";
+                         });
 
 TEST_P(ResolverModes, EverythingStaysInside) {
   auto r = resolver();
@@ -140,7 +143,7 @@ TEST_P(ResolverModes, EverythingStaysInside) {
     EXPECT_EQ(read_via(r, p), "inside") << p;
   }
   EXPECT_EQ(read_via(r, "/loop1"), "ERR:invalid_argument");  // ELOOP
-  EXPECT_EQ(read_via(r, "/etc/passwd/x"), "ERR:not_found");   // ENOTDIR
+  EXPECT_EQ(read_via(r, "/etc/passwd/x"), "ERR:not_found");  // ENOTDIR
   EXPECT_EQ(read_via(r, "relative"), "ERR:invalid_argument");
 }
 
@@ -163,7 +166,8 @@ TEST_P(ResolverModes, ParentOfNamesTheLastComponent) {
   auto up = r.parent("/slash/..");
   ASSERT_TRUE(up.has_value());
   EXPECT_EQ(up->name, "");
-  struct stat a {}, b {};
+  struct stat a {
+  }, b{};
   ASSERT_EQ(::fstat(up->dir.get(), &a), 0);
   ASSERT_EQ(::stat(root_.c_str(), &b), 0);
   EXPECT_EQ(a.st_ino, b.st_ino);  // ".." of the root is the root

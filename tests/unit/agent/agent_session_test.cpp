@@ -81,7 +81,8 @@ class Raw {
   bool eof_ = false;
 };
 
-Message exec_msg(uint32_t id, const std::string& script, const std::string& meta, bool stdin_open = false) {
+Message exec_msg(uint32_t id, const std::string& script, const std::string& meta,
+                 bool stdin_open = false) {
   Message m(MsgType::kExec, id);
   m.add(Tag::kArg, "sh").add(Tag::kArg, "-c").add(Tag::kArg, script);
   m.add(Tag::kMeta, meta);

@@ -1,9 +1,8 @@
 #include "api/auth.h"
 
+#include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <unistd.h>
-
-#include <gtest/gtest.h>
 
 #include <filesystem>
 #include <fstream>
@@ -36,7 +35,8 @@ class AuthTest : public ::testing::Test {
   }
   void TearDown() override { fs::remove_all(dir_); }
   std::string keys() const { return KeyFile::in_data_dir(dir_); }
-  static Request tcp(const std::string& method, const std::string& path, const std::string& key = "") {
+  static Request tcp(const std::string& method, const std::string& path,
+                     const std::string& key = "") {
     Request r;
     r.method = method;
     r.path = path;
@@ -143,7 +143,8 @@ TEST_F(AuthTest, TheUnixSocketNeedsNoKeyAndReadsAsThePeer) {
   auto ans = std::make_shared<Answer>();
   Request w = r;
   w.path = "/v1/whoami";
-  auth.handle(w, ans, [](Request&, std::shared_ptr<Responder>) { FAIL() << "whoami is answered by auth"; });
+  auth.handle(w, ans,
+              [](Request&, std::shared_ptr<Responder>) { FAIL() << "whoami is answered by auth"; });
   EXPECT_EQ(ans->status, 200);
   EXPECT_NE(ans->body.find("\"uid\":1000"), std::string::npos) << ans->body;
   EXPECT_NE(ans->body.find("\"transport\":\"unix\""), std::string::npos) << ans->body;

@@ -161,7 +161,8 @@ TEST_F(Idempotency, RepeatWhileInFlightWaitsForTheFirstAnswer) {
   rec->start_stream(200, "application/x-ndjson");
   rec->write_chunk("a\n");
   rec->write_chunk("b\n");
-  const std::string exit_line = R"({"type":"exit","exit_code":0})" "\n";
+  const std::string exit_line = R"({"type":"exit","exit_code":0})"
+                                "\n";
   rec->write_chunk(exit_line);
   // Output goes on at once; the terminal event waits until the answer is recorded.
   {

@@ -1,9 +1,9 @@
 // Regression (found by fuzz/http_fuzz): an error answer echoing a request path with
 // invalid UTF-8 ("GET /\xff...") was not valid JSON, so clients could not parse it.
 // Every JSON answer now goes through json_util::serialize_utf8.
-#include <boost/json.hpp>
-
 #include <gtest/gtest.h>
+
+#include <boost/json.hpp>
 
 #include "api/http_server.h"
 #include "common/json_util.h"
@@ -18,10 +18,12 @@ TEST(ToValidUtf8, KeepsValidAndReplacesInvalidBytes) {
   EXPECT_EQ(to_valid_utf8("plain /path"), "plain /path");
   std::string multi = "\xC3\xA9\xE2\x82\xAC\xF0\x9F\x98\x80";  // é € 😀
   EXPECT_EQ(to_valid_utf8(multi), multi);
-  EXPECT_EQ(to_valid_utf8("a\xFF" "b"), "a" + kFffd + "b");
-  EXPECT_EQ(to_valid_utf8("\xC0\xAF"), kFffd + kFffd);              // overlong '/'
-  EXPECT_EQ(to_valid_utf8("\xED\xA0\x80"), kFffd + kFffd + kFffd);  // surrogate
-  EXPECT_EQ(to_valid_utf8("\xE2\x82"), kFffd + kFffd);              // truncated
+  EXPECT_EQ(to_valid_utf8("a\xFF"
+                          "b"),
+            "a" + kFffd + "b");
+  EXPECT_EQ(to_valid_utf8("\xC0\xAF"), kFffd + kFffd);                          // overlong '/'
+  EXPECT_EQ(to_valid_utf8("\xED\xA0\x80"), kFffd + kFffd + kFffd);              // surrogate
+  EXPECT_EQ(to_valid_utf8("\xE2\x82"), kFffd + kFffd);                          // truncated
   EXPECT_EQ(to_valid_utf8("\xF4\x90\x80\x80"), kFffd + kFffd + kFffd + kFffd);  // > U+10FFFF
   EXPECT_EQ(to_valid_utf8(std::string("\0x", 2)), std::string("\0x", 2));
 }
@@ -61,7 +63,9 @@ class Capture : public api::Responder {
 
 TEST(ResponderSendError, InvalidUtf8InMessageStillGivesJson) {
   Capture c;
-  c.send_error(Error{Code::kNotFound, 0, "no route GET /\xFF\xFF" "health"});
+  c.send_error(Error{Code::kNotFound, 0,
+                     "no route GET /\xFF\xFF"
+                     "health"});
   EXPECT_EQ(c.status, 404);
   EXPECT_EQ(c.content_type, "application/json");
   boost::system::error_code ec;

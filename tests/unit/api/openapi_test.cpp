@@ -47,8 +47,10 @@ TEST(OpenApi, ServedRoutesMatchTheContract) {
   for (const auto& r : Auth::routes()) served.insert(r.method + " " + r.pattern);
   std::set<std::string> spec = spec_routes();
   ASSERT_FALSE(spec.empty());
-  for (const auto& s : served) EXPECT_TRUE(spec.count(s)) << "served but not in openapi.yaml: " << s;
-  for (const auto& s : spec) EXPECT_TRUE(served.count(s)) << "in openapi.yaml but not served: " << s;
+  for (const auto& s : served)
+    EXPECT_TRUE(spec.count(s)) << "served but not in openapi.yaml: " << s;
+  for (const auto& s : spec)
+    EXPECT_TRUE(served.count(s)) << "in openapi.yaml but not served: " << s;
 }
 
 }  // namespace

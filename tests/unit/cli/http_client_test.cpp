@@ -1,11 +1,10 @@
 #include "cli/http_client.h"
 
 #include <arpa/inet.h>
+#include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
-
-#include <gtest/gtest.h>
 
 #include <atomic>
 #include <functional>
@@ -90,8 +89,8 @@ void send_all(int fd, const std::string& s) {
   }
 }
 
-std::string response(int status, const std::string& body, const std::string& ctype = "application/json",
-                     const std::string& extra = "") {
+std::string response(int status, const std::string& body,
+                     const std::string& ctype = "application/json", const std::string& extra = "") {
   return "HTTP/1.1 " + std::to_string(status) + " X\r\nContent-Type: " + ctype +
          "\r\nContent-Length: " + std::to_string(body.size()) + "\r\n" + extra + "\r\n" + body;
 }
@@ -126,8 +125,9 @@ TEST(CliUrl, ParsesForms) {
 }
 
 TEST(CliUrl, RejectsBadInput) {
-  for (const char* bad : {"", "https://x:1", "ftp://x", "http://", "http://:80", "http://x:", "http://x:0",
-                          "http://x:65536", "http://x:12ab", "http://[::1", "http://u@x:1", "http://x:1/a?b"}) {
+  for (const char* bad :
+       {"", "https://x:1", "ftp://x", "http://", "http://:80", "http://x:", "http://x:0",
+        "http://x:65536", "http://x:12ab", "http://[::1", "http://u@x:1", "http://x:1/a?b"}) {
     auto r = Url::parse(bad);
     ASSERT_FALSE(r.has_value()) << bad;
     EXPECT_EQ(r.error().code, Code::kInvalidArgument) << bad;
@@ -148,7 +148,9 @@ TEST(CliHttpClient, UnknownHostIsUnreachable) {
   auto r = c.request(Method::kGet, "/health");
   ASSERT_FALSE(r.has_value());
   EXPECT_EQ(r.error().code, Code::kUnavailable);
-  EXPECT_EQ(r.error().message().rfind("cannot reach tidepoold at http://no-such-host.invalid:7070: ", 0), 0u);
+  EXPECT_EQ(
+      r.error().message().rfind("cannot reach tidepoold at http://no-such-host.invalid:7070: ", 0),
+      0u);
 }
 
 TEST(CliHttpClient, KeepAliveReusesOneConnection) {
@@ -281,8 +283,11 @@ TEST(CliHttpClient, ChunkedStreamIsDeliveredInOrderAndBinarySafe) {
   for (int i = 0; i < 256; ++i) binary += static_cast<char>(i);
   ScriptServer srv([&](int fd, int) {
     if (read_request(fd).empty()) return;
-    send_all(fd, "HTTP/1.1 200 OK\r\nContent-Type: application/x-ndjson\r\nTransfer-Encoding: chunked\r\n\r\n");
-    const std::vector<std::string> chunks = {"{\"type\":\"started\"}\n", binary, std::string(100000, 'x'), "end"};
+    send_all(fd,
+             "HTTP/1.1 200 OK\r\nContent-Type: application/x-ndjson\r\nTransfer-Encoding: "
+             "chunked\r\n\r\n");
+    const std::vector<std::string> chunks = {"{\"type\":\"started\"}\n", binary,
+                                             std::string(100000, 'x'), "end"};
     for (const auto& ch : chunks) {
       char len[32];
       std::snprintf(len, sizeof len, "%zx\r\n", ch.size());
@@ -319,8 +324,9 @@ TEST(CliHttpClient, SinkErrorAbortsAndClosesConnection) {
     send_all(fd, response(200, std::string(1000, 'a'), "application/octet-stream"));
   });
   HttpClient c(srv.parsed_url());
-  auto r = c.stream(Method::kGet, "/f", {}, {}, nullptr,
-                    [](std::string_view) -> Result<void> { return fail(Code::kInternal, "disk full"); });
+  auto r = c.stream(Method::kGet, "/f", {}, {}, nullptr, [](std::string_view) -> Result<void> {
+    return fail(Code::kInternal, "disk full");
+  });
   ASSERT_FALSE(r.has_value());
   EXPECT_EQ(r.error().message(), "disk full");
   EXPECT_EQ(c.native_handle(), -1);

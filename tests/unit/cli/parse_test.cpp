@@ -36,8 +36,8 @@ TEST(CliParseSize, PartialMiBRoundsUp) {
 }
 
 TEST(CliParseSize, RejectsBadInput) {
-  for (const char* bad : {"", "  ", "M", "-1G", "12X", "1GG", "1 G B", "1e3", "+5", "0x10", "1..5", ".", "G1",
-                          "99999999999999999999T"}) {
+  for (const char* bad : {"", "  ", "M", "-1G", "12X", "1GG", "1 G B", "1e3", "+5", "0x10", "1..5",
+                          ".", "G1", "99999999999999999999T"}) {
     auto r = parse_size_mb(bad);
     ASSERT_FALSE(r.has_value()) << bad;
     EXPECT_EQ(r.error().code, Code::kInvalidArgument) << bad;
@@ -78,9 +78,13 @@ TEST(CliParseKeyValue, SplitsAtFirstEquals) {
 
 TEST(CliBase64, KnownVectors) {
   // RFC 4648 section 10.
-  const std::vector<std::pair<std::string, std::string>> v = {
-      {"", ""}, {"f", "Zg=="}, {"fo", "Zm8="}, {"foo", "Zm9v"},
-      {"foob", "Zm9vYg=="}, {"fooba", "Zm9vYmE="}, {"foobar", "Zm9vYmFy"}};
+  const std::vector<std::pair<std::string, std::string>> v = {{"", ""},
+                                                              {"f", "Zg=="},
+                                                              {"fo", "Zm8="},
+                                                              {"foo", "Zm9v"},
+                                                              {"foob", "Zm9vYg=="},
+                                                              {"fooba", "Zm9vYmE="},
+                                                              {"foobar", "Zm9vYmFy"}};
   for (const auto& [plain, enc] : v) {
     EXPECT_EQ(base64_encode(plain), enc);
     EXPECT_EQ(base64_decode(enc).value(), plain);
@@ -97,7 +101,8 @@ TEST(CliBase64, RoundTripsEveryByte) {
 }
 
 TEST(CliBase64, RejectsBadInput) {
-  for (const char* bad : {"Zg=", "Zg", "Z===", "=Zg=", "Zg==Zg==", "Zm9v!A==", "Zm 9v", "Zm9v\n", "Zg=a"}) {
+  for (const char* bad :
+       {"Zg=", "Zg", "Z===", "=Zg=", "Zg==Zg==", "Zm9v!A==", "Zm 9v", "Zm9v\n", "Zg=a"}) {
     auto r = base64_decode(bad);
     EXPECT_FALSE(r.has_value()) << bad;
   }
@@ -191,7 +196,7 @@ TEST(CliExitStatus, MapsLikeAShell) {
   EXPECT_EQ(exit_status_for(-1, 15, false), 143);
   EXPECT_EQ(exit_status_for(-1, 9, true), 124);  // the timeout killed it: coreutils timeout(1)
   EXPECT_EQ(exit_status_for(0, 0, true), 124);
-  EXPECT_EQ(exit_status_for(-1, 0, false), 1);   // no code, no signal: still a failure
+  EXPECT_EQ(exit_status_for(-1, 0, false), 1);  // no code, no signal: still a failure
   EXPECT_EQ(exit_status_for(300, 0, false), 1);
 }
 

@@ -45,7 +45,8 @@ class SandboxStoreContract : public ::testing::TestWithParam<StoreMaker> {
     r.env = {{"A", "1"}};
     return r;
   }
-  static SandboxQuery query(std::string state, std::map<std::string, std::string> labels, bool live_only) {
+  static SandboxQuery query(std::string state, std::map<std::string, std::string> labels,
+                            bool live_only) {
     SandboxQuery q;
     q.state = std::move(state);
     q.labels = std::move(labels);
@@ -165,16 +166,16 @@ TEST_P(SandboxStoreContract, PruneDeletesOnlyEndedBeforeTheCutoff) {
 
 INSTANTIATE_TEST_SUITE_P(
     Stores, SandboxStoreContract,
-    ::testing::Values(
-        StoreMaker{"sqlite",
-                   [](const std::string& dir) -> std::unique_ptr<SandboxStore> {
-                     auto s = sqlite::SqliteSandboxStore::open(dir + "/state.db");
-                     if (!s) return nullptr;
-                     return std::unique_ptr<SandboxStore>(std::move(*s));
-                   }},
-        StoreMaker{"memory", [](const std::string&) -> std::unique_ptr<SandboxStore> {
-                     return std::make_unique<MemorySandboxStore>();
-                   }}),
+    ::testing::Values(StoreMaker{"sqlite",
+                                 [](const std::string& dir) -> std::unique_ptr<SandboxStore> {
+                                   auto s = sqlite::SqliteSandboxStore::open(dir + "/state.db");
+                                   if (!s) return nullptr;
+                                   return std::unique_ptr<SandboxStore>(std::move(*s));
+                                 }},
+                      StoreMaker{"memory",
+                                 [](const std::string&) -> std::unique_ptr<SandboxStore> {
+                                   return std::make_unique<MemorySandboxStore>();
+                                 }}),
     [](const auto& info) { return info.param.name; });
 
 class SqliteStoreTest : public ::testing::Test {
@@ -222,7 +223,8 @@ TEST_F(SqliteStoreTest, MigratesASchemaZeroDatabase) {
         " expires_at_ms INTEGER, ended_at_ms INTEGER, end_reason TEXT) WITHOUT ROWID;"
         "INSERT INTO sandboxes VALUES ('n0-old','running','container','host','n0',512,1.0,512,1024,"
         " 600,0,'{\"job\":\"j1\",\"k\":\"v\"}','{}',7,607,0,'');"
-        "INSERT INTO sandboxes VALUES ('n0-gone','stopped','container','host','n0',512,1.0,512,1024,"
+        "INSERT INTO sandboxes VALUES "
+        "('n0-gone','stopped','container','host','n0',512,1.0,512,1024,"
         " 600,0,'not json','{}',5,605,9,'ttl');";
     ASSERT_EQ(sqlite3_exec(db, sql, nullptr, nullptr, nullptr), SQLITE_OK);
     sqlite3_close(db);

@@ -33,22 +33,28 @@ TEST(BuildSpec, ParsesValidatesAndMakesArgv) {
   EXPECT_EQ(argv[argv.size() - 2], "/o.tar");
   bool hook = false;
   for (const auto& a : argv) {
-    hook = hook || (a.find("--customize-hook=unshare --fork --kill-child") == 0 && a.find("--net") != std::string::npos &&
-                    a.find("pivot_root") != std::string::npos && a.find("chroot") == std::string::npos &&
-                    a.find("'echo '\\''hi'\\'' > /f'") != std::string::npos);
-    EXPECT_EQ(a.find("/etc/hostname"), std::string::npos) << "the build never names the host path: " << a;
+    hook = hook ||
+           (a.find("--customize-hook=unshare --fork --kill-child") == 0 &&
+            a.find("--net") != std::string::npos && a.find("pivot_root") != std::string::npos &&
+            a.find("chroot") == std::string::npos &&
+            a.find("'echo '\\''hi'\\'' > /f'") != std::string::npos);
+    EXPECT_EQ(a.find("/etc/hostname"), std::string::npos)
+        << "the build never names the host path: " << a;
   }
   EXPECT_TRUE(hook) << "commands run pivoted into the root in new namespaces, quoted for sh";
-  EXPECT_NE(std::find(argv.begin(), argv.end(), "--customize-hook=copy-in '/b/stage/0/hostname' '/opt/x'"), argv.end());
+  EXPECT_NE(std::find(argv.begin(), argv.end(),
+                      "--customize-hook=copy-in '/b/stage/0/hostname' '/opt/x'"),
+            argv.end());
   auto k1 = build_cache_key(*s, {"d1"});
   EXPECT_EQ(k1, build_cache_key(*s, {"d1"}));
   EXPECT_NE(k1, build_cache_key(*s, {"d2"})) << "the files' content is part of the key";
   s->packages.push_back("git");
   EXPECT_NE(k1, build_cache_key(*s, {"d1"}));
-  for (const char* bad : {R"({"name":"x","packages":["a;rm -rf /"]})", R"({"name":"x","suite":"a b"})",
-                          R"({"name":"x","mirror":"ftp://x"})", R"({"name":"x","files":[{"src":"rel","dst":"/a"}]})",
-                          R"({"name":"x","files":[{"src":"/a","dst":"/../b"}]})", R"({"name":"host"})",
-                          R"({"name":"x","bogus":1})", R"([1])"})
+  for (const char* bad :
+       {R"({"name":"x","packages":["a;rm -rf /"]})", R"({"name":"x","suite":"a b"})",
+        R"({"name":"x","mirror":"ftp://x"})", R"({"name":"x","files":[{"src":"rel","dst":"/a"}]})",
+        R"({"name":"x","files":[{"src":"/a","dst":"/../b"}]})", R"({"name":"host"})",
+        R"({"name":"x","bogus":1})", R"([1])"})
     EXPECT_FALSE(parse_build_spec(bad)) << bad;
 }
 
@@ -95,7 +101,8 @@ TEST_F(BuildFilesTest, StagesAsTheCallerOwnedByTheBuildRootAndDigestsContent) {
   write("src/tree/sub/b", "two");
   fs::create_symlink("/etc/shadow", dir_ + "/src/tree/link");
   auto s = spec_with({{dir_ + "/src/hello.py", "/opt"}, {dir_ + "/src/tree/", "/srv"}});
-  auto root_reader = sys::HostReader::peer(0, 0, {});  // root without capabilities: its own files only
+  auto root_reader =
+      sys::HostReader::peer(0, 0, {});  // root without capabilities: its own files only
   auto d1 = stage_build_files(s, root_reader, dir_ + "/stage");
   ASSERT_TRUE(d1) << d1.error().message();
   ASSERT_EQ(d1->size(), 2u);
@@ -112,7 +119,9 @@ TEST_F(BuildFilesTest, StagesAsTheCallerOwnedByTheBuildRootAndDigestsContent) {
   EXPECT_TRUE(S_ISLNK(sb.st_mode)) << "symlinks are kept as links, never followed";
   EXPECT_EQ(sb.st_uid, kBuildIdBase);
   auto argv = mmdebstrap_argv(s, "/o.tar", st);
-  EXPECT_NE(std::find(argv.begin(), argv.end(), "--customize-hook=copy-in '" + st + "/1/tree' '/srv'"), argv.end());
+  EXPECT_NE(
+      std::find(argv.begin(), argv.end(), "--customize-hook=copy-in '" + st + "/1/tree' '/srv'"),
+      argv.end());
 
   // The same content with the same size and times still changes the key when a byte changes.
   struct stat before {};
@@ -143,10 +152,13 @@ TEST_F(BuildFilesTest, RootOnlyFileFailsWithPermissionDeniedForAnotherUserAndLea
   auto r = build_image(*store_, s, sys::HostReader::peer(65534, 65534, {}), 60);
   ASSERT_FALSE(r);
   EXPECT_EQ(r.error().code, Code::kPermissionDenied) << r.error().message();
-  EXPECT_NE(r.error().message().find("Permission denied"), std::string::npos) << r.error().message();
-  EXPECT_NE(r.error().message().find(dir_ + "/src/secret"), std::string::npos) << r.error().message();
+  EXPECT_NE(r.error().message().find("Permission denied"), std::string::npos)
+      << r.error().message();
+  EXPECT_NE(r.error().message().find(dir_ + "/src/secret"), std::string::npos)
+      << r.error().message();
   EXPECT_TRUE(store_tmp_empty());
-  EXPECT_FALSE(fs::exists(store_->root() + "/build-cache") && !fs::is_empty(store_->root() + "/build-cache"));
+  EXPECT_FALSE(fs::exists(store_->root() + "/build-cache") &&
+               !fs::is_empty(store_->root() + "/build-cache"));
 }
 
 TEST_F(BuildFilesTest, RefusedReaderRefusesFilesAndFileMirrors) {

@@ -2,13 +2,12 @@
 // build specs (builder.h). Store tests need root (layers are chowned).
 #include "image/image_store.h"
 
+#include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
-
-#include <gtest/gtest.h>
 
 #include "image/builder.h"
 #include "image/oci_archive.h"
@@ -29,7 +28,8 @@ const char* kConfig = R"({"config":{"Env":["PATH=/bin","A=b=c"],"WorkingDir":"/w
 
 TEST(OciArchive, DockerManifest) {
   std::map<std::string, std::string> m = {
-      {"manifest.json", R"([{"Config":"c.json","RepoTags":["lib/x:3"],"Layers":["./a/layer.tar","b/layer.tar"]}])"},
+      {"manifest.json",
+       R"([{"Config":"c.json","RepoTags":["lib/x:3"],"Layers":["./a/layer.tar","b/layer.tar"]}])"},
       {"c.json", kConfig}};
   auto p = plan_docker(m);
   ASSERT_TRUE(p) << p.error().message();
@@ -49,7 +49,8 @@ TEST(OciArchive, DockerManifestErrors) {
   EXPECT_FALSE(plan_docker({{"manifest.json", "[]"}}));
   EXPECT_FALSE(plan_docker({{"manifest.json", R"([{"Config":"missing.json","Layers":[]}])"}}));
   // diff_ids and layers disagree.
-  auto r = plan_docker({{"manifest.json", R"([{"Config":"c.json","Layers":["a"]}])"}, {"c.json", kConfig}});
+  auto r = plan_docker(
+      {{"manifest.json", R"([{"Config":"c.json","Layers":["a"]}])"}, {"c.json", kConfig}});
   ASSERT_FALSE(r);
   EXPECT_NE(r.error().message().find("diff_ids"), std::string::npos);
   auto bad = plan_docker({{"manifest.json", R"([{"Config":"c.json","Layers":["a"]}])"},
@@ -59,13 +60,16 @@ TEST(OciArchive, DockerManifestErrors) {
 
 TEST(OciArchive, OciLayoutWithNestedIndex) {
   std::string h1(64, '1'), h2(64, '2'), hc(64, 'c'), hm(64, 'a'), hi(64, 'b');
-  std::string cfg = R"({"config":{"Env":["X=1"]},"rootfs":{"diff_ids":["sha256:)" + std::string(64, '3') +
-                    R"(","sha256:)" + std::string(64, '4') + R"("]}})";
+  std::string cfg = R"({"config":{"Env":["X=1"]},"rootfs":{"diff_ids":["sha256:)" +
+                    std::string(64, '3') + R"(","sha256:)" + std::string(64, '4') + R"("]}})";
   std::map<std::string, std::string> m = {
-      {"index.json", R"({"manifests":[{"digest":"sha256:)" + hi + R"(","annotations":{"org.opencontainers.image.ref.name":"v9"}}]})"},
+      {"index.json", R"({"manifests":[{"digest":"sha256:)" + hi +
+                         R"(","annotations":{"org.opencontainers.image.ref.name":"v9"}}]})"},
       {"blobs/sha256/" + hi, R"({"manifests":[{"digest":"sha256:)" + hm + R"("}]})"},
-      {"blobs/sha256/" + hm, R"({"config":{"digest":"sha256:)" + hc + R"("},"layers":[{"mediaType":"application/vnd.oci.image.layer.v1.tar+gzip","digest":"sha256:)" +
-                                 h1 + R"("},{"digest":"sha256:)" + h2 + R"("}]})"},
+      {"blobs/sha256/" + hm,
+       R"({"config":{"digest":"sha256:)" + hc +
+           R"("},"layers":[{"mediaType":"application/vnd.oci.image.layer.v1.tar+gzip","digest":"sha256:)" +
+           h1 + R"("},{"digest":"sha256:)" + h2 + R"("}]})"},
       {"blobs/sha256/" + hc, cfg}};
   auto p = plan_oci(m);
   ASSERT_TRUE(p) << p.error().message();
@@ -125,7 +129,8 @@ class ImageStoreTest : public ::testing::Test {
     EXPECT_TRUE(l) << l.error().message();
     return l ? *l : LayerInfo{};
   }
-  ImageRecord put(const std::string& name, const std::string& version, std::vector<std::string> parts) {
+  ImageRecord put(const std::string& name, const std::string& version,
+                  std::vector<std::string> parts) {
     ImageRecord r;
     r.name = name;
     r.version = version;
@@ -246,9 +251,12 @@ TEST_F(ImageStoreTest, ImportsDockerSaveArchivesAndDirectories) {
   (void)hex;
   // diff_ids left out of the config: the store computes them.
   std::string cfg = R"({"config":{"Env":["K=V"],"Cmd":["sh"]}})";
-  std::string man = R"([{"Config":"c.json","RepoTags":["demo:5"],"Layers":["l1/layer.tar","l2/layer.tar"]}])";
-  std::string arch = write("img.tar", make_archive({{"manifest.json", man}, {"c.json", cfg}, {"l1/layer.tar", l1},
-                                                    {"l2/layer.tar", l2}}));
+  std::string man =
+      R"([{"Config":"c.json","RepoTags":["demo:5"],"Layers":["l1/layer.tar","l2/layer.tar"]}])";
+  std::string arch = write(
+      "img.tar",
+      make_archive(
+          {{"manifest.json", man}, {"c.json", cfg}, {"l1/layer.tar", l1}, {"l2/layer.tar", l2}}));
   auto r = store_->import_archive(arch, "", "", ArchiveKind::kAuto);
   ASSERT_TRUE(r) << r.error().message();
   EXPECT_EQ(r->name, "demo");
@@ -267,8 +275,10 @@ TEST_F(ImageStoreTest, ImportsDockerSaveArchivesAndDirectories) {
   EXPECT_EQ(store_->layers().size(), 2u);
   // A wrong diff_id in the config is refused.
   std::string bad_cfg = R"({"rootfs":{"diff_ids":["sha256:)" + std::string(64, '0') + R"("]}})";
-  std::string bad = write("bad.tar", make_archive({{"manifest.json", R"([{"Config":"c.json","Layers":["x.tar"]}])"},
-                                                   {"c.json", bad_cfg}, {"x.tar", make_tar({file("z", "z")})}}));
+  std::string bad = write(
+      "bad.tar", make_archive({{"manifest.json", R"([{"Config":"c.json","Layers":["x.tar"]}])"},
+                               {"c.json", bad_cfg},
+                               {"x.tar", make_tar({file("z", "z")})}}));
   auto b = store_->import_archive(bad, "bad", "1", ArchiveKind::kAuto);
   ASSERT_FALSE(b);
   EXPECT_NE(b.error().message().find("config says"), std::string::npos) << b.error().message();
@@ -295,7 +305,8 @@ TEST_F(ImageStoreTest, BudgetIsEnforced) {
   o.budget_bytes = 1000;
   auto s = ImageStore::open(o);
   ASSERT_TRUE(s);
-  auto r = (*s)->add_layer_file(write("big.tar", make_tar({file("f", std::string(5000, 'x'))})), "t", nullptr);
+  auto r = (*s)->add_layer_file(write("big.tar", make_tar({file("f", std::string(5000, 'x'))})),
+                                "t", nullptr);
   ASSERT_FALSE(r);
   EXPECT_EQ(r.error().code, Code::kPayloadTooLarge);
   EXPECT_TRUE(fs::is_empty(dir_ + "/images/tmp"));

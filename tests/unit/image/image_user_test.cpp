@@ -17,7 +17,8 @@ class ImageUserTest : public ::testing::Test {
     dir_ = mkdtemp(t);
     std::filesystem::create_directories(dir_ + "/top/etc");
     std::filesystem::create_directories(dir_ + "/base/etc");
-    std::ofstream(dir_ + "/base/etc/passwd") << "root:x:0:0::/root:/bin/sh\napp:x:1000:1001::/home/app:/bin/sh\n";
+    std::ofstream(dir_ + "/base/etc/passwd")
+        << "root:x:0:0::/root:/bin/sh\napp:x:1000:1001::/home/app:/bin/sh\n";
     std::ofstream(dir_ + "/base/etc/group") << "root:x:0:\nstaff:x:50:\n";
     // A link out of the layer must not be followed to the host's files.
     std::filesystem::create_symlink("/etc/passwd", dir_ + "/top/etc/passwd");

@@ -4,6 +4,7 @@
 #include "image/layer_unpack.h"
 
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <openssl/evp.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
@@ -12,8 +13,6 @@
 
 #include <filesystem>
 #include <fstream>
-
-#include <gtest/gtest.h>
 
 #include "sys/fd.h"
 #include "tar_builder.h"
@@ -91,10 +90,13 @@ TEST_F(UnpackTest, RegularTreeWithShiftedOwnersLinksAndDiffId) {
   TarEntry owned = file("home/u/f", "mine");
   owned.uid = owned.gid = 1000;
   TarEntry x = file("x", "xattr");
-  x.xattrs = {{"user.keep", "1"}, {"user.overlay.redirect", "/etc"}, {"trusted.overlay.opaque", "y"},
+  x.xattrs = {{"user.keep", "1"},
+              {"user.overlay.redirect", "/etc"},
+              {"trusted.overlay.opaque", "y"},
               {"security.capability", "zz"}};
-  std::string tar = make_tar({dir("bin"), file("bin/tool", "#!/bin/sh\n", 04755), symlink("bin/sh", "/bin/busybox"),
-                              symlink("abs", "/etc/shadow"), owned, hardlink("bin/tool2", "bin/tool"), x});
+  std::string tar = make_tar({dir("bin"), file("bin/tool", "#!/bin/sh\n", 04755),
+                              symlink("bin/sh", "/bin/busybox"), symlink("abs", "/etc/shadow"),
+                              owned, hardlink("bin/tool2", "bin/tool"), x});
   auto st = unpack(tar);
   ASSERT_TRUE(st) << st.error().message();
   EXPECT_EQ(st->diff_id, sha256(tar));
@@ -112,7 +114,8 @@ TEST_F(UnpackTest, RegularTreeWithShiftedOwnersLinksAndDiffId) {
   EXPECT_TRUE(S_ISLNK(s.st_mode));
   EXPECT_EQ(s.st_uid, 100000u);
   EXPECT_EQ(fs::read_symlink(root_ + "/abs"), "/etc/shadow") << "symlinks are kept as they are";
-  struct stat a {}, b {};
+  struct stat a {
+  }, b{};
   ASSERT_EQ(stat((root_ + "/bin/tool").c_str(), &a), 0);
   ASSERT_EQ(stat((root_ + "/bin/tool2").c_str(), &b), 0);
   EXPECT_EQ(a.st_ino, b.st_ino);
@@ -127,8 +130,9 @@ TEST_F(UnpackTest, WhiteoutsAndOpaqueDirsBecomeOverlayObjects) {
   TarEntry wh0 = TarEntry{};
   wh0.name = "etc/gone-too";
   wh0.type = AE_IFCHR;  // an overlay-style whiteout in the tar itself
-  auto st = unpack(make_tar({dir("etc"), file("etc/.wh.passwd", ""), dir("etc/conf"), file("etc/conf/.wh..wh..opq", ""),
-                             file("etc/conf/new", "n"), wh0}, "gzip"));
+  auto st = unpack(make_tar({dir("etc"), file("etc/.wh.passwd", ""), dir("etc/conf"),
+                             file("etc/conf/.wh..wh..opq", ""), file("etc/conf/new", "n"), wh0},
+                            "gzip"));
   ASSERT_TRUE(st) << st.error().message();
   EXPECT_EQ(st->whiteouts, 2u);
   EXPECT_EQ(st->opaque_dirs, 1u);
@@ -185,7 +189,9 @@ TEST_F(UnpackTest, HostileEntriesAreRefusedAndNothingEscapes) {
       {"symlink-dir-then-dir", {symlink("d", outside_), dir("d/sub")}, "symlink"},
       {"hardlink-out", {hardlink("h", "../outside/target")}, "hard link"},
       {"hardlink-abs", {hardlink("h", "/etc/passwd")}, "hard link"},
-      {"hardlink-through-symlink", {symlink("l", outside_), hardlink("h", "l/target")}, "hard link"},
+      {"hardlink-through-symlink",
+       {symlink("l", outside_), hardlink("h", "l/target")},
+       "hard link"},
       {"block-device", {blk}, "device"},
       {"char-device", {chr}, "device"},
       {"uid-beyond-range", {big}, "outside"},
@@ -196,9 +202,11 @@ TEST_F(UnpackTest, HostileEntriesAreRefusedAndNothingEscapes) {
     auto r = unpack(make_tar(c.entries));
     ASSERT_FALSE(r) << c.what;
     EXPECT_EQ(r.error().code, Code::kInvalidArgument) << c.what;
-    EXPECT_NE(r.error().message().find(c.words), std::string::npos) << c.what << ": " << r.error().message();
+    EXPECT_NE(r.error().message().find(c.words), std::string::npos)
+        << c.what << ": " << r.error().message();
     EXPECT_EQ(fs::directory_iterator(outside_)->path().filename(), "target") << c.what;
-    EXPECT_EQ(std::distance(fs::directory_iterator(outside_), fs::directory_iterator()), 1) << c.what;
+    EXPECT_EQ(std::distance(fs::directory_iterator(outside_), fs::directory_iterator()), 1)
+        << c.what;
   }
 }
 

@@ -15,7 +15,7 @@ struct TarEntry {
   unsigned type = AE_IFREG;
   unsigned perm = 0644;
   std::string data;
-  std::string link;   // symlink target or hard link target
+  std::string link;  // symlink target or hard link target
   bool hard = false;
   int64_t uid = 0, gid = 0;
   unsigned rmaj = 0, rmin = 0;
@@ -88,9 +88,11 @@ inline std::string make_tar(const std::vector<TarEntry>& entries, const std::str
       }
       archive_entry_set_size(e, t.type == AE_IFREG ? static_cast<la_int64_t>(t.data.size()) : 0);
     }
-    for (const auto& [k, v] : t.xattrs) archive_entry_xattr_add_entry(e, k.c_str(), v.data(), v.size());
+    for (const auto& [k, v] : t.xattrs)
+      archive_entry_xattr_add_entry(e, k.c_str(), v.data(), v.size());
     archive_write_header(a, e);
-    if (!t.hard && t.type == AE_IFREG && !t.data.empty()) archive_write_data(a, t.data.data(), t.data.size());
+    if (!t.hard && t.type == AE_IFREG && !t.data.empty())
+      archive_write_data(a, t.data.data(), t.data.size());
     archive_entry_free(e);
   }
   archive_write_close(a);

@@ -161,7 +161,8 @@ TEST_F(AgentClientTest, ReplayedAnswersWaitForAttach) {
     client_->close();
   };
   h.on_done = [](Result<node::ExecResult>) {};
-  uint32_t id = client_->exec(sh("read x; echo one; echo two >&2; : > " + marker + "; exit 4"), std::move(h));
+  uint32_t id =
+      client_->exec(sh("read x; echo one; echo two >&2; : > " + marker + "; exit 4"), std::move(h));
   (void)id;
   ASSERT_TRUE(run_until([&] { return pid != 0; }));
   io_.restart();
@@ -178,7 +179,9 @@ TEST_F(AgentClientTest, ReplayedAnswersWaitForAttach) {
   ASSERT_TRUE(await<void>([&](auto cb) { client2->ping(cb); }).has_value());  // the stdin went out
   // Wait until the command is over, then reconnect once more: this session's
   // replay then holds everything and arrives before attach() below.
-  for (int i = 0; i < 3000 && !(::access(marker.c_str(), F_OK) == 0 && process_gone(static_cast<pid_t>(pid))); ++i)
+  for (int i = 0;
+       i < 3000 && !(::access(marker.c_str(), F_OK) == 0 && process_gone(static_cast<pid_t>(pid)));
+       ++i)
     ::usleep(10000);
   auto c3 = node::AgentClient::connect(io_, agent_->socket_path(), "sb-test");
   ASSERT_TRUE(c3.has_value());
@@ -234,7 +237,9 @@ class FakeAgent {
   int node_fd() const { return node_fd_; }
 
   void send(const Message& m) { send_raw(proto::encode(m)); }
-  void send_raw(const std::string& b) { ASSERT_EQ(::write(fd_, b.data(), b.size()), static_cast<ssize_t>(b.size())); }
+  void send_raw(const std::string& b) {
+    ASSERT_EQ(::write(fd_, b.data(), b.size()), static_cast<ssize_t>(b.size()));
+  }
   // The next request; the client's kHello and kAck frames are skipped.
   std::optional<Message> recv() {
     for (;;) {

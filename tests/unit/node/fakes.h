@@ -4,7 +4,6 @@
 
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/post.hpp>
-
 #include <condition_variable>
 #include <map>
 #include <memory>
@@ -41,7 +40,8 @@ class FakeBackend;
 
 class FakeInstance : public runtime::SandboxInstance {
  public:
-  FakeInstance(FakeBackend* b, std::string id, std::string address) : b_(b), id_(std::move(id)), address_(std::move(address)) {}
+  FakeInstance(FakeBackend* b, std::string id, std::string address)
+      : b_(b), id_(std::move(id)), address_(std::move(address)) {}
   ~FakeInstance() override;
   const std::string& id() const override { return id_; }
   int agent_fd() const override { return -1; }
@@ -65,7 +65,8 @@ class FakeInstance : public runtime::SandboxInstance {
 class FakeBackend : public runtime::Backend {
  public:
   std::string tier() const override { return "container"; }
-  Result<std::unique_ptr<runtime::SandboxInstance>> create(const runtime::SandboxSpec& spec) override {
+  Result<std::unique_ptr<runtime::SandboxInstance>> create(
+      const runtime::SandboxSpec& spec) override {
     std::shared_ptr<Gate> gate;
     {
       std::lock_guard lk(mu);
@@ -83,7 +84,8 @@ class FakeBackend : public runtime::Backend {
     live.insert(spec.id);
     return std::unique_ptr<runtime::SandboxInstance>(new FakeInstance(this, spec.id, address));
   }
-  Result<std::unique_ptr<runtime::SandboxInstance>> adopt(const runtime::SandboxSpec& spec) override {
+  Result<std::unique_ptr<runtime::SandboxInstance>> adopt(
+      const runtime::SandboxSpec& spec) override {
     std::lock_guard lk(mu);
     if (!adoptable.count(spec.id)) return fail(Code::kNotFound, "gone");
     adopted.insert(spec.id);
@@ -155,8 +157,10 @@ class FakeAgent : public AgentClient {
   void start(std::function<void(Result<void>)> on_ready) override {
     bool ok = ready_;
     boost::asio::post(io_, [on_ready, ok] {
-      if (ok) on_ready(Result<void>{});
-      else on_ready(fail(Code::kUnavailable, "fake agent not ready"));
+      if (ok)
+        on_ready(Result<void>{});
+      else
+        on_ready(fail(Code::kUnavailable, "fake agent not ready"));
     });
   }
   void set_on_closed(std::function<void(const Error&)> cb) override {
@@ -179,7 +183,8 @@ class FakeAgent : public AgentClient {
     std::lock_guard lk(mu_);
     signalled_.push_back(id);
   }
-  void write_file(std::string, std::string, uint32_t, bool, std::function<void(Result<uint64_t>)> cb) override {
+  void write_file(std::string, std::string, uint32_t, bool,
+                  std::function<void(Result<uint64_t>)> cb) override {
     boost::asio::post(io_, [cb] { cb(uint64_t{0}); });
   }
   void read_file(std::string, uint64_t, std::function<void(Result<std::string>)> cb) override {

@@ -7,7 +7,6 @@
 #include <unistd.h>
 
 #include <boost/asio/executor_work_guard.hpp>
-
 #include <filesystem>
 #include <future>
 #include <random>
@@ -54,7 +53,8 @@ class ManagerTest : public ::testing::Test {
   void make(ManagerOptions o = {}) {
     o.data_dir = dir_;
     o.blocking_threads = 4;
-    o.agent_from_fd = [this](asio::io_context& io, int, std::string id) -> std::shared_ptr<AgentClient> {
+    o.agent_from_fd = [this](asio::io_context& io, int,
+                             std::string id) -> std::shared_ptr<AgentClient> {
       auto a = std::make_shared<FakeAgent>(io, agent_ready_);
       std::lock_guard lk(mu_);
       agents_[id] = a;
@@ -88,7 +88,8 @@ class ManagerTest : public ::testing::Test {
     auto [id, f] = create_async(p);
     return get_or_fail(f);
   }
-  std::future<Result<SandboxRecord>> destroy_async(const std::string& id, EndReason why = EndReason::kDeleted) {
+  std::future<Result<SandboxRecord>> destroy_async(const std::string& id,
+                                                   EndReason why = EndReason::kDeleted) {
     auto pr = std::make_shared<std::promise<Result<SandboxRecord>>>();
     auto f = pr->get_future();
     mgr_->destroy(id, why, [pr](Result<SandboxRecord> r) { pr->set_value(r); });
@@ -120,7 +121,8 @@ class ManagerTest : public ::testing::Test {
 
   std::string dir_;
   asio::io_context io_;
-  std::optional<asio::executor_work_guard<asio::io_context::executor_type>> guard_{asio::make_work_guard(io_)};
+  std::optional<asio::executor_work_guard<asio::io_context::executor_type>> guard_{
+      asio::make_work_guard(io_)};
   std::vector<std::thread> threads_;
   control::MemorySandboxStore store_;
   Metrics metrics_;
@@ -175,7 +177,8 @@ TEST_F(ManagerTest, DeleteDuringCreateAnswersConflictAndStoresStopped) {
   auto c = get_or_fail(created);
   ASSERT_FALSE(c);
   EXPECT_EQ(c.error().code, Code::kConflict);
-  EXPECT_NE(c.error().message().find("deleted while creating"), std::string::npos) << c.error().message();
+  EXPECT_NE(c.error().message().find("deleted while creating"), std::string::npos)
+      << c.error().message();
   auto d = get_or_fail(deleted);
   ASSERT_TRUE(d);
   EXPECT_EQ(d->state, "stopped");
@@ -270,7 +273,8 @@ TEST_F(ManagerTest, AgentDeathStopsTheSandbox) {
   auto r = create_sync();
   ASSERT_TRUE(r);
   agent(r->id)->die();
-  for (int i = 0; i < 6000 && mgr_->live_count() > 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  for (int i = 0; i < 6000 && mgr_->live_count() > 0; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
   EXPECT_EQ(stored(r->id).state, "stopped");
   EXPECT_EQ(stored(r->id).end_reason, "failed");
   EXPECT_EQ(backend_->live_count(), 0u);
@@ -283,7 +287,7 @@ TEST_F(ManagerTest, StoreFailureKeepsTheFinalRecordUntilItCanBeStored) {
   store_.fail_writes(true);
   auto d = destroy_async(r->id);
   ASSERT_TRUE(get_or_fail(d));
-  EXPECT_EQ(stored(r->id).state, "running");  // not written
+  EXPECT_EQ(stored(r->id).state, "running");      // not written
   EXPECT_EQ(mgr_->get(r->id)->state, "stopped");  // but answered as it is
   EXPECT_EQ(mgr_->get(r->id)->end_reason, "deleted");
   store_.fail_writes(false);
@@ -364,7 +368,7 @@ TEST_F(ManagerTest, BackgroundProcessOutputLivesInFilesUntilTheSandboxEnds) {
   auto w = get_or_fail(f);
   ASSERT_TRUE(w);
   EXPECT_TRUE(w->exited);
-  EXPECT_EQ(w->out, "hell");  // capped at output_limit
+  EXPECT_EQ(w->out, "hell");                        // capped at output_limit
   EXPECT_EQ(mgr_->get_process(r->id, 1)->out, "");  // only wait answers output
   auto d = destroy_async(r->id);
   ASSERT_TRUE(get_or_fail(d));
@@ -410,7 +414,8 @@ TEST_F(ManagerTest, RecoverAdoptsWhatItCanAndStoresTheRestStopped) {
     if (id == "n0-mute") return fail(Code::kUnavailable, "connection refused");
     adopted = std::make_shared<FakeAgent>(io);
     adopted->resumed_ = {
-        {40, R"({"kind":"process","handle":7,"argv":["sleep","9"],"started_ms":5,"limit":100})", true},
+        {40, R"({"kind":"process","handle":7,"argv":["sleep","9"],"started_ms":5,"limit":100})",
+         true},
         {41, R"({"kind":"exec"})", true},
     };
     return adopted;
@@ -546,7 +551,8 @@ TEST_F(ManagerTest, RandomInterleavingsEndConsistent) {
         EXPECT_TRUE(shut) << "seed " << seed << " " << id << " " << r.state;
         EXPECT_EQ(r.state, "running") << "seed " << seed;
         EXPECT_EQ(r.end_reason, "") << "seed " << seed;
-        EXPECT_TRUE(created_ok[id]) << "seed " << seed << " " << id << " handed over but its create failed";
+        EXPECT_TRUE(created_ok[id])
+            << "seed " << seed << " " << id << " handed over but its create failed";
         EXPECT_TRUE(backend_->released.count(id)) << "seed " << seed << " " << id;
       }
     }

@@ -9,23 +9,23 @@
 namespace tp::node {
 namespace {
 
-constexpr State kStates[] = {State::kCreating, State::kRunning,  State::kPaused,  State::kStopping,
-                             State::kStopped,  State::kLost,     State::kAdopting, State::kReleased};
-constexpr Event kEvents[] = {Event::kCreated, Event::kCreateFailed, Event::kPause,     Event::kResume,
-                             Event::kStop,    Event::kStopped,      Event::kAdopted,   Event::kAdoptFailed,
-                             Event::kRelease, Event::kLose};
+constexpr State kStates[] = {State::kCreating, State::kRunning, State::kPaused,   State::kStopping,
+                             State::kStopped,  State::kLost,    State::kAdopting, State::kReleased};
+constexpr Event kEvents[] = {
+    Event::kCreated, Event::kCreateFailed, Event::kPause,       Event::kResume,  Event::kStop,
+    Event::kStopped, Event::kAdopted,      Event::kAdoptFailed, Event::kRelease, Event::kLose};
 
 TEST(StateMachine, TransitionTable) {
   using S = State;
   using E = Event;
   const std::map<std::pair<S, E>, S> allowed = {
-      {{S::kCreating, E::kCreated}, S::kRunning},     {{S::kCreating, E::kCreateFailed}, S::kStopped},
-      {{S::kCreating, E::kStop}, S::kStopping},       {{S::kRunning, E::kPause}, S::kPaused},
-      {{S::kRunning, E::kStop}, S::kStopping},        {{S::kRunning, E::kRelease}, S::kReleased},
-      {{S::kRunning, E::kLose}, S::kLost},            {{S::kPaused, E::kResume}, S::kRunning},
-      {{S::kPaused, E::kStop}, S::kStopping},         {{S::kPaused, E::kRelease}, S::kReleased},
-      {{S::kPaused, E::kLose}, S::kLost},             {{S::kStopping, E::kStopped}, S::kStopped},
-      {{S::kAdopting, E::kAdopted}, S::kRunning},     {{S::kAdopting, E::kAdoptFailed}, S::kStopped},
+      {{S::kCreating, E::kCreated}, S::kRunning}, {{S::kCreating, E::kCreateFailed}, S::kStopped},
+      {{S::kCreating, E::kStop}, S::kStopping},   {{S::kRunning, E::kPause}, S::kPaused},
+      {{S::kRunning, E::kStop}, S::kStopping},    {{S::kRunning, E::kRelease}, S::kReleased},
+      {{S::kRunning, E::kLose}, S::kLost},        {{S::kPaused, E::kResume}, S::kRunning},
+      {{S::kPaused, E::kStop}, S::kStopping},     {{S::kPaused, E::kRelease}, S::kReleased},
+      {{S::kPaused, E::kLose}, S::kLost},         {{S::kStopping, E::kStopped}, S::kStopped},
+      {{S::kAdopting, E::kAdopted}, S::kRunning}, {{S::kAdopting, E::kAdoptFailed}, S::kStopped},
       {{S::kAdopting, E::kStop}, S::kStopping},
   };
   int checked = 0;
@@ -72,8 +72,9 @@ TEST(StateMachine, StoredNamesAreTodaysStrings) {
 }
 
 TEST(StateMachine, EndReasonsRoundTrip) {
-  for (auto r : {EndReason::kNone, EndReason::kDeleted, EndReason::kTtl, EndReason::kIdle, EndReason::kFailed,
-                 EndReason::kDaemonShutdown, EndReason::kDaemonRestart, EndReason::kAgentLost})
+  for (auto r : {EndReason::kNone, EndReason::kDeleted, EndReason::kTtl, EndReason::kIdle,
+                 EndReason::kFailed, EndReason::kDaemonShutdown, EndReason::kDaemonRestart,
+                 EndReason::kAgentLost})
     EXPECT_EQ(end_reason_from_string(to_string(r)), r);
   EXPECT_EQ(to_string(EndReason::kDeleted), "deleted");
   EXPECT_EQ(to_string(EndReason::kDaemonRestart), "daemon_restart");

@@ -90,7 +90,7 @@ TEST_F(StepLogTest, AppendThenReadBackAndAfterReopen) {
   EXPECT_EQ(answer_of(*l, "g"), "global answer");
   auto r = l->read(*l->find("a"), false);
   ASSERT_TRUE(r);
-  EXPECT_EQ(r->answer, "");  // not asked for
+  EXPECT_EQ(r->answer, "");                      // not asked for
   EXPECT_EQ(r->finished_us, r->started_us + 1);  // timing survives
 }
 

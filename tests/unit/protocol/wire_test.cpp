@@ -8,7 +8,10 @@ namespace {
 TEST(Wire, RoundTripIsBinarySafe) {
   std::string bin("a\0b\xff\x00z", 6);
   Message m(MsgType::kExec, 42);
-  m.add(Tag::kArg, "sh").add(Tag::kArg, bin).add_u64(Tag::kTimeoutMs, 1500).add_i64(Tag::kExitCode, -1);
+  m.add(Tag::kArg, "sh")
+      .add(Tag::kArg, bin)
+      .add_u64(Tag::kTimeoutMs, 1500)
+      .add_i64(Tag::kExitCode, -1);
   std::string enc = encode(m);
   FrameReader r;
   // Feed one byte at a time: frames must reassemble across arbitrary splits.

@@ -1,15 +1,15 @@
 // The sandbox recipe without root: which mounts, in which order, with which options.
 #include "runtime/container/child_plan.h"
 
-#include <sys/mount.h>
-
 #include <gtest/gtest.h>
+#include <sys/mount.h>
 
 namespace tp::runtime::container {
 namespace {
 
 // `dev_dir`: the prepared /dev (empty: a data dir on a nodev file system).
-ChildPlan make_plan(std::vector<std::string> lowers, std::vector<std::pair<std::string, unsigned long>> binds,
+ChildPlan make_plan(std::vector<std::string> lowers,
+                    std::vector<std::pair<std::string, unsigned long>> binds,
                     std::string dev_dir = "/d/containers/dev") {
   RootRecipe r;
   r.id = "n0-abc";
@@ -43,8 +43,10 @@ TEST(ChildPlanTest, OrderOfTheRecipe) {
   EXPECT_EQ(p.ops[1].kind, OpKind::kBecomeRoot);
   int priv = index_of(p, "mount(none, /, none, MS_REC|MS_PRIVATE");
   int tmpfs = index_of(p, "mount(tmpfs, /d/containers/mnt, tmpfs");
-  int ovl = index_of(p, "mount(overlay, /d/containers/mnt/root, overlay, 0, "
-                        "lowerdir=/img/rootfs,upperdir=/d/containers/mnt/upper,workdir=/d/containers/mnt/work,userxattr)");
+  int ovl = index_of(p,
+                     "mount(overlay, /d/containers/mnt/root, overlay, 0, "
+                     "lowerdir=/img/rootfs,upperdir=/d/containers/mnt/upper,workdir=/d/containers/"
+                     "mnt/work,userxattr)");
   int usr = index_of(p, "mount(/usr, /d/containers/mnt/root/usr, none, MS_BIND|MS_REC)");
   int proc = index_of(p, "mount(proc, /d/containers/mnt/root/proc, proc");
   int pivot = index_of(p, "pivot_root");
@@ -62,12 +64,15 @@ TEST(ChildPlanTest, OrderOfTheRecipe) {
 
 TEST(ChildPlanTest, SensitiveProcEntriesAreMaskedAndOptional) {
   auto p = make_plan({"/a", "/b"}, {});
-  for (const char* f : {"kcore", "keys", "sysrq-trigger", "timer_list", "sched_debug", "kpageflags"}) {
-    int i = index_of(p, std::string("mount(/d/containers/dev/null, /d/containers/mnt/root/proc/") + f + ",");
+  for (const char* f :
+       {"kcore", "keys", "sysrq-trigger", "timer_list", "sched_debug", "kpageflags"}) {
+    int i = index_of(
+        p, std::string("mount(/d/containers/dev/null, /d/containers/mnt/root/proc/") + f + ",");
     ASSERT_GE(i, 0) << f;
     EXPECT_TRUE(p.ops[static_cast<size_t>(i)].ignore_missing);
   }
-  int acpi = index_of(p, "mount(/d/containers/empty, /d/containers/mnt/root/proc/acpi, none, MS_BIND|MS_REC)");
+  int acpi = index_of(
+      p, "mount(/d/containers/empty, /d/containers/mnt/root/proc/acpi, none, MS_BIND|MS_REC)");
   ASSERT_GE(acpi, 0);
   EXPECT_EQ(p.ops[static_cast<size_t>(acpi + 1)].flags,
             MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC | MS_RELATIME);
@@ -101,10 +106,15 @@ TEST(ChildPlanTest, DevIsOneReadOnlyBindOfThePreparedDir) {
             MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NOEXEC | MS_RELATIME);
   EXPECT_EQ(index_of(p, "mount(/dev/null"), -1);  // nothing of the host's /dev
   EXPECT_EQ(index_of(p, "symlink("), -1);         // the links are in the prepared dir
-  int pts = index_of(p, "mount(devpts, /d/containers/mnt/root/dev/pts, devpts, MS_NOSUID|MS_NOEXEC, newinstance,ptmxmode=0666");
+  int pts = index_of(p,
+                     "mount(devpts, /d/containers/mnt/root/dev/pts, devpts, MS_NOSUID|MS_NOEXEC, "
+                     "newinstance,ptmxmode=0666");
   EXPECT_GT(pts, dev);
   EXPECT_GT(index_of(p, "mount(shm, /d/containers/mnt/root/dev/shm, tmpfs"), dev);
-  EXPECT_GE(index_of(p, "mount(tmpfs, /d/containers/mnt/root/tmp, tmpfs, MS_NOSUID|MS_NODEV, size=2097152,mode=1777)"), 0);
+  EXPECT_GE(index_of(p,
+                     "mount(tmpfs, /d/containers/mnt/root/tmp, tmpfs, MS_NOSUID|MS_NODEV, "
+                     "size=2097152,mode=1777)"),
+            0);
   EXPECT_GE(index_of(p, "sethostname(n0-abc)"), 0);
 }
 
@@ -112,7 +122,10 @@ TEST(ChildPlanTest, DevOnANodevDataDirBindsTheHostNodes) {
   auto p = make_plan({"/a"}, {}, "");
   EXPECT_GE(index_of(p, "mount(tmpfs, /d/containers/mnt/root/dev, tmpfs, MS_NOSUID|MS_NOEXEC"), 0);
   for (const char* d : {"null", "zero", "full", "random", "urandom", "tty"})
-    EXPECT_GE(index_of(p, std::string("mount(/dev/") + d + ", /d/containers/mnt/root/dev/" + d + ", none, MS_BIND)"), 0) << d;
+    EXPECT_GE(index_of(p, std::string("mount(/dev/") + d + ", /d/containers/mnt/root/dev/" + d +
+                              ", none, MS_BIND)"),
+              0)
+        << d;
   EXPECT_GE(index_of(p, "mount(/dev/null, /d/containers/mnt/root/proc/keys, none, MS_BIND)"), 0);
   EXPECT_GE(index_of(p, "symlink(pts/ptmx, /d/containers/mnt/root/dev/ptmx)"), 0);
   EXPECT_GE(index_of(p, "mount(devpts, /d/containers/mnt/root/dev/pts"), 0);

@@ -4,6 +4,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -16,8 +17,6 @@
 #include <fstream>
 #include <sstream>
 #include <thread>
-
-#include <gtest/gtest.h>
 
 #include "common/ids.h"
 #include "protocol/wire.h"
@@ -40,7 +39,8 @@ std::string fake_agent_path() {
     std::string p = std::string(b) + "/../payloads/fake_agent";
     if (access(p.c_str(), X_OK) == 0) return p;
   }
-  return (fs::read_symlink("/proc/self/exe").parent_path().parent_path() / "payloads/fake_agent").string();
+  return (fs::read_symlink("/proc/self/exe").parent_path().parent_path() / "payloads/fake_agent")
+      .string();
 }
 
 int count_fds() {
@@ -67,7 +67,8 @@ bool wait_ready(int fd) {
   std::string hdr = read_some(fd, 4);
   if (hdr.size() != 4) return false;
   uint32_t len = static_cast<uint8_t>(hdr[0]) | static_cast<uint8_t>(hdr[1]) << 8 |
-                 static_cast<uint8_t>(hdr[2]) << 16 | static_cast<uint32_t>(static_cast<uint8_t>(hdr[3])) << 24;
+                 static_cast<uint8_t>(hdr[2]) << 16 |
+                 static_cast<uint32_t>(static_cast<uint8_t>(hdr[3])) << 24;
   std::string rest = read_some(fd, len);
   proto::FrameReader r;
   r.feed(hdr.data(), hdr.size());
@@ -79,7 +80,8 @@ bool wait_ready(int fd) {
 // Runs a shell line through the fake agent; returns its exit status.
 int run(SandboxInstance& sb, const std::string& cmd) {
   std::string line = cmd + "\n";
-  if (write(sb.agent_fd(), line.data(), line.size()) != static_cast<ssize_t>(line.size())) return -1;
+  if (write(sb.agent_fd(), line.data(), line.size()) != static_cast<ssize_t>(line.size()))
+    return -1;
   std::string ans;
   while (ans.find('\n') == std::string::npos) {
     std::string s = read_some(sb.agent_fd(), 1, 20000);
@@ -207,7 +209,8 @@ TEST_F(ContainerBackendTest, CreateIsolatesAndDestroyLeavesNothing) {
     EXPECT_EQ(std::stoull(slurp(d + "/pids.max")), 100u);
   }
   std::string limits = slurp("/proc/" + std::to_string(pid) + "/limits");
-  EXPECT_NE(limits.find("Max open files            1024                 1024"), std::string::npos) << limits;
+  EXPECT_NE(limits.find("Max open files            1024                 1024"), std::string::npos)
+      << limits;
 
   // From inside.
   EXPECT_EQ(status_of(sb, "exit 3"), 3);
@@ -216,19 +219,28 @@ TEST_F(ContainerBackendTest, CreateIsolatesAndDestroyLeavesNothing) {
   EXPECT_EQ(status_of(sb, "test \"$FOO\" = bar && test \"$HOME\" = /root"), 0);
   EXPECT_EQ(status_of(sb, "test $$ -gt 1 && test -r /proc/1/status"), 0);
   // Loopback is up and is the only interface.
-  EXPECT_EQ(status_of(sb, "/usr/bin/python3 -S -c 'import socket; s = socket.socket(); s.bind((\"127.0.0.1\", 0)); s.listen(); socket.create_connection(s.getsockname())'"), 0);
+  EXPECT_EQ(
+      status_of(
+          sb,
+          "/usr/bin/python3 -S -c 'import socket; s = socket.socket(); s.bind((\"127.0.0.1\", 0)); "
+          "s.listen(); socket.create_connection(s.getsockname())'"),
+      0);
   EXPECT_EQ(status_of(sb, "test \"$(grep -c : /proc/net/dev)\" = 1"), 0);
   EXPECT_EQ(status_of(sb, "/usr/bin/python3 -S -c 'import os; assert os.getuid() == 0'"), 0);
   EXPECT_EQ(status_of(sb, "echo 127.0.0.2 x >> /etc/hosts && grep -q 127.0.0.2 /etc/hosts"), 0);
   EXPECT_NE(status_of(sb, "touch /usr/tp-should-fail"), 0);
-  EXPECT_NE(status_of(sb, "echo x >> /proc/1/exe"), 0);  // the agent binary is not writable from inside
+  EXPECT_NE(status_of(sb, "echo x >> /proc/1/exe"),
+            0);  // the agent binary is not writable from inside
   EXPECT_NE(status_of(sb, "echo 1 > /proc/sys/kernel/hostname"), 0);
-  EXPECT_EQ(status_of(sb, "test ! -s /proc/kcore && test -c /dev/null && test -e /dev/pts/ptmx"), 0);
+  EXPECT_EQ(status_of(sb, "test ! -s /proc/kcore && test -c /dev/null && test -e /dev/pts/ptmx"),
+            0);
   EXPECT_EQ(status_of(sb, "echo x > /tmp/f && echo x > /dev/shm/f"), 0);
   EXPECT_NE(status_of(sb, "unshare -U true"), 0);
-  EXPECT_NE(status_of(sb, "unshare -m true"), 0);  // would need a fresh mount ns: mount API is refused
+  EXPECT_NE(status_of(sb, "unshare -m true"),
+            0);  // would need a fresh mount ns: mount API is refused
   EXPECT_NE(status_of(sb, "mount -t tmpfs none /mnt"), 0);
-  EXPECT_NE(status_of(sb, "dd if=/dev/zero of=/big bs=1M count=64 2>/dev/null"), 0);  // disk limit 32 MiB
+  EXPECT_NE(status_of(sb, "dd if=/dev/zero of=/big bs=1M count=64 2>/dev/null"),
+            0);  // disk limit 32 MiB
   EXPECT_FALSE(fs::exists(root + "/../../" + dir_ + "/containers/mnt/upper"));
 
   auto u = sb.usage();
@@ -270,11 +282,13 @@ TEST_F(ContainerBackendTest, CgroupIsDelegatedToTheSandboxRoot) {
   if (stat((dir + (v2 ? "/pids.max" : "/freezer.self_freezing")).c_str(), &st) == 0) {
     EXPECT_EQ(st.st_uid, 0u);
   }
-  EXPECT_NE(slurp("/proc/" + std::to_string(pid) + "/cmdline").find(std::string("--cgroup-fd\0004", 13)),
-            std::string::npos);
+  EXPECT_NE(
+      slurp("/proc/" + std::to_string(pid) + "/cmdline").find(std::string("--cgroup-fd\0004", 13)),
+      std::string::npos);
   std::error_code ec;
   EXPECT_EQ(fs::read_symlink("/proc/" + std::to_string(pid) + "/fd/4", ec).string(), dir);
-  // A sub-cgroup left behind (an agent killed mid-command) does not keep destroy from removing it all.
+  // A sub-cgroup left behind (an agent killed mid-command) does not keep destroy from removing it
+  // all.
   ASSERT_EQ(mkdir((dir + "/c1").c_str(), 0755), 0);
   ASSERT_TRUE((*r)->destroy());
   expect_gone(s.id, pid);
@@ -290,7 +304,11 @@ TEST_F(ContainerBackendTest, MemoryAndPidLimitsHold) {
   auto& sb = **r;
   ASSERT_TRUE(wait_ready(sb.agent_fd()));
   // 200 MiB in a 64 MiB sandbox without swap: the OOM killer takes the hog, not the sandbox.
-  EXPECT_EQ(status_of(sb, "/usr/bin/python3 -S -c 'b = bytearray(200 << 20); b[::4096] = b\"x\" * len(b[::4096])'"), 137);
+  EXPECT_EQ(
+      status_of(
+          sb,
+          "/usr/bin/python3 -S -c 'b = bytearray(200 << 20); b[::4096] = b\"x\" * len(b[::4096])'"),
+      137);
   auto u = sb.usage();
   ASSERT_TRUE(u);
   EXPECT_GE(u->oom_kills, 1u);
@@ -365,7 +383,9 @@ TEST_F(ContainerBackendTest, LayerImage) {
   auto r = backend_->create(s);
   ASSERT_TRUE(r) << r.error().message();
   ASSERT_TRUE(wait_ready((*r)->agent_fd()));
-  EXPECT_EQ(run(**r, "/bin/busybox grep -q top /etc/marker && ! /bin/busybox test -e /usr/bin/python3"), 0);
+  EXPECT_EQ(
+      run(**r, "/bin/busybox grep -q top /etc/marker && ! /bin/busybox test -e /usr/bin/python3"),
+      0);
 }
 
 TEST_F(ContainerBackendTest, TwentyInARowLeakNothing) {
@@ -393,8 +413,10 @@ TEST_F(ContainerBackendTest, ConcurrentCreatesFromSeveralThreads) {
     ts.emplace_back([&, t] {
       for (int i = 0; i < 4; ++i) {
         auto r = backend_->create(spec());
-        if (r) made[t].push_back(std::move(*r));
-        else errors[t].push_back(r.error().message());
+        if (r)
+          made[t].push_back(std::move(*r));
+        else
+          errors[t].push_back(r.error().message());
       }
     });
   for (auto& th : ts) th.join();
@@ -445,7 +467,8 @@ TEST(ContainerRealAgentTest, RunsACommandThroughTheWireProtocol) {
   if (geteuid() != 0) GTEST_SKIP() << "needs root";
   std::string agent;
   if (const char* b = getenv("TP_BIN_DIR")) agent = std::string(b) + "/tp-agent";
-  if (agent.empty() || access(agent.c_str(), X_OK) != 0) GTEST_SKIP() << "no tp-agent in TP_BIN_DIR";
+  if (agent.empty() || access(agent.c_str(), X_OK) != 0)
+    GTEST_SKIP() << "no tp-agent in TP_BIN_DIR";
   char tmpl[] = "/tmp/tp-ra-XXXXXX";
   ASSERT_NE(mkdtemp(tmpl), nullptr);
   std::string dir = tmpl;
@@ -476,12 +499,14 @@ TEST(ContainerRealAgentTest, RunsACommandThroughTheWireProtocol) {
     ASSERT_TRUE(ready);
     EXPECT_EQ(ready->type, proto::MsgType::kReady);
     proto::Message exec(proto::MsgType::kExec, 7);
-    exec.add(proto::Tag::kArg, "/bin/sh").add(proto::Tag::kArg, "-c").add(proto::Tag::kArg,
-                                                                          "test \"$(hostname)\" = " + s.id + " && exit 7");
+    exec.add(proto::Tag::kArg, "/bin/sh")
+        .add(proto::Tag::kArg, "-c")
+        .add(proto::Tag::kArg, "test \"$(hostname)\" = " + s.id + " && exit 7");
     std::string frame = proto::encode(exec);
     ASSERT_EQ(write(fd, frame.data(), frame.size()), static_cast<ssize_t>(frame.size()));
     std::optional<proto::Message> m;
-    do m = next(); while (m && m->type != proto::MsgType::kExit && m->type != proto::MsgType::kError);
+    do m = next();
+    while (m && m->type != proto::MsgType::kExit && m->type != proto::MsgType::kError);
     ASSERT_TRUE(m);
     ASSERT_EQ(m->type, proto::MsgType::kExit) << m->str(proto::Tag::kMessage);
     EXPECT_EQ(m->i64(proto::Tag::kExitCode), 7);
@@ -536,7 +561,8 @@ struct FrameConn {
     for (;;) {
       auto m = next();
       if (!m) return m;
-      if (uint64_t seq = m->u64(proto::Tag::kSeq)) send(proto::Message(proto::MsgType::kAck, 0).add_u64(proto::Tag::kSeq, seq));
+      if (uint64_t seq = m->u64(proto::Tag::kSeq))
+        send(proto::Message(proto::MsgType::kAck, 0).add_u64(proto::Tag::kSeq, seq));
       if (m->id != id) continue;
       if (out && m->type == proto::MsgType::kOutput) out->append(m->str(proto::Tag::kData));
       if (m->type == proto::MsgType::kExit || m->type == proto::MsgType::kError) return m;
@@ -695,7 +721,8 @@ TEST(ContainerRealAgentTest, AdoptedSandboxKeepsItsCommandsAndServesANewSession)
   if (geteuid() != 0) GTEST_SKIP() << "needs root";
   std::string agent;
   if (const char* b = getenv("TP_BIN_DIR")) agent = std::string(b) + "/tp-agent";
-  if (agent.empty() || access(agent.c_str(), X_OK) != 0) GTEST_SKIP() << "no tp-agent in TP_BIN_DIR";
+  if (agent.empty() || access(agent.c_str(), X_OK) != 0)
+    GTEST_SKIP() << "no tp-agent in TP_BIN_DIR";
   char tmpl[] = "/tmp/tp-ra-XXXXXX";
   ASSERT_NE(mkdtemp(tmpl), nullptr);
   std::string dir = tmpl;
@@ -759,7 +786,8 @@ TEST(ContainerRealAgentTest, AdoptedSandboxKeepsItsCommandsAndServesANewSession)
       ASSERT_TRUE(m);
       ASSERT_EQ(m->id, 3u);
       if (m->type == proto::MsgType::kOutput) replayed += m->str(proto::Tag::kData);
-      c.send(proto::Message(proto::MsgType::kAck, 0).add_u64(proto::Tag::kSeq, m->u64(proto::Tag::kSeq)));
+      c.send(proto::Message(proto::MsgType::kAck, 0)
+                 .add_u64(proto::Tag::kSeq, m->u64(proto::Tag::kSeq)));
     }
     ASSERT_TRUE(c.send(sh_exec(4, "test \"$(hostname)\" = " + s.id + " && exit 7")));
     auto x = c.until_end(4);

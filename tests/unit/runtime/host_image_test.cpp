@@ -1,14 +1,13 @@
 // The `host` image skeleton (src/image/host_image.h). Needs root (chown to uid_base).
 #include "image/host_image.h"
 
+#include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
 #include <sstream>
-
-#include <gtest/gtest.h>
 
 namespace tp::image {
 namespace {
@@ -25,7 +24,8 @@ TEST(HostImageTest, SkeletonHasNoSecretsAndIsOwnedByMappedRoot) {
   const std::string& r = img->rootfs;
   EXPECT_EQ(r, dir + "/images/host/rootfs");
   EXPECT_NE(std::find(img->ro_binds.begin(), img->ro_binds.end(), "/usr"), img->ro_binds.end());
-  for (const char* secret : {"etc/shadow", "etc/gshadow", "etc/ssl/private", "etc/ssh", "root/.ssh"})
+  for (const char* secret :
+       {"etc/shadow", "etc/gshadow", "etc/ssl/private", "etc/ssh", "root/.ssh"})
     EXPECT_FALSE(fs::exists(fs::symlink_status(r + "/" + secret))) << secret;
   EXPECT_TRUE(fs::is_empty(r + "/root"));
   EXPECT_TRUE(fs::is_empty(r + "/home"));

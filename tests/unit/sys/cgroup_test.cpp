@@ -79,8 +79,9 @@ class CgroupV1Test : public ::testing::Test {
  protected:
   void SetUp() override {
     for (const auto& [c, mnt] : layout_.v1_mounts) f_.dirs.insert(mnt);
-    f_.auto_files = {"cgroup.procs", "memory.limit_in_bytes", "memory.memsw.limit_in_bytes", "memory.swappiness",
-                     "cpu.cfs_quota_us", "cpu.cfs_period_us", "pids.max", "freezer.state"};
+    f_.auto_files = {"cgroup.procs",      "memory.limit_in_bytes", "memory.memsw.limit_in_bytes",
+                     "memory.swappiness", "cpu.cfs_quota_us",      "cpu.cfs_period_us",
+                     "pids.max",          "freezer.state"};
     ASSERT_TRUE(m_.init());
   }
   CgroupLayout layout_ = v1_layout();
@@ -145,13 +146,15 @@ constexpr const char* kOwnCgroups =
 TEST_F(CgroupV1Test, EnterThreadMovesOnlyTheCallerAndLeaveRestoresIt) {
   ASSERT_TRUE(m_.can_enter_thread());
   f_.files["/proc/thread-self/cgroup"] = kOwnCgroups;
-  for (const char* d : {"/sys/fs/cgroup/memory/daemon", "/sys/fs/cgroup/pids/daemon"}) f_.dirs.insert(d);
+  for (const char* d : {"/sys/fs/cgroup/memory/daemon", "/sys/fs/cgroup/pids/daemon"})
+    f_.dirs.insert(d);
   ASSERT_TRUE(m_.create("sb1", {}));
   f_.writes.clear();
   auto prev = m_.enter_thread("sb1");
   ASSERT_TRUE(prev) << prev.error().message();
-  EXPECT_EQ(*prev, (std::vector<std::string>{"/sys/fs/cgroup/cpu", "/sys/fs/cgroup/cpuacct", "/sys/fs/cgroup/freezer",
-                                             "/sys/fs/cgroup/memory/daemon", "/sys/fs/cgroup/pids/daemon"}));
+  EXPECT_EQ(*prev, (std::vector<std::string>{
+                       "/sys/fs/cgroup/cpu", "/sys/fs/cgroup/cpuacct", "/sys/fs/cgroup/freezer",
+                       "/sys/fs/cgroup/memory/daemon", "/sys/fs/cgroup/pids/daemon"}));
   // "0" into `tasks` moves the calling thread only; cgroup.procs is never touched.
   std::vector<std::pair<std::string, std::string>> want;
   for (const auto& d : m_.dirs("sb1")) want.emplace_back(d + "/tasks", "0");
@@ -165,7 +168,8 @@ TEST_F(CgroupV1Test, EnterThreadMovesOnlyTheCallerAndLeaveRestoresIt) {
 
 TEST_F(CgroupV1Test, FailedEnterPutsTheThreadBack) {
   f_.files["/proc/thread-self/cgroup"] = kOwnCgroups;
-  for (const char* d : {"/sys/fs/cgroup/memory/daemon", "/sys/fs/cgroup/pids/daemon"}) f_.dirs.insert(d);
+  for (const char* d : {"/sys/fs/cgroup/memory/daemon", "/sys/fs/cgroup/pids/daemon"})
+    f_.dirs.insert(d);
   ASSERT_TRUE(m_.create("sb1", {}));
   f_.fail_write["/sys/fs/cgroup/memory/tidepool/sb1/tasks"] = ENOMEM;
   f_.writes.clear();
@@ -174,9 +178,12 @@ TEST_F(CgroupV1Test, FailedEnterPutsTheThreadBack) {
   EXPECT_EQ(prev.error().sys_errno, ENOMEM);
   // Entered cpu, cpuacct and freezer, failed at memory: back out of those three.
   std::vector<std::pair<std::string, std::string>> want = {
-      {"/sys/fs/cgroup/cpu/tidepool/sb1/tasks", "0"},     {"/sys/fs/cgroup/cpuacct/tidepool/sb1/tasks", "0"},
-      {"/sys/fs/cgroup/freezer/tidepool/sb1/tasks", "0"}, {"/sys/fs/cgroup/cpu/tasks", "0"},
-      {"/sys/fs/cgroup/cpuacct/tasks", "0"},             {"/sys/fs/cgroup/freezer/tasks", "0"}};
+      {"/sys/fs/cgroup/cpu/tidepool/sb1/tasks", "0"},
+      {"/sys/fs/cgroup/cpuacct/tidepool/sb1/tasks", "0"},
+      {"/sys/fs/cgroup/freezer/tidepool/sb1/tasks", "0"},
+      {"/sys/fs/cgroup/cpu/tasks", "0"},
+      {"/sys/fs/cgroup/cpuacct/tasks", "0"},
+      {"/sys/fs/cgroup/freezer/tasks", "0"}};
   EXPECT_EQ(f_.writes, want);
 }
 
@@ -190,8 +197,9 @@ TEST_F(CgroupV1Test, EnterNeedsTheThreadsOwnCgroups) {
 
 TEST_F(CgroupV1Test, LeaveFallsBackToTheRootWhenThePreviousCgroupIsGone) {
   // The daemon's memory cgroup vanished meanwhile: the thread goes to the root, never stays.
-  std::vector<std::string> prev = {"/sys/fs/cgroup/cpu", "/sys/fs/cgroup/cpuacct", "/sys/fs/cgroup/freezer",
-                                   "/sys/fs/cgroup/memory/gone", "/sys/fs/cgroup/pids"};
+  std::vector<std::string> prev = {"/sys/fs/cgroup/cpu", "/sys/fs/cgroup/cpuacct",
+                                   "/sys/fs/cgroup/freezer", "/sys/fs/cgroup/memory/gone",
+                                   "/sys/fs/cgroup/pids"};
   ASSERT_TRUE(m_.leave_thread(prev));
   EXPECT_EQ(f_.written("/sys/fs/cgroup/memory/tasks"), "0");
   EXPECT_EQ(f_.written("/sys/fs/cgroup/memory/gone/tasks"), "<unwritten>");
@@ -274,7 +282,8 @@ TEST_F(CgroupV1Test, ListUnionsHierarchies) {
 
 TEST_F(CgroupV1Test, DelegatesTheFreezerCgroup) {
   EXPECT_EQ(m_.delegated_dir("sb1"), "/sys/fs/cgroup/freezer/tidepool/sb1");
-  EXPECT_EQ(m_.delegated_files(), (std::vector<std::string>{"cgroup.procs", "tasks", "freezer.state"}));
+  EXPECT_EQ(m_.delegated_files(),
+            (std::vector<std::string>{"cgroup.procs", "tasks", "freezer.state"}));
   CgroupLayout no_freezer = layout_;
   no_freezer.v1_mounts.erase("freezer");
   CgroupManager m(f_, no_freezer, "tidepool");
@@ -310,8 +319,9 @@ class CgroupV2Test : public ::testing::Test {
   void SetUp() override {
     f_.dirs.insert("/cg");
     f_.files["/cg/cgroup.subtree_control"] = "";
-    f_.auto_files = {"cgroup.procs", "cgroup.kill", "cgroup.subtree_control", "memory.max", "memory.swap.max",
-                     "cpu.max", "pids.max"};
+    f_.auto_files = {"cgroup.procs", "cgroup.kill",     "cgroup.subtree_control",
+                     "memory.max",   "memory.swap.max", "cpu.max",
+                     "pids.max"};
     ASSERT_TRUE(m_.init());
   }
   FakeSysApi f_;
@@ -375,8 +385,9 @@ TEST_F(CgroupV2Test, KillAllUsesCgroupKill) {
 
 TEST_F(CgroupV2Test, DelegatesTheSandboxCgroup) {
   EXPECT_EQ(m_.delegated_dir("sb1"), "/cg/tidepool/sb1");
-  EXPECT_EQ(m_.delegated_files(), (std::vector<std::string>{"cgroup.procs", "cgroup.subtree_control",
-                                                            "cgroup.threads", "cgroup.kill"}));
+  EXPECT_EQ(m_.delegated_files(),
+            (std::vector<std::string>{"cgroup.procs", "cgroup.subtree_control", "cgroup.threads",
+                                      "cgroup.kill"}));
 }
 
 TEST_F(CgroupV2Test, ProcsEmptyAndRemoveCoverCommandCgroups) {

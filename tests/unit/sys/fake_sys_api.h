@@ -21,7 +21,7 @@ class FakeSysApi : public SysApi {
   std::vector<std::pair<std::string, std::string>> writes;
   std::vector<std::pair<pid_t, int>> kills;
   std::map<std::string, int> fail_write;  // path -> errno
-  std::set<std::string> busy_dirs;         // rmdir -> EBUSY once, then succeeds
+  std::set<std::string> busy_dirs;        // rmdir -> EBUSY once, then succeeds
   // Called on kill(); lets a test emulate processes leaving a cgroup.
   std::function<void(pid_t)> on_kill;
 
@@ -30,7 +30,8 @@ class FakeSysApi : public SysApi {
   Result<void> write_file(const std::string& path, const std::string& data) override {
     if (auto it = fail_write.find(path); it != fail_write.end())
       return sys_fail("write(" + path + ")", it->second);
-    if (!files.contains(path) && !dirs.contains(parent(path))) return sys_fail("open(" + path + ")", ENOENT);
+    if (!files.contains(path) && !dirs.contains(parent(path)))
+      return sys_fail("open(" + path + ")", ENOENT);
     writes.emplace_back(path, data);
     // cgroup.procs and cgroup.subtree_control keep what was written (good enough for assertions).
     files[path] = data;
@@ -60,7 +61,9 @@ class FakeSysApi : public SysApi {
     std::erase_if(files, [&](const auto& kv) { return kv.first.starts_with(path + "/"); });
     return {};
   }
-  bool exists(const std::string& path) override { return dirs.contains(path) || files.contains(path); }
+  bool exists(const std::string& path) override {
+    return dirs.contains(path) || files.contains(path);
+  }
   Result<std::vector<std::string>> list_dirs(const std::string& path) override {
     if (!dirs.contains(path)) return sys_fail("opendir(" + path + ")", ENOENT);
     std::vector<std::string> out;

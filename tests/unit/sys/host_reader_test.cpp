@@ -1,11 +1,10 @@
 #include "sys/host_reader.h"
 
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
 #include <unistd.h>
-
-#include <gtest/gtest.h>
 
 #include <cstdlib>
 #include <cstring>
@@ -148,7 +147,8 @@ TEST_F(HostReaderTest, ImportRootsBoundWhatAnAdminKeyReads) {
   auto whole = read_all_tar(who, root_ + "/roots");
   ASSERT_TRUE(whole) << whole.error().message();
 
-  for (const std::string& p : {secret_, root_ + "/rootsx", root_ + "/roots/link", root_ + "/roots/../secret"}) {
+  for (const std::string& p :
+       {secret_, root_ + "/rootsx", root_ + "/roots/link", root_ + "/roots/../secret"}) {
     auto r = read_host_tar(who, p);
     ASSERT_FALSE(r) << p;
     EXPECT_EQ(r.error().code, Code::kPermissionDenied) << p << ": " << r.error().message();

@@ -1,6 +1,5 @@
-#include <linux/filter.h>
-
 #include <gtest/gtest.h>
+#include <linux/filter.h>
 
 #include "sys/seccomp.h"
 #include "sys/userns.h"
