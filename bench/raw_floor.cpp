@@ -6,7 +6,7 @@
 // mkdir + limits, the child born in them through its parent thread, rmdir; v2:
 // one dir, attach), loopback up, a tmpfs-backed overlay root over a small
 // 2-layer lower, /proc, pivot_root, exec of static busybox `true`, reap, clean
-// up. (reference/host-baselines.md "full, vm".)
+// up.
 // The runtime is ContainerBackend::create + destroy with the fake agent (or
 // --agent PATH), measured in interleaved rounds with the floor so that load
 // changes hit both alike, plus create + wait for kReady + destroy.

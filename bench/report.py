@@ -20,7 +20,7 @@ TOOLS = {
     "tidepool-cli": ("**Tidepool** `tidepool run --image {image} -- true`", "whole process",
                      "CLI -> HTTP -> daemon: user, mount, pid, uts, ipc, net, cgroup namespaces; cgroups "
                      "(memory, cpu, pids); overlay root with a tmpfs upper; /proc; seccomp; dropped capabilities; "
-                     "no_new_privs; tp-agent as PID 1 runs `true` in a nested pid namespace; destroy"),
+                     "no_new_privs; tp-agent as PID 1 runs `true` in a cgroup of its own; destroy"),
     "bwrap": ("bwrap `--unshare-all --ro-bind ROOT / --proc --dev`", "whole process",
               "user, mount, pid, uts, ipc, net, cgroup namespaces; read-only bind of the root (no overlay, no "
               "writable layer); /proc; /dev; no cgroups or limits; no seccomp"),

@@ -50,7 +50,7 @@ ls -d /sys/fs/cgroup/*/*/ 2>/dev/null | sort >"$CG_BEFORE" || true
 # Runs "$@" in a private mount namespace where crun 1.8.1 accepts this host's cgroup
 # layout: on hybrid hosts (v1 controllers plus a v2 mount listing some), crun refuses to
 # start unless the v2 mount lists none, so an empty file is bound over its list there.
-# Nothing outside that namespace sees it (reference/host-baselines.md, "crun").
+# Nothing outside that namespace sees it.
 # In there /dev/null is a private node as well: crun 1.8.1 fchown()s its stdio to the
 # container's root (host uid 100000 here), and with the host's /dev/null as stdio that
 # left the host's /dev/null owned by 100000 and writable by every sandbox of that range.

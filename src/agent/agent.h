@@ -1,4 +1,4 @@
-// tp-agent: PID 1 inside every sandbox (DESIGN.md, Processes).
+// tp-agent: PID 1 inside every sandbox (docs/architecture.md).
 //
 // What it promises:
 //  - Serves the wire protocol (src/protocol/wire.h, src/protocol/README.md) on

@@ -1,5 +1,5 @@
 // Identifiers. A sandbox id names its node so that an api can route without a
-// lookup (DESIGN.md, One step of a rollout): "<node>-<12 hex>", e.g. "n0-3fa9c21b7e04".
+// lookup (docs/architecture.md): "<node>-<12 hex>", e.g. "n0-3fa9c21b7e04".
 // It is also the sandbox's hostname, so it is short and DNS-label safe.
 // Thread rules: safe from any thread.
 #pragma once

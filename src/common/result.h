@@ -1,4 +1,4 @@
-// Result<T> and Error: errors are values (DESIGN.md, Conventions).
+// Result<T> and Error: errors are values (docs/architecture.md).
 //
 // An Error carries a small code that maps onto an HTTP status, the errno of the
 // failed call when there was one, and a human context ("mount(overlay, /x): ...").

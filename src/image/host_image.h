@@ -1,5 +1,5 @@
 // The `host` image: an instant root made of a small skeleton plus read-only
-// binds of the host's system directories (DESIGN.md, Images).
+// binds of the host's system directories (docs/architecture.md).
 //
 // ensure_host_image() builds, once, <data_dir>/images/host/rootfs: the
 // directories a Linux root needs, merged-/usr symlinks as the host has them,

@@ -1,5 +1,5 @@
 // ImageStore: content-addressed layers and versioned images under
-// <data_dir>/images (DESIGN.md, Images).
+// <data_dir>/images (docs/architecture.md).
 //
 // Layout:
 //   images/layers/sha256/<hex>/root        the layer, unpacked once, read-only by

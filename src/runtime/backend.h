@@ -1,4 +1,4 @@
-// Backend interface: what every isolation tier implements (DESIGN.md, Four tiers).
+// Backend interface: what every isolation tier implements (docs/architecture.md).
 //
 // A backend turns a SandboxSpec into a running sandbox whose PID 1 (or guest
 // agent) is tp-agent, reachable through one connected stream fd that speaks

@@ -1,4 +1,4 @@
-// Cgroups for sandboxes, v2 and v1 (DESIGN.md: cgroups v2, v1 fallback).
+// Cgroups for sandboxes, v2 and v1 (docs/architecture.md).
 //
 // Layout: every sandbox gets <root>/<parent>/<id> (v2: one directory under the
 // unified mount; v1: one directory per controller mount: memory, cpu, pids,

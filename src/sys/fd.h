@@ -1,4 +1,4 @@
-// UniqueFd: the owner of one file descriptor (DESIGN.md: every kernel resource has an owner).
+// UniqueFd: the owner of one file descriptor (docs/architecture.md).
 // Thread rules: a plain value; one owner at a time.
 #pragma once
 

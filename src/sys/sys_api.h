@@ -1,7 +1,7 @@
 // The syscall seam: file-system and process calls that the runtime's testable
 // logic (cgroup management, orphan cleanup) makes, behind an interface with a
 // real implementation and a fake (tests/unit/sys/fake_sys_api.h), so that logic
-// is unit-tested without root (DESIGN.md, Conventions: Envoy OsSysCalls).
+// is unit-tested without root (docs/architecture.md).
 //
 // Every failing call returns an Error whose context names the call and its
 // arguments, e.g. "write(/sys/fs/cgroup/memory/x/memory.limit_in_bytes, \"1\")".

@@ -237,30 +237,29 @@ def test_forged_agent_frames(hostile):
     assert hostile.exec("echo alive").stdout == "alive\n"
 
 
-def test_ptrace_other_command(hostile):
-    """Attempt: ptrace, signal or read the memory of a command started by another call
-    (a background process), and of PID 1.
-    Expected: each command runs in its own pid namespace, so the other one cannot be
-    addressed by pid (ESRCH) for ptrace, kill or process_vm_readv; PID 1 is non-dumpable.
-    (Reading a same-sandbox command through /proc/<pid>/mem is not refused: commands of one
-    sandbox are one trust domain, see SECURITY.md.)"""
+def test_other_commands_visible_pid1_refused(hostile):
+    """Attempt: ptrace, signal and attach to a command started by another call (a
+    background process), and to PID 1.
+    Expected: all commands of a sandbox share one pid namespace, as on any machine (one
+    trust domain: one episode, see SECURITY.md), so the other command is addressable by
+    its real pid (signal 0 succeeds); PID 1, the agent, is non-dumpable and cannot be
+    ptraced, and the background command is not disturbed by the probe."""
     bg = hostile.start(["sleep", "300"])
     try:
-        outer = wait_until(lambda: hostile.exec("for p in /proc/[0-9]*; do "
-                                                "[ \"$(cat $p/comm 2>/dev/null)\" = sleep ] && echo ${p#/proc/}; done")
-                           .stdout.split(), 10, 0.1, "background sleep visible")
+        outer = wait_until(lambda: hostile.exec("pgrep -x sleep").stdout.split(), 10, 0.1,
+                           "background sleep visible to pgrep")
         pid = int(outer[0])
         script = ("import ctypes,os,signal,sys\n"
                   "libc=ctypes.CDLL(None,use_errno=True)\n"
                   f"pid={pid}\n"
-                  "r=libc.ptrace(16,pid,0,0); print('ptrace',r,ctypes.get_errno())\n"
                   "try:\n os.kill(pid,0); print('kill 0 0')\nexcept OSError as e: print('kill -1',e.errno)\n"
-                  "r=libc.ptrace(16,1,0,0); print('ptrace1',r,ctypes.get_errno())\n")
+                  "r=libc.ptrace(16,1,0,0); print('ptrace1',r,ctypes.get_errno())\n"
+                  "print('comm', open(f'/proc/{pid}/comm').read().strip())\n")
         r = hostile.exec(["python3", "-c", script])
         res = {l.split()[0]: l.split()[1:] for l in r.stdout.splitlines()}
-        assert res["ptrace"] == ["-1", str(errno.ESRCH)], r.stdout
-        assert res["kill"] == ["-1", str(errno.ESRCH)], r.stdout
-        assert res["ptrace1"][0] == "-1", r.stdout
+        assert res["kill"] == ["0", "0"], r.stdout
+        assert res["comm"] == ["sleep"], r.stdout
+        assert res["ptrace1"] == ["-1", str(errno.EPERM)], r.stdout
         assert bg.poll() is None, "the background command was disturbed"
     finally:
         bg.kill()
@@ -326,9 +325,9 @@ def test_other_sandbox_files(hostile, bystander):
 def test_kill_everything(hostile):
     """Attempt: kill PID 1 and every process the command can signal (kill -9 1, kill -9 -1),
     and kill the agent through its /proc entry.
-    Expected: PID 1 of the command's pid namespace ignores signals it does not handle,
-    kill -1 reaches only the command's own processes, the agent (PID 1 of the sandbox)
-    cannot be addressed; the sandbox runs the next command."""
+    Expected: PID 1 (the agent) ignores signals it does not handle and cannot be killed
+    from inside its own pid namespace; kill -1 reaches only the sandbox's own processes;
+    the sandbox runs the next command."""
     r = hostile.exec("kill -9 1; kill -9 -1; echo survived-or-not")
     assert r.signal == 9 or "survived" in r.stdout, r
     r = hostile.exec(["python3", "-c",

@@ -1,4 +1,4 @@
-// The container tier (DESIGN.md, Four tiers): native Linux namespaces (user,
+// The container tier (docs/architecture.md): native Linux namespaces (user,
 // mount, pid, uts, ipc, net with loopback only, cgroup), cgroups v2 or v1,
 // an overlayfs root over read-only layers, seccomp, no_new_privs.
 //
@@ -28,12 +28,14 @@
 // The agent binary is opened O_PATH once by the backend and exec'd with
 // execveat(AT_EMPTY_PATH) after pivot_root, so it is not inside the sandbox's
 // tree and cannot be overwritten from inside. It runs as PID 1 with argv
-// `tp-agent --fd 3 --cgroup-fd 4`, fd 3 being its end of a socketpair (agent_fd() is ours),
-// stdin/stdout/stderr on /dev/null, environment = spec.env plus PATH and HOME
-// defaults. Setup failures in the child come back through a CLOEXEC pipe as
-// (step, errno), so create() returns e.g. "mount(overlay, .../root, lowerdir=...): ..."
-// after unwinding everything.
-// Cgroup delegation: the sandbox's cgroup directory (v2; v1: the freezer one,
+// `tp-agent --fd 3 --cgroup-fd 4 --listen-fd 5`, fd 3 being its end of a
+// socketpair (agent_fd() is ours), fd 5 a unix socket listening at
+// <data_dir>/containers/run/<id>/agent.sock (a root-only directory, also
+// holding the init's pid and start time for adopt()) where a restarted daemon
+// connects again (agent_address()), stdin/stdout/stderr on /dev/null, environment = spec.env plus
+// PATH and HOME defaults. Setup failures in the child come back through a CLOEXEC pipe as (step,
+// errno), so create() returns e.g. "mount(overlay, .../root, lowerdir=...): ..." after unwinding
+// everything. Cgroup delegation: the sandbox's cgroup directory (v2; v1: the freezer one,
 // CgroupManager::delegated_dir) and the files a delegatee writes are chowned to
 // uid_base, and the agent gets an O_DIRECTORY fd of it as fd 4 with
 // `--cgroup-fd 4`: it makes one cgroup per command there (src/agent/
