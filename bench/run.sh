@@ -121,7 +121,7 @@ echo "bench: building the busybox root file system and OCI bundles in $WORK"
 PORT=$("$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 URL=http://127.0.0.1:$PORT
 start_daemon() {
-  (ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)"; exec "$BIN/tidepoold" --listen "127.0.0.1:$PORT" \
+  (ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)"; exec "$BIN/tidepoold" --listen "127.0.0.1:$PORT" --insecure-tcp --socket "" --stop-sandboxes-on-exit \
     --data-dir "$WORK/data" --log-level warn) >>"$WORK/daemon.log" 2>&1 &
   DPID=$!
 }

@@ -151,7 +151,8 @@ def start_daemon(binary: str):
     port = s.getsockname()[1]
     s.close()
     log = open(os.path.join(tmp, "tidepoold.log"), "ab")
-    proc = subprocess.Popen([binary, "--listen", f"127.0.0.1:{port}", "--data-dir", os.path.join(tmp, "data")],
+    proc = subprocess.Popen([binary, "--listen", f"127.0.0.1:{port}", "--insecure-tcp", "--socket", "",
+                             "--stop-sandboxes-on-exit", "--data-dir", os.path.join(tmp, "data")],
                             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     log.close()
     url = f"http://127.0.0.1:{port}"

@@ -604,11 +604,12 @@ TEST_F(ContainerBackendTest, RunDirIsRootOnlyAndDestroyRemovesIt) {
   EXPECT_TRUE(S_ISSOCK(st.st_mode));
   std::string state = slurp(dir_ + "/containers/run/" + sb.id() + "/state");
   EXPECT_NE(state.find("pid " + std::to_string(sb.pid()) + "\n"), std::string::npos) << state;
-  // The agent got it as fd 4 (the fake agent ignores it) and nothing else.
+  // The agent got it as fd 5 (after its cgroup directory at fd 4; the fake agent
+  // ignores both) and nothing else.
   const std::string fds = "/proc/" + std::to_string(sb.pid()) + "/fd/";
-  ASSERT_EQ(stat((fds + "4").c_str(), &st), 0);
+  ASSERT_EQ(stat((fds + "5").c_str(), &st), 0);
   EXPECT_TRUE(S_ISSOCK(st.st_mode));
-  EXPECT_FALSE(fs::exists(fds + "5"));
+  EXPECT_FALSE(fs::exists(fds + "6"));
   std::string id = sb.id();
   pid_t pid = sb.pid();
   ASSERT_TRUE(sb.destroy());
