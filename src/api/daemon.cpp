@@ -9,6 +9,7 @@
 #include <CLI/CLI.hpp>
 #include <atomic>
 #include <boost/asio/io_context.hpp>
+#include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/signal_set.hpp>
 #include <filesystem>
 #include <iostream>
@@ -267,6 +268,10 @@ int daemon_main(int argc, char** argv) {
   // Joined before return: it uses mgr and io, which must outlive it (detached, it raced
   // with their destructors; ThreadSanitizer, make test-tsan).
   std::thread stopper;
+  // Keeps io.run() going while the stopper needs the io threads (its stops answer
+  // through them): once the listeners and the manager's timer are gone the
+  // io_context may have no work left and would return before the stops complete.
+  auto keep_running = asio::make_work_guard(io);
   asio::signal_set signals(io, SIGINT, SIGTERM);
   signals.async_wait([&](boost::system::error_code, int sig) {
     spdlog::info("signal {}: shutting down", sig);
@@ -275,6 +280,7 @@ int daemon_main(int argc, char** argv) {
     // Destroying sandboxes blocks; run it off the io threads, which it needs.
     stopper = std::thread([&] {
       mgr.shutdown();
+      keep_running.reset();
       io.stop();
     });
   });

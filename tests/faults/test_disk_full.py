@@ -157,7 +157,8 @@ def test_full_data_dir_gives_clean_errors_and_recovers(small_daemon):
 
 def test_full_data_dir_at_startup(small_daemon):
     """A daemon restarted on a full disk comes up (or refuses with a message) without
-    damaging state.db, and serves once space returns."""
+    damaging state.db, and serves once space returns; the previous run's sandbox is
+    adopted or recorded as ended, never left without a record."""
     d = small_daemon
     filler = os.path.join(d.data_dir, "filler")
     c = no_retry_client(d.url)
@@ -173,8 +174,9 @@ def test_full_data_dir_at_startup(small_daemon):
             started = False
         rows = store_rows(d.data_dir)  # not corrupt, whether it started or not
         if started:
-            # It could record the previous run's sandbox as ended (sqlite found room).
-            assert rows[sb.id]["state"] == "stopped", rows[sb.id]
+            # It adopted the previous run's sandbox (live restore), or recorded it as
+            # ended where it could not (sqlite found room).
+            assert rows[sb.id]["state"] in ("running", "stopped"), rows[sb.id]
         else:
             # It refused to serve with records it could not correct, and said why.
             assert "recover" in d.log_tail(20), d.log_tail(20)
@@ -182,10 +184,15 @@ def test_full_data_dir_at_startup(small_daemon):
         if not started or not d.alive():
             d.start()
         rows = store_rows(d.data_dir)
-        assert rows[sb.id]["state"] == "stopped", rows[sb.id]
+        assert rows[sb.id]["state"] in ("running", "stopped"), rows[sb.id]
+        if rows[sb.id]["state"] == "running":
+            assert c.get(sb.id).exec("echo adopted").stdout == "adopted\n"
         with c.create(ttl=60) as sb2:
             assert sb2.exec("echo ok").stdout == "ok\n"
     finally:
         if os.path.exists(filler):
             os.unlink(filler)
-        c.close()
+        try:
+            c.kill(sb.id)
+        finally:
+            c.close()

@@ -35,7 +35,7 @@ KERNEL_REFUSED = [
     "adjtimex", "mknod_block", "mknod_char_mem", "open_dev_mem", "raise_nofile_hard", "nice_minus_20",
     "ptrace_attach_ns_init", "process_vm_readv_init", "open_proc1_mem", "open_proc1_environ",
     "open_proc1_fd3", "open_proc1_exe_write", "open_proc1_exe_read",
-    "readlink_proc1_exe", "readlink_proc1_root", "pidfd_send_signal_proc1", "pidfd_getfd_proc1",
+    "readlink_proc1_exe", "readlink_proc1_root", "pidfd_getfd_proc1",
 ]
 
 
@@ -65,6 +65,9 @@ def test_privileged_syscalls_refused(hostile, payload):
         # Killed by the filter (SIGSYS), or the ABI is not built into the kernel (error/SIGSEGV).
         assert (os.WIFSIGNALED(st) and os.WTERMSIG(st) in (signal.SIGSYS, signal.SIGSEGV)) or \
             (os.WIFEXITED(st) and os.WEXITSTATUS(st) == 3), (name, st)
+    # SIGKILL to PID 1 through a pidfd is accepted by the call and dropped by the kernel
+    # (the init of a pid namespace ignores it from inside), so only its effect is checked.
+    assert "pidfd_send_signal_proc1" in res
     # Nothing was created, the agent is alive and still PID 1.
     assert hostile.exec("ls /tmp/tp-sda /tmp/tp-mem 2>&1; echo alive").stdout.endswith("alive\n")
     assert hostile.exec("cat /proc/1/comm 2>/dev/null; echo $?").stdout.split()[-1] == "0"

@@ -122,10 +122,16 @@ def test_keys_survive_a_daemon_restart(daemon, client, track):
                       create_key)
     assert (s3, b3) == (201, b1)
     assert h3.get("idempotent-replayed") == "true"
-    # The exec's answer too, read from its side file, though its sandbox did not survive.
+    # The exec's answer too, read from its side file, and the step did not run again in
+    # the sandbox, which the restarted daemon adopted (live restore).
     s4, h4, b4 = call(daemon, "POST", f"/v1/sandboxes/{sid}/exec", step, exec_key)
     assert (s4, b4) == (200, b2)
     assert h4.get("idempotent-replayed") == "true"
+    s6, _, b6 = call(daemon, "POST", f"/v1/sandboxes/{sid}/exec", {"cmd": "cat /tmp/mark"}, None)
+    assert s6 == 200, b6
+    assert base64.b64decode(json.loads(b6)["stdout"]) == b"once\n"
     # Reuse of a recorded key for another request is still a conflict after the restart.
     s5, _, _ = call(daemon, "POST", "/v1/sandboxes", {"ttl_seconds": 60}, create_key)
     assert s5 == 409
+    s7, _, _ = call(daemon, "DELETE", f"/v1/sandboxes/{sid}")
+    assert s7 == 200
