@@ -24,9 +24,10 @@
 #include "api/routes.h"
 #include "common/json_util.h"
 #include "common/log.h"
-#include "control/store.h"
+#include "control/memory_store.h"
 #include "node/sandbox_manager.h"
 #include "runtime/backend.h"
+#include "runtime/registry.h"
 
 namespace {
 
@@ -83,16 +84,16 @@ class FakeResponder : public tp::api::Responder {
 // failed creations and idempotency keys do not pile up over a long run.
 struct Stack {
   boost::asio::io_context io;
-  std::unique_ptr<tp::control::Store> store;
+  tp::control::MemorySandboxStore store;
+  tp::runtime::Registry registry;
   tp::Metrics metrics;
   std::unique_ptr<tp::node::SandboxManager> mgr;
   std::unique_ptr<tp::api::Api> api;
   Stack() {
-    auto s = tp::control::Store::open(":memory:");
-    if (!s) std::abort();
-    store = std::move(*s);
-    mgr = std::make_unique<tp::node::SandboxManager>(io, std::make_unique<FailingBackend>(), *store,
-                                                     metrics, "n0");
+    if (!registry.add(std::make_unique<FailingBackend>())) std::abort();
+    tp::node::ManagerOptions opts;
+    opts.stop_on_exit = true;
+    mgr = std::make_unique<tp::node::SandboxManager>(io, registry, store, metrics, std::move(opts));
     api = std::make_unique<tp::api::Api>(*mgr, metrics);
   }
   ~Stack() {
