@@ -8,8 +8,8 @@
 
 #include <CLI/CLI.hpp>
 #include <atomic>
-#include <boost/asio/io_context.hpp>
 #include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/io_context.hpp>
 #include <boost/asio/signal_set.hpp>
 #include <filesystem>
 #include <iostream>
