@@ -9,6 +9,8 @@
 // invoked on that strand (never inline from the calling thread), exactly once
 // for the final callbacks (on_done / result callbacks). When the connection
 // closes or fails, every pending request completes with Code::kUnavailable.
+// The process must ignore SIGPIPE (tidepoold does): a write to an agent that
+// is gone then fails the connection instead of ending the process.
 //
 // Sessions (src/protocol/README.md): start() sends kHello; every answer of a
 // command is acknowledged (kAck) once its handler has returned, so the agent

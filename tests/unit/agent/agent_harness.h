@@ -228,6 +228,9 @@ struct ExecOutcome {
 
 class AgentTestBase : public ::testing::Test {
  protected:
+  // As in tidepoold (daemon.cpp): a write to an agent that is gone must be an
+  // error (EPIPE) for AgentClient, not a signal that ends the process.
+  void SetUp() override { ::signal(SIGPIPE, SIG_IGN); }
   void TearDown() override { stop(); }
 
   // Starts the agent and waits for kReady.
