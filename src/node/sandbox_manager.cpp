@@ -425,7 +425,15 @@ void SandboxManager::shutdown() {
     stopping_ = true;
     for (auto& [id, sb] : live_) all.push_back(sb);
   }
-  asio::post(io_, [this] { timer_.cancel(); });
+  // The timer belongs to the io threads; the cancel runs there, and shutdown()
+  // waits for it (bounded: an io_context that no longer runs never runs it), so
+  // that the manager may be destroyed once shutdown() returns.
+  auto cancelled = std::make_shared<std::promise<void>>();
+  auto timer_done = cancelled->get_future();
+  asio::post(io_, [this, cancelled] {
+    timer_.cancel();
+    cancelled->set_value();
+  });
   std::vector<std::future<void>> done;
   for (auto& sb : all) {
     auto p = std::make_shared<std::promise<void>>();
@@ -436,6 +444,7 @@ void SandboxManager::shutdown() {
       request_release(sb, [p] { p->set_value(); });
   }
   for (auto& f : done) f.wait();
+  timer_done.wait_for(std::chrono::seconds(5));
 }
 
 // ---- create ------------------------------------------------------------------
