@@ -66,19 +66,20 @@ class ManagerTest : public ::testing::Test {
     std::lock_guard lk(mu_);
     return agents_[id];
   }
-  // Starts a create; answers its id (registered at once) and the future answer.
+  // Starts a create; answers its id (registered at once) and the future answer. Ended
+  // sandboxes count too: a create that fails fast may be stored as ended before we look.
   std::pair<std::string, std::future<Result<SandboxRecord>>> create_async(CreateParams p = {}) {
-    auto before = ids_live();
+    auto before = ids_live(true);
     auto pr = std::make_shared<std::promise<Result<SandboxRecord>>>();
     auto f = pr->get_future();
     mgr_->create(p, [pr](Result<SandboxRecord> r) { pr->set_value(r); });
-    for (const auto& id : ids_live())
+    for (const auto& id : ids_live(true))
       if (!before.count(id)) return {id, std::move(f)};
     return {"", std::move(f)};
   }
-  std::set<std::string> ids_live() {
+  std::set<std::string> ids_live(bool with_ended = false) {
     std::set<std::string> out;
-    auto l = mgr_->list({}, "", false);
+    auto l = mgr_->list({}, "", with_ended);
     EXPECT_TRUE(l);
     if (l)
       for (auto& r : *l) out.insert(r.id);
