@@ -5,7 +5,9 @@
  * and PID) on fd 3, then serves a trivial line protocol on the same fd until
  * EOF: each line received is run with /bin/sh -c and its exit status is
  * answered as "exit N\n". `fake_agent --exit` exits at once (for the floor
- * benchmark). Static, libc only. */
+ * benchmark). Like tp-agent, with `--listen-fd N` it outlives its first
+ * connection: at EOF it waits (reaping) until killed, so a released sandbox
+ * stays up for adoption. Static, libc only. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -37,9 +39,11 @@ static int write_all(int fd, const void* buf, size_t n) {
 
 int main(int argc, char** argv) {
   int fd = 3;
+  int listens = 0;
   for (int i = 1; i < argc; i++) {
     if (strcmp(argv[i], "--exit") == 0) return 0;
     if (strcmp(argv[i], "--fd") == 0 && i + 1 < argc) fd = atoi(argv[++i]);
+    if (strcmp(argv[i], "--listen-fd") == 0) listens = 1;
   }
   unsigned char f[12 + 2 * 14];
   put_u32(f, 8 + 2 * 14);
@@ -61,7 +65,11 @@ int main(int argc, char** argv) {
   size_t len = 0;
   for (;;) {
     ssize_t n = read(fd, line + len, sizeof line - 1 - len);
-    if (n <= 0) return 0;
+    if (n <= 0) {
+      if (!listens) return 0;
+      for (;;) /* PID 1: reap until the sandbox is killed */
+        if (wait(NULL) < 0) pause();
+    }
     len += (size_t)n;
     char* nl;
     while ((nl = memchr(line, '\n', len)) != NULL) {
