@@ -5,10 +5,8 @@
 #include <fcntl.h>
 #include <grp.h>
 #include <linux/filter.h>
-#include <linux/fs.h>
 #include <openssl/evp.h>
 #include <sched.h>
-#include <seccomp.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/mount.h>
@@ -268,90 +266,6 @@ Result<void> make_build_dir(const std::string& p) {
   if (::mkdir(p.c_str(), 0700) != 0) return sys_fail("mkdir(" + p + ")");
   if (::chown(p.c_str(), kBuildIdBase, kBuildIdBase) != 0) return sys_fail("chown(" + p + ")");
   return {};
-}
-
-// The seccomp policy of the build's process tree: the sandboxes' (see
-// sys/seccomp.h) without its ban on the mount calls, which mmdebstrap and the
-// run steps need for mounts in the namespaces the build owns. New user
-// namespaces stay refused: the build's root would get a fresh set of capabilities.
-Result<std::unique_ptr<sys::SeccompProgram>> build_filter() {
-  scmp_filter_ctx ctx = seccomp_init(SCMP_ACT_ALLOW);
-  if (!ctx) return fail(Code::kInternal, "seccomp_init(SCMP_ACT_ALLOW) failed");
-  std::unique_ptr<void, void (*)(void*)> guard(ctx, [](void* c) { seccomp_release(c); });
-  static const char* kDenied[] = {
-      "kexec_load",
-      "kexec_file_load",
-      "init_module",
-      "finit_module",
-      "delete_module",
-      "bpf",
-      "perf_event_open",
-      "keyctl",
-      "add_key",
-      "request_key",
-      "userfaultfd",
-      "open_by_handle_at",
-      "name_to_handle_at",
-      "swapon",
-      "swapoff",
-      "reboot",
-      "acct",
-      "quotactl",
-      "quotactl_fd",
-      "lookup_dcookie",
-      "iopl",
-      "ioperm",
-      "vm86",
-      "vm86old",
-      "setns",
-      "io_uring_setup",
-      "io_uring_enter",
-      "io_uring_register",
-      "syslog",
-      "settimeofday",
-      "clock_settime",
-      "stime",
-      "uselib",
-  };
-  for (const char* name : kDenied) {
-    int nr = seccomp_syscall_resolve_name(name);
-    if (nr == __NR_SCMP_ERROR) continue;  // not on this architecture
-    int rc = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), nr, 0);
-    if (rc < 0 && rc != -EDOM)
-      return std::unexpected(
-          Error{Code::kInternal, -rc, std::string("seccomp_rule_add(") + name + ")"});
-  }
-  for (int nr : {SCMP_SYS(unshare), SCMP_SYS(clone)}) {
-    int rc = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), nr, 1,
-                              SCMP_A0(SCMP_CMP_MASKED_EQ, CLONE_NEWUSER, CLONE_NEWUSER));
-    if (rc < 0)
-      return std::unexpected(Error{Code::kInternal, -rc, "seccomp_rule_add(CLONE_NEWUSER)"});
-  }
-  for (unsigned long req :
-       {static_cast<unsigned long>(FIFREEZE), static_cast<unsigned long>(FITHAW)}) {
-    int rc = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), SCMP_SYS(ioctl), 1,
-                              SCMP_A1(SCMP_CMP_MASKED_EQ, 0xffffffffUL, req));
-    if (rc < 0) return std::unexpected(Error{Code::kInternal, -rc, "seccomp_rule_add(ioctl)"});
-  }
-  // clone3 passes its flags in memory, which BPF cannot read: ENOSYS makes glibc fall back to
-  // clone.
-  int rc = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(ENOSYS), SCMP_SYS(clone3), 0);
-  if (rc < 0 && rc != -EDOM)
-    return std::unexpected(Error{Code::kInternal, -rc, "seccomp_rule_add(clone3)"});
-  sys::UniqueFd mfd(::memfd_create("tp-build-seccomp", MFD_CLOEXEC));
-  if (!mfd) return sys_fail("memfd_create");
-  rc = seccomp_export_bpf(ctx, mfd.get());
-  if (rc < 0) return std::unexpected(Error{Code::kInternal, -rc, "seccomp_export_bpf"});
-  off_t size = ::lseek(mfd.get(), 0, SEEK_END);
-  if (size <= 0 || size % sizeof(sock_filter) != 0)
-    return fail(Code::kInternal, "seccomp_export_bpf: bad size");
-  auto prog = std::make_unique<sys::SeccompProgram>();
-  prog->insns.resize(static_cast<size_t>(size) / sizeof(sock_filter));
-  if (::pread(mfd.get(), prog->insns.data(), static_cast<size_t>(size), 0) != size)
-    return sys_fail("pread");
-  prog->fprog.len = static_cast<unsigned short>(prog->insns.size());
-  prog->fprog.filter = prog->insns.data();
-  return prog;
 }
 
 // The mount namespace the build sees, prepared before fork so that the
@@ -758,7 +672,10 @@ Result<BuildResult> build_image(ImageStore& store, const BuildSpec& s,
     TP_TRY(make_build_dir(dir + "/tmp"));
     if (::mkdir(view.c_str(), 0700) != 0) return sys_fail("mkdir(" + view + ")");
     Jail jail = make_jail(view, dir, mdir);
-    auto filter = build_filter();
+    // The sandboxes' policy without its ban on the mount calls, which mmdebstrap and
+    // the run steps need in the namespaces the build owns. New user namespaces stay
+    // refused: the build's root would get a fresh set of capabilities.
+    auto filter = sys::build_sandbox_filter({.allow_mounts = true});
     if (!filter) return std::unexpected(filter.error());
     auto argv = mmdebstrap_argv(s, out_tar, stage);
     std::vector<char*> av;

@@ -17,7 +17,7 @@
 
 namespace tp::sys {
 
-Result<std::unique_ptr<SeccompProgram>> build_sandbox_filter() {
+Result<std::unique_ptr<SeccompProgram>> build_sandbox_filter(const FilterOptions& opts) {
   scmp_filter_ctx ctx = seccomp_init(SCMP_ACT_ALLOW);
   if (!ctx) return fail(Code::kInternal, "seccomp_init(SCMP_ACT_ALLOW) failed");
   std::unique_ptr<void, void (*)(void*)> guard(ctx, [](void* c) { seccomp_release(c); });
@@ -53,17 +53,6 @@ Result<std::unique_ptr<SeccompProgram>> build_sandbox_filter() {
       "ioperm",
       "vm86",
       "vm86old",
-      "mount",
-      "umount",
-      "umount2",
-      "pivot_root",
-      "move_mount",
-      "open_tree",
-      "fsopen",
-      "fsmount",
-      "fsconfig",
-      "fspick",
-      "mount_setattr",
       "setns",
       // io_uring: a large kernel attack surface whose operations are not seen by
       // this filter (docker's default profile blocks it too).
@@ -80,14 +69,25 @@ Result<std::unique_ptr<SeccompProgram>> build_sandbox_filter() {
       "stime",
       "uselib",
   };
-  for (const char* name : kDenied) {
+  // The mount API: a sandbox's root needs none of it after setup.
+  static const char* kMountCalls[] = {
+      "mount",  "umount",  "umount2",  "pivot_root", "move_mount",    "open_tree",
+      "fsopen", "fsmount", "fsconfig", "fspick",     "mount_setattr",
+  };
+  auto deny = [&](const char* name) -> Result<void> {
     int nr = seccomp_syscall_resolve_name(name);
-    if (nr == __NR_SCMP_ERROR) continue;  // not on this architecture
+    if (nr == __NR_SCMP_ERROR) return {};  // not on this architecture
     int rc = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), nr, 0);
     if (rc < 0 && rc != -EDOM)
       return std::unexpected(
           Error{Code::kInternal, -rc, std::string("seccomp_rule_add(") + name + ")"});
-  }
+    return {};
+  };
+  for (const char* name : kDenied)
+    if (auto r = deny(name); !r) return std::unexpected(r.error());
+  if (!opts.allow_mounts)
+    for (const char* name : kMountCalls)
+      if (auto r = deny(name); !r) return std::unexpected(r.error());
   // New user namespaces would give the sandbox a fresh set of capabilities.
   int rc = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), SCMP_SYS(unshare), 1,
                             SCMP_A0(SCMP_CMP_MASKED_EQ, CLONE_NEWUSER, CLONE_NEWUSER));

@@ -25,8 +25,14 @@ struct SeccompProgram {
   sock_fprog fprog{};  // points into insns; valid while the program lives and is not moved
 };
 
-// The filter for sandbox processes. The returned pointer is stable.
-Result<std::unique_ptr<SeccompProgram>> build_sandbox_filter();
+struct FilterOptions {
+  // Leave the mount API allowed: image builds mount in the namespaces they own.
+  bool allow_mounts = false;
+};
+
+// The filter for sandbox processes (and, with allow_mounts, for image builds).
+// The returned pointer is stable.
+Result<std::unique_ptr<SeccompProgram>> build_sandbox_filter(const FilterOptions& opts = {});
 
 // In the child: PR_SET_NO_NEW_PRIVS then seccomp(SET_MODE_FILTER). Returns 0 or -errno.
 long load_filter_raw(const SeccompProgram& p);

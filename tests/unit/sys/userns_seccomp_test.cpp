@@ -1,5 +1,10 @@
 #include <gtest/gtest.h>
 #include <linux/filter.h>
+#include <sys/mount.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
 
 #include "sys/seccomp.h"
 #include "sys/userns.h"
@@ -26,6 +31,28 @@ TEST(SeccompTest, BuildsAStableProgram) {
   EXPECT_EQ((*p)->fprog.filter, (*p)->insns.data());
   // Ends in a return (the default allow or a rule's action).
   EXPECT_EQ(BPF_CLASS((*p)->insns.back().code), BPF_RET);
+}
+
+// errno of umount2 on a path that is not a mount point, in a child under `p`.
+int umount_errno_under(const SeccompProgram& p) {
+  pid_t pid = fork();
+  if (pid == 0) {
+    if (load_filter_raw(p) != 0) _exit(255);
+    _exit(::umount2("/proc/self", 0) == 0 ? 0 : errno);
+  }
+  int st = 0;
+  if (waitpid(pid, &st, 0) != pid || !WIFEXITED(st)) return -1;
+  return WEXITSTATUS(st);
+}
+
+TEST(SeccompTest, MountCallsAreRefusedUnlessAllowed) {
+  auto sandbox = build_sandbox_filter();
+  auto build = build_sandbox_filter({.allow_mounts = true});
+  ASSERT_TRUE(sandbox && build);
+  EXPECT_EQ(umount_errno_under(**sandbox), EPERM);
+  // Reaches the kernel, which finds no mount there (or, without privilege, refuses).
+  int e = umount_errno_under(**build);
+  EXPECT_TRUE(e == EINVAL || (e == EPERM && geteuid() != 0)) << e;
 }
 
 }  // namespace
