@@ -18,6 +18,7 @@
 #include "common/json_util.h"
 #include "common/log.h"
 #include "sys/fd.h"
+#include "sys/sys_api.h"
 
 namespace tp::api {
 
@@ -39,27 +40,10 @@ std::string sha256_hex(std::string_view data) {
 namespace {
 
 Result<std::string> read_file(const std::string& path, bool* missing) {
-  *missing = false;
-  sys::UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
-  if (!fd) {
-    if (errno == ENOENT) {
-      *missing = true;
-      return std::string();
-    }
-    return sys_fail("open(" + path + ")");
-  }
-  std::string out;
-  char buf[8192];
-  for (;;) {
-    ssize_t n = ::read(fd.get(), buf, sizeof buf);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return sys_fail("read(" + path + ")");
-    }
-    if (n == 0) break;
-    out.append(buf, static_cast<size_t>(n));
-  }
-  return out;
+  auto text = sys::read_whole_file(path, O_NOFOLLOW);
+  *missing = !text && text.error().sys_errno == ENOENT;
+  if (*missing) return std::string();
+  return text;
 }
 
 Result<std::vector<ApiKey>> parse_keys(const std::string& text, const std::string& path) {

@@ -31,22 +31,7 @@ class RealSysApi final : public SysApi {
     return {};
   }
 
-  Result<std::string> read_file(const std::string& path) override {
-    UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-    if (!fd) return sys_fail("open(" + path + ", O_RDONLY)");
-    std::string out;
-    char buf[4096];
-    for (;;) {
-      ssize_t n = ::read(fd.get(), buf, sizeof buf);
-      if (n < 0) {
-        if (errno == EINTR) continue;
-        return sys_fail("read(" + path + ")");
-      }
-      if (n == 0) break;
-      out.append(buf, static_cast<size_t>(n));
-    }
-    return out;
-  }
+  Result<std::string> read_file(const std::string& path) override { return read_whole_file(path); }
 
   Result<void> mkdir(const std::string& path, mode_t mode) override {
     if (::mkdir(path.c_str(), mode) != 0) return sys_fail("mkdir(" + path + ")");
@@ -87,6 +72,23 @@ class RealSysApi final : public SysApi {
 SysApi& real_sys() {
   static RealSysApi api;
   return api;
+}
+
+Result<std::string> read_whole_file(const std::string& path, int extra_flags) {
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | extra_flags));
+  if (!fd) return sys_fail("open(" + path + ", O_RDONLY)");
+  std::string out;
+  char buf[8192];
+  for (;;) {
+    ssize_t n = ::read(fd.get(), buf, sizeof buf);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return sys_fail("read(" + path + ")");
+    }
+    if (n == 0) break;
+    out.append(buf, static_cast<size_t>(n));
+  }
+  return out;
 }
 
 }  // namespace tp::sys

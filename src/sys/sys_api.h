@@ -36,4 +36,8 @@ class SysApi {
 // The process-wide real implementation.
 SysApi& real_sys();
 
+// The whole of the file at `path`, opened with O_RDONLY | O_CLOEXEC | `extra_flags`
+// (e.g. O_NOFOLLOW). A failed open keeps its errno in the Error (ENOENT: missing).
+Result<std::string> read_whole_file(const std::string& path, int extra_flags = 0);
+
 }  // namespace tp::sys
