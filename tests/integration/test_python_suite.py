@@ -102,13 +102,14 @@ def run_in_sandbox(client, module: str, created=None):
 
 @pytest.fixture(scope="module")
 def first_pass(testsuite, daemon):
-    """Every module at once (PARALLEL at a time), each in its own sandbox: module -> future."""
-    client = tidepool.Client(daemon.url, timeout=60)
-    pool = concurrent.futures.ThreadPoolExecutor(PARALLEL)
-    futures = {m: pool.submit(run_in_sandbox, client, m, daemon.created) for m in modules()}
-    yield futures
-    pool.shutdown(wait=True, cancel_futures=True)
-    client.close()
+    """Every module at once (PARALLEL at a time), each in its own sandbox: module -> future.
+    All are over (and their sandboxes gone) before the first test checks its result, so
+    that the leak check after it sees none of them."""
+    with tidepool.Client(daemon.url, timeout=60) as client, \
+            concurrent.futures.ThreadPoolExecutor(PARALLEL) as pool:
+        futures = {m: pool.submit(run_in_sandbox, client, m, daemon.created) for m in modules()}
+        concurrent.futures.wait(futures.values())
+    return futures
 
 
 def passed(r, output: str) -> bool:
