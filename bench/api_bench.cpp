@@ -22,25 +22,17 @@
 #include <thread>
 #include <vector>
 
+#include "bench_util.h"
 #include "cli/http_client.h"
 
 namespace json = boost::json;
+using tp::bench::Clock;
+using tp::bench::ms_since;
+using tp::bench::pct;
 using tp::cli::HttpClient;
 using tp::cli::Method;
-using Clock = std::chrono::steady_clock;
 
 namespace {
-
-double ms_since(Clock::time_point t) {
-  return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
-}
-
-double pct(std::vector<double> v, double p) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  size_t i = static_cast<size_t>(p / 100.0 * static_cast<double>(v.size() - 1) + 0.5);
-  return v[std::min(i, v.size() - 1)];
-}
 
 struct Cycle {
   double create = 0, exec = 0, destroy = 0;

@@ -38,26 +38,19 @@
 #include <utility>
 #include <vector>
 
+#include "bench_util.h"
+
 namespace asio = boost::asio;
 namespace beast = boost::beast;
 namespace http = beast::http;
 namespace json = boost::json;
-using Clock = std::chrono::steady_clock;
+using tp::bench::Clock;
+using tp::bench::ms_since;
+using tp::bench::pct;
 
 extern char** environ;
 
 namespace {
-
-double ms_since(Clock::time_point t) {
-  return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
-}
-
-double pct(std::vector<double> v, double p) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  size_t i = static_cast<size_t>(p / 100.0 * static_cast<double>(v.size() - 1) + 0.5);
-  return v[std::min(i, v.size() - 1)];
-}
 
 // One keep-alive HTTP/1.1 connection (the CLI's client sends no custom headers, and the
 // rss mode needs Idempotency-Key). status 0: no answer (refused, reset, timed out).
