@@ -27,11 +27,11 @@ unit: build
 	cd $(BUILD) && ctest --output-on-failure
 
 integration: build
-	$(PY) -m pytest -q -p no:cacheprovider tests/integration
+	TIDEPOOL_BUILD=$(abspath $(BUILD)) $(PY) -m pytest -q -p no:cacheprovider tests/integration
 
 test: build
 	cd $(BUILD) && ctest --output-on-failure
-	$(PY) -m pytest -q -p no:cacheprovider sdk/python/tests tests/integration tests/hostile tests/faults tests/soak
+	TIDEPOOL_BUILD=$(abspath $(BUILD)) $(PY) -m pytest -q -p no:cacheprovider --durations=15 sdk/python/tests tests/integration tests/hostile tests/faults tests/soak
 
 bench: build
 	cmake --build $(BUILD) --parallel --target benchmarks
@@ -143,7 +143,7 @@ test-tsan: tsan-build
 	$(TSAN_ENV) TIDEPOOL_BUILD=$(CURDIR)/$(TSAN_BUILD) $(PY) -m pytest -q -p no:cacheprovider $(TSAN_PYTEST)
 
 faults: build
-	$(PY) -m pytest -q -p no:cacheprovider tests/faults
+	TIDEPOOL_BUILD=$(abspath $(BUILD)) $(PY) -m pytest -q -p no:cacheprovider tests/faults
 
 # The documented soak run (tests/soak/soak.py --help); CI runs a short one in pytest.
 soak: build
