@@ -29,9 +29,16 @@ unit: build
 integration: build
 	TIDEPOOL_BUILD=$(abspath $(BUILD)) $(PY) -m pytest -q -p no:cacheprovider tests/integration
 
+# The unit tests run as one process (ctest --output-on-failure in $(BUILD) runs one per
+# test). The Python suites run on two workers, a file at a time each (pytest-xdist,
+# --dist loadfile): most of their time is spent waiting on sandboxes, and each worker
+# has its own daemons, so the files do not see each other. PYTEST_JOBS=0 runs them in
+# this process.
+PYTEST_JOBS ?= 2
+PYTEST = $(PY) -m pytest -q -p no:cacheprovider $(if $(filter-out 0,$(PYTEST_JOBS)),-n $(PYTEST_JOBS) --dist loadfile)
 test: build
-	cd $(BUILD) && ctest --output-on-failure
-	TIDEPOOL_BUILD=$(abspath $(BUILD)) $(PY) -m pytest -q -p no:cacheprovider --durations=15 sdk/python/tests tests/integration tests/hostile tests/faults tests/soak
+	TP_BIN_DIR=$(abspath $(BUILD))/bin $(BUILD)/bin/unit_tests --gtest_brief=1
+	TIDEPOOL_BUILD=$(abspath $(BUILD)) $(PYTEST) --durations=15 sdk/python/tests tests/integration tests/hostile tests/faults tests/soak
 
 bench: build
 	cmake --build $(BUILD) --parallel --target benchmarks
@@ -110,7 +117,7 @@ asan-build: deps fuzz-deps $(SAN_BUILD)/build.ninja
 # starts of an ASan binary, about a second each).
 test-asan: asan-build
 	$(SAN_ENV) TP_BIN_DIR=$(CURDIR)/$(SAN_BUILD)/bin $(SAN_BUILD)/bin/unit_tests
-	$(SAN_ENV) TIDEPOOL_BUILD=$(CURDIR)/$(SAN_BUILD) $(PY) -m pytest -q -p no:cacheprovider $(ASAN_PYTEST)
+	$(SAN_ENV) TIDEPOOL_BUILD=$(CURDIR)/$(SAN_BUILD) $(PYTEST) $(ASAN_PYTEST)
 
 # -- ThreadSanitizer (CI runs test-tsan after test-asan) --
 # Its own clang-19 build (TSan excludes ASan): -O1 -g1 and a unity build as above, only
@@ -140,7 +147,7 @@ tsan-build: deps fuzz-deps $(TSAN_BUILD)/build.ninja
 # binary, each mapping its shadow memory).
 test-tsan: tsan-build
 	$(TSAN_ENV) TP_BIN_DIR=$(CURDIR)/$(TSAN_BUILD)/bin $(TSAN_BUILD)/bin/unit_tests
-	$(TSAN_ENV) TIDEPOOL_BUILD=$(CURDIR)/$(TSAN_BUILD) $(PY) -m pytest -q -p no:cacheprovider $(TSAN_PYTEST)
+	$(TSAN_ENV) TIDEPOOL_BUILD=$(CURDIR)/$(TSAN_BUILD) $(PYTEST) $(TSAN_PYTEST)
 
 faults: build
 	TIDEPOOL_BUILD=$(abspath $(BUILD)) $(PY) -m pytest -q -p no:cacheprovider tests/faults
