@@ -687,8 +687,14 @@ Result<StepLog::File*> StepLog::file_for(uint32_t log) {
   f->dir = dir_of(scope);
   f->path = f->dir + "/" + log_name(scope);
   bool created_dir = false;
-  TP_TRY(ensure_dir(f->dir, &created_dir));
-  f->fd = ::open(f->path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  // The sandbox manager removes a sandbox's directory when it ends, if it is empty by
+  // then (rmdir): between our mkdir and open it may have, so make it again. Once the
+  // log is in it, the directory stays.
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    TP_TRY(ensure_dir(f->dir, &created_dir));
+    f->fd = ::open(f->path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    if (f->fd >= 0 || errno != ENOENT) break;
+  }
   if (f->fd < 0) return sys_fail("open " + f->path);
   struct stat st {};
   if (::fstat(f->fd, &st) != 0) return sys_fail("stat " + f->path);
