@@ -151,7 +151,13 @@ SandboxManager::SandboxManager(asio::io_context& io, runtime::Registry& registry
     };
 }
 
-SandboxManager::~SandboxManager() { blocking_.join(); }
+SandboxManager::~SandboxManager() {
+  {
+    std::lock_guard lk(gate_->mu);
+    gate_->open = false;
+  }
+  blocking_.join();
+}
 
 std::string SandboxManager::sandbox_dir(const std::string& id) const {
   return opts_.data_dir.empty() ? std::string() : opts_.data_dir + "/sandboxes/" + id;
@@ -571,9 +577,11 @@ void SandboxManager::create_op(std::shared_ptr<Sandbox> sb, RecordCb cb, Sandbox
   sb->agent = opts_.agent_from_fd(io_, sb->inst->agent_fd(), sb->id());
   auto timer = std::make_shared<asio::steady_timer>(io_, opts_.agent_ready_timeout);
   auto once = std::make_shared<std::once_flag>();
-  auto finish = [this, sb, cb, done, start_us, timer, once](Result<void> ready) {
+  auto finish = [this, sb, cb, done, start_us, timer, once, gate = gate_](Result<void> ready) {
     std::call_once(*once, [&] {
       timer->cancel();
+      std::lock_guard lk(gate->mu);
+      if (!gate->open) return;  // the manager is going away
       asio::post(blocking_, [this, sb, cb, done, start_us, ready] {
         agent_ready(sb, cb, done, start_us, ready);
       });

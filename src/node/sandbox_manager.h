@@ -157,6 +157,14 @@ class SandboxManager : public Service {
   Metrics& metrics_;
   ManagerOptions opts_;
   boost::asio::thread_pool blocking_;
+  // Agent callbacks arrive on other threads (an agent's start, its ready timer) and
+  // post to blocking_: the destructor closes this gate first, so that no post races
+  // the pool's destruction.
+  struct PostGate {
+    std::mutex mu;
+    bool open = true;
+  };
+  std::shared_ptr<PostGate> gate_ = std::make_shared<PostGate>();
   boost::asio::steady_timer timer_;
 
   std::mutex mu_;
