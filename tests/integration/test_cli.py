@@ -18,6 +18,7 @@ import pathlib
 import re
 import selectors
 import signal
+import stat
 import subprocess
 import tempfile
 import threading
@@ -466,6 +467,44 @@ def test_fake_cp_binary_round_trip(fake, tmp_path):
     p = cli(fake.url, "cp", f"{sid}:/nope", str(tmp_path / "nope"))
     assert_one_error_line(p, "not_found")
     assert sorted(os.listdir(tmp_path)) == ["back.bin", "blob.bin", "dir"]
+
+
+def test_real_cp_download_of_planted_links_writes_one_plain_file(daemon, track, tmp_path):
+    """cp unpacks no archive: a download is the bytes of one sandbox file, resolved inside
+    the sandbox, written to a temporary file beside the named target and renamed. Sandbox
+    code plants links aimed at host files (absolute, relative, through an s/t -> . chain,
+    dangling at a host-only file) and a set-uid file; each copy must be one plain 0644
+    file holding the sandbox's own bytes, and the host files keep theirs."""
+    secret = b"the trainer's precious file\n"
+    victim = tmp_path / "victim" / "target.txt"
+    host_only = tmp_path / "victim" / "host-only.txt"
+    victim.parent.mkdir()
+    victim.write_bytes(secret)
+    host_only.write_bytes(secret)
+    sid = cli(daemon.url, "create", "--image", "host", "--ttl", "10m", check=True).stdout.decode().strip()
+    track(sid)
+    up = "../" * 12
+    plant = (f"set -e; mkdir -p {victim.parent} /work/s; echo sandbox-own > {victim}; "
+             f"ln -s {victim} /work/abs; ln -s {up}{str(victim)[1:]} /work/rel; ln -s . /work/s/t; "
+             f"ln -s t/t/t/{up}{str(victim)[1:]} /work/s/chain; ln -s {host_only} /work/dangle; "
+             "echo x > /work/suid; chmod 4755 /work/suid; echo ok")
+    p = cli(daemon.url, "exec", sid, "--", "sh", "-c", plant)
+    assert p.stdout == b"ok\n", p.stderr
+    dl = tmp_path / "dl"
+    dl.mkdir()
+    for remote in ("/work/abs", "/work/rel", "/work/s/chain"):
+        cli(daemon.url, "cp", f"{sid}:{remote}", str(dl), check=True)
+    cli(daemon.url, "cp", f"{sid}:/work/suid", str(dl / "suid"), check=True)
+    assert_one_error_line(cli(daemon.url, "cp", f"{sid}:/work/dangle", str(dl)), "not_found")
+    assert sorted(os.listdir(dl)) == ["abs", "chain", "rel", "suid"]
+    for name in ("abs", "rel", "chain"):
+        st = os.lstat(dl / name)
+        assert stat.S_ISREG(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o644, name
+        assert (dl / name).read_bytes() == b"sandbox-own\n", name
+    assert stat.S_IMODE(os.stat(dl / "suid").st_mode) == 0o644
+    assert victim.read_bytes() == secret and host_only.read_bytes() == secret
+    assert sorted(os.listdir(victim.parent)) == ["host-only.txt", "target.txt"]
+    cli(daemon.url, "rm", sid, check=True)
 
 
 def test_fake_cp_usage_errors(fake, tmp_path):

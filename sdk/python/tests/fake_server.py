@@ -74,6 +74,7 @@ class FakeDaemon:
         self.cond = threading.Condition()
         self.batch_fail: set = set()                 # batch item indexes that fail
         self.tar_extra: Dict[str, Tuple[bytes, str]] = {}  # extra tar entries: name -> (type, linkname)
+        self.tar_raw: Optional[bytes] = None         # served as-is by every directory download
         self.connections = 0                         # TCP connections accepted
         self.live_sockets: List[socket.socket] = []
         self.lock = threading.Lock()
@@ -360,6 +361,8 @@ class FakeDaemon:
                         self.dirs[sid].add(full.rsplit("/", 1)[0] or "/")
             return 200, {"path": path, "bytes": len(rec.body)}
         if m == "GET":
+            if self.tar_raw is not None:
+                return 200, self.tar_raw
             if path not in self.dirs[sid]:
                 return self._err(404, "not_found", f"{path}: no such directory")
             buf = io.BytesIO()

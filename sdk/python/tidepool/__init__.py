@@ -36,6 +36,7 @@ from .errors import (
     Timeout,
     Unauthenticated,
     Unavailable,
+    UnsafeArchive,
 )
 from .models import BatchError, BatchResult, ExecResult, FileEntry, OutputChunk, ProcessInfo, SandboxInfo
 from .version import __version__
@@ -69,6 +70,7 @@ __all__ = [
     "Unavailable",
     "Timeout",
     "InsufficientStorage",
+    "UnsafeArchive",
     "CommandFailed",
     "DEFAULT_URL",
     "__version__",

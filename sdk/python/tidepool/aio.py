@@ -244,7 +244,8 @@ class AsyncFiles(FilesBase):
 
     async def download_dir(self, remote_dir: str, local_dir: str) -> List[str]:
         """Copies the tree under ``remote_dir`` into ``local_dir`` in one request; returns
-        the relative names written. See :meth:`tidepool.Files.download_dir`."""
+        the relative names written. The archive is checked as hostile input, as in
+        :meth:`tidepool.Files.download_dir` (:class:`UnsafeArchive` when refused)."""
         archive = (await self._sb._client._transport.request(self._tar_get(remote_dir))).body
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(None, _tar.unpack_into, archive, local_dir)

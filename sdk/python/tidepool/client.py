@@ -289,11 +289,16 @@ class Files(FilesBase):
         """Copies the tree under ``remote_dir`` into ``local_dir`` (created if missing) in one
         request; returns the relative names written.
 
-        Entries that would land outside ``local_dir`` (absolute names, ``..``, links
-        pointing out) or special files are refused with :class:`InvalidArgument`.
+        The archive is made inside the sandbox, so it is treated as hostile: it is checked
+        whole before anything is written, and nothing ever lands outside ``local_dir``.
+        Entries passing through a symlink, symlinks that resolve outside (or are absolute),
+        hard links to anything but a file extracted from the same archive, entries replacing
+        a directory or symlink, devices and fifos refuse the whole archive; set-uid bits
+        are dropped. See ``unpack_into`` in ``tidepool/_tar.py``.
 
         Raises:
             NotFound: ``remote_dir`` does not exist.
+            UnsafeArchive: the archive broke one of these rules; nothing was written.
         """
         return _tar.unpack_into(self._sb._client._transport.request(self._tar_get(remote_dir)).body, local_dir)
 

@@ -10,7 +10,8 @@ The hierarchy::
 
     TidepoolError                 .code, .message, .status
     ├── InvalidArgument           400 invalid_argument
-    │   └── PayloadTooLarge       413 payload_too_large
+    │   ├── PayloadTooLarge       413 payload_too_large
+    │   └── UnsafeArchive         (SDK) a downloaded archive broke the unpacking rules
     ├── Unauthenticated           401 unauthenticated
     ├── PermissionDenied          403 permission_denied
     ├── NotFound                  404 not_found
@@ -37,6 +38,7 @@ __all__ = [
     "NotFound",
     "Conflict",
     "PayloadTooLarge",
+    "UnsafeArchive",
     "QuotaExceeded",
     "SandboxError",
     "Unavailable",
@@ -112,6 +114,15 @@ class Conflict(TidepoolError, code="conflict", status=409):
 class PayloadTooLarge(InvalidArgument, code="payload_too_large", status=413):
     """The request body is larger than the server accepts (HTTP 413); a kind of
     :class:`InvalidArgument`."""
+
+
+class UnsafeArchive(InvalidArgument):
+    """A tree downloaded from a sandbox (``download_dir``) was refused: the archive was
+    unreadable, or an entry would land, link or point outside the target directory, pass
+    through a symlink, replace a directory or symlink, or is a device or fifo. Raised by
+    the SDK itself (``status`` is ``None``); a kind of :class:`InvalidArgument`."""
+
+    default_code = "unsafe_archive"
 
 
 class QuotaExceeded(TidepoolError, code="resource_exhausted", status=429):

@@ -192,6 +192,12 @@ TEST_F(UnpackTest, HostileEntriesAreRefusedAndNothingEscapes) {
       {"hardlink-through-symlink",
        {symlink("l", outside_), hardlink("h", "l/target")},
        "hard link"},
+      // Inside by their written names: s/t -> . makes s/t/t/t/ be s/, whose ../.. is
+      // beside the root (the chain that escaped the SDK's unpacker).
+      {"symlink-chain-then-hardlink",
+       {dir("s"), symlink("s/t", "."), symlink("s/t/t/t/u", "../../outside"),
+        hardlink("h", "s/t/t/t/u/target"), file("h", "pwned")},
+       "symlink"},
       {"block-device", {blk}, "device"},
       {"char-device", {chr}, "device"},
       {"uid-beyond-range", {big}, "outside"},
@@ -207,6 +213,11 @@ TEST_F(UnpackTest, HostileEntriesAreRefusedAndNothingEscapes) {
     EXPECT_EQ(fs::directory_iterator(outside_)->path().filename(), "target") << c.what;
     EXPECT_EQ(std::distance(fs::directory_iterator(outside_), fs::directory_iterator()), 1)
         << c.what;
+    std::ifstream in(outside_ + "/target");
+    std::string s;
+    in >> s;
+    EXPECT_EQ(s, "secret") << c.what;
+    EXPECT_EQ(fs::hard_link_count(outside_ + "/target"), 1u) << c.what;
   }
 }
 
