@@ -165,6 +165,25 @@ std::vector<RouteInfo> Api::routes() {
   return out;
 }
 
+bool Api::takes_upload(const std::string& method, const std::string& path) {
+  auto s = segments(path);
+  auto is = [&](std::initializer_list<std::string_view> want) {
+    if (s.size() != want.size()) return false;
+    size_t i = 0;
+    for (auto w : want) {
+      if (w != "*" && s[i] != w) return false;
+      ++i;
+    }
+    return true;
+  };
+  if (method == "PUT")
+    return is({"v1", "sandboxes", "*", "files"}) || is({"v1", "sandboxes", "*", "files", "tar"});
+  if (method == "POST")
+    return is({"v1", "images", "import"}) ||
+           is({"v1", "sandboxes", "*", "processes", "*", "stdin"});
+  return false;
+}
+
 void Api::handle(Request& req, std::shared_ptr<Responder> raw) {
   std::shared_ptr<Responder> res = std::make_shared<CountingResponder>(std::move(raw), metrics_);
   if (req.method == "POST" || req.method == "PUT" || req.method == "DELETE") {
