@@ -147,6 +147,7 @@ int daemon_main(int argc, char** argv) {
   double idle_timeout = 60, header_timeout = 10, body_timeout = 30;
   uint64_t max_json_body_kb = 4096;
   uint64_t max_upload_mb = 1024;
+  uint64_t max_body_memory_mb = 0;
   app.add_option("--max-connections", max_connections,
                  "open HTTP connections at most, TCP and unix socket together; 0 = half the "
                  "open-file limit, at most 32768 (the rest is left to sandboxes)")
@@ -175,6 +176,10 @@ int daemon_main(int argc, char** argv) {
                  "largest upload body (files, tar archives, image archives, process stdin)")
       ->capture_default_str()
       ->check(CLI::Range(uint64_t{1}, uint64_t{1} << 20));
+  app.add_option("--max-body-memory-mb", max_body_memory_mb,
+                 "request bodies held in memory at once, over all connections (beyond: 503); "
+                 "0 = a quarter of physical memory, at least --max-upload-mb")
+      ->capture_default_str();
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -308,6 +313,12 @@ int daemon_main(int argc, char** argv) {
                               const std::string& method, const std::string& path) {
     return Api::takes_upload(method, path) ? upload_max : json_max;
   };
+  if (max_body_memory_mb == 0) {
+    uint64_t ram = static_cast<uint64_t>(::sysconf(_SC_PHYS_PAGES)) *
+                   static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+    max_body_memory_mb = std::max<uint64_t>(ram / 4 >> 20, max_upload_mb);
+  }
+  sopts_http.body_budget = std::make_shared<BodyBudget>(max_body_memory_mb << 20);
   sopts_http.check_head = [&auth](Request& head) { return auth.authenticate(head); };
   auto secs = [](double s) { return std::chrono::milliseconds(static_cast<int64_t>(s * 1000)); };
   sopts_http.idle_timeout = secs(idle_timeout);
@@ -315,9 +326,9 @@ int daemon_main(int argc, char** argv) {
   sopts_http.body_timeout = secs(body_timeout);
   spdlog::info(
       "http: up to {} connections ({} per client; open-file limit {}), JSON bodies up to {} KiB, "
-      "uploads up to {} MiB",
+      "uploads up to {} MiB, {} MiB of bodies at once",
       sopts_http.gate->max_total(), sopts_http.gate->max_per_client(), nofile, max_json_body_kb,
-      max_upload_mb);
+      max_upload_mb, max_body_memory_mb);
   HttpServer server(io, outer, sopts_http);
   HttpServer unix_server(io, outer, sopts_http);
   if (!listen.empty()) {

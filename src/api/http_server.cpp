@@ -180,6 +180,14 @@ size_t ConnectionGate::connections_of(const std::string& client) const {
 
 ConnectionGate::Ticket::~Ticket() { gate_->release(this); }
 
+bool BodyBudget::take(uint64_t n) {
+  uint64_t cur = used_.load();
+  do {
+    if (n > max_ || cur > max_ - n) return false;
+  } while (!used_.compare_exchange_weak(cur, cur + n));
+  return true;
+}
+
 void ConnectionGate::Ticket::bind(std::weak_ptr<Evictable> conn) {
   std::lock_guard lk(gate_->mu_);
   conn_ = std::move(conn);
@@ -254,6 +262,8 @@ class Session : public Responder,
         opts_(std::move(opts)),
         caller_(std::move(caller)),
         ticket_(std::move(ticket)) {}
+  // The handler holds the session (as its Responder) while it may use the body.
+  ~Session() override { release_body(); }
 
   void run() {
     if (ticket_) ticket_->bind(this->weak_from_this());
@@ -409,12 +419,35 @@ class Session : public Responder,
     if (auto len = parser_->content_length(); len && *len > limit) {
       unread_body_ = true;
       return reply_error(413, "payload_too_large",
-                         "request body of " + std::to_string(*len) + " bytes is over the limit of " +
-                             std::to_string(limit) + " bytes for " + head.method + " on this path");
+                         "request body of " + std::to_string(*len) +
+                             " bytes is over the limit of " + std::to_string(limit) +
+                             " bytes for " + head.method + " on this path");
     }
+    if (auto len = parser_->content_length(); len && *len > 0 && !hold_body(*len)) return;
     parser_->body_limit(limit);  // a chunked body is counted as it comes
     if (parser_->is_done()) return dispatch();
     read_body();
+  }
+
+  // Reserves n more bytes of the body budget, or answers 503 (false).
+  bool hold_body(uint64_t n) {
+    if (!opts_->body_budget) return true;
+    if (opts_->body_budget->take(n)) {
+      held_ += n;
+      return true;
+    }
+    unread_body_ = true;
+    extra_headers_ += "Retry-After: 1\r\n";
+    reply_error(503, "unavailable",
+                "the server is receiving " + std::to_string(opts_->body_budget->used()) +
+                    " bytes of request bodies already (at most " +
+                    std::to_string(opts_->body_budget->max()) + "); retry later");
+    return false;
+  }
+
+  void release_body() {
+    if (held_ && opts_->body_budget) opts_->body_budget->give(held_);
+    held_ = 0;
   }
 
   // The request as far as its header tells (no body).
@@ -439,6 +472,9 @@ class Session : public Responder,
     http::async_read_some(stream_, buf_, *parser_,
                           [self = shared_from_this()](beast::error_code ec, size_t) {
                             if (ec) return self->on_read_error(ec);
+                            // A chunked body reserves its memory as it grows.
+                            size_t have = self->parser_->get().body().size();
+                            if (have > self->held_ && !self->hold_body(have - self->held_)) return;
                             if (!self->parser_->is_done()) return self->read_body();
                             self->dispatch();
                           });
@@ -539,6 +575,7 @@ class Session : public Responder,
   void maybe_next() {
     if (!finished_ || writing_ || !out_.empty() || closed_) return;
     parser_.reset();
+    release_body();  // answered: the handler is done with the body
     if (!keep_alive_) {
       beast::error_code ec;
       stream_.socket().shutdown(asio::socket_base::shutdown_send, ec);
@@ -585,6 +622,7 @@ class Session : public Responder,
   std::array<char, 512> first_{};  // the first bytes of a request, read while idle
   std::unique_ptr<std::array<char, 16384>> drain_;
   uint64_t drained_ = 0;
+  uint64_t held_ = 0;  // bytes of the body budget this connection holds
   std::optional<http::request_parser<http::string_body>> parser_;
   std::deque<std::string> out_;
   std::function<void()> on_abort_;

@@ -20,6 +20,7 @@
 
 #include <sys/types.h>
 
+#include <atomic>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/local/stream_protocol.hpp>
@@ -156,6 +157,22 @@ class ConnectionGate {
   std::list<Ticket*> idle_;  // every client's, oldest first
 };
 
+// Bytes of request bodies held in memory at once, over all connections: each
+// body is bounded by its route's limit, but many at once would not be.
+class BodyBudget {
+ public:
+  explicit BodyBudget(uint64_t max_bytes) : max_(max_bytes) {}
+  // Reserves n bytes; false (nothing reserved) when that would go over the budget.
+  bool take(uint64_t n);
+  void give(uint64_t n) { used_.fetch_sub(n); }
+  uint64_t used() const { return used_.load(); }
+  uint64_t max() const { return max_; }
+
+ private:
+  const uint64_t max_;
+  std::atomic<uint64_t> used_{0};
+};
+
 struct ServerOptions {
   // Largest request body of any route; body_limit may lower it per route.
   size_t max_body_bytes = 1ull << 30;
@@ -173,6 +190,9 @@ struct ServerOptions {
   std::chrono::milliseconds body_timeout{30'000};
   // Connection slots (shared between listeners); null = unlimited.
   std::shared_ptr<ConnectionGate> gate;
+  // Memory for request bodies (shared between listeners); null = unlimited.
+  // A body that does not fit is answered 503 (retry later) before it is read.
+  std::shared_ptr<BodyBudget> body_budget;
 };
 
 class HttpServer {

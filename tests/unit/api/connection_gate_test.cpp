@@ -1,4 +1,5 @@
-// ConnectionGate (api/http_server.h): slots, per-client caps and eviction of idle connections.
+// ConnectionGate and BodyBudget (api/http_server.h): connection slots, per-client caps,
+// eviction of idle connections, and the memory of request bodies in flight.
 #include <gtest/gtest.h>
 
 #include "api/http_server.h"
@@ -99,6 +100,25 @@ TEST(ConnectionGate, IdleAgainIsYoungestAgain) {
   auto c = open(*g, "ip:2");
   EXPECT_EQ(b.conn->evicted, 1);
   EXPECT_EQ(a.conn->evicted, 0);
+}
+
+}  // namespace
+}  // namespace tp::api
+
+namespace tp::api {
+namespace {
+
+TEST(BodyBudget, ReservesUpToItsMaxAndGivesBack) {
+  BodyBudget b(100);
+  EXPECT_TRUE(b.take(60));
+  EXPECT_FALSE(b.take(41));  // nothing reserved on failure
+  EXPECT_EQ(b.used(), 60u);
+  EXPECT_TRUE(b.take(40));
+  EXPECT_FALSE(b.take(1));
+  b.give(60);
+  EXPECT_TRUE(b.take(60));
+  EXPECT_FALSE(b.take(UINT64_MAX));  // no overflow
+  EXPECT_EQ(b.used(), 100u);
 }
 
 }  // namespace
