@@ -423,7 +423,6 @@ class Session : public Responder,
                              " bytes is over the limit of " + std::to_string(limit) +
                              " bytes for " + head.method + " on this path");
     }
-    if (auto len = parser_->content_length(); len && *len > 0 && !hold_body(*len)) return;
     parser_->body_limit(limit);  // a chunked body is counted as it comes
     if (parser_->is_done()) return dispatch();
     read_body();
@@ -472,7 +471,9 @@ class Session : public Responder,
     http::async_read_some(stream_, buf_, *parser_,
                           [self = shared_from_this()](beast::error_code ec, size_t) {
                             if (ec) return self->on_read_error(ec);
-                            // A chunked body reserves its memory as it grows.
+                            // Counted by the bytes received, not the length announced:
+                            // announcing (and trickling) big bodies costs the client nothing,
+                            // so it must not take the budget from others.
                             size_t have = self->parser_->get().body().size();
                             if (have > self->held_ && !self->hold_body(have - self->held_)) return;
                             if (!self->parser_->is_done()) return self->read_body();

@@ -191,7 +191,8 @@ struct ServerOptions {
   // Connection slots (shared between listeners); null = unlimited.
   std::shared_ptr<ConnectionGate> gate;
   // Memory for request bodies (shared between listeners); null = unlimited.
-  // A body that does not fit is answered 503 (retry later) before it is read.
+  // A body is counted as its bytes arrive; one that no longer fits is answered
+  // 503 (retry later) and the rest of it is not kept.
   std::shared_ptr<BodyBudget> body_budget;
 };
 

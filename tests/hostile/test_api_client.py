@@ -436,40 +436,37 @@ def test_uploads_keep_their_own_larger_limit(sandbox):
 
 def test_bodies_in_flight_share_a_memory_budget():
     """Attempt: uploads that each stay under the upload limit, but together exceed the memory
-    the daemon gives to request bodies (--max-body-memory-mb 8), held open mid-body.
-    Expected: the upload that does not fit gets 503 JSON (Retry-After) before its body is read;
-    once the first is gone, the same upload is taken in."""
+    the daemon gives to request bodies (--max-body-memory-mb 8): one held open mid-body (5 of
+    its 6 MiB sent), then a second sent in full.
+    Expected: the second gets 503 JSON (Retry-After) once its bytes no longer fit; once the
+    first is gone, the same upload is taken in (and answered 404: no such sandbox)."""
     d = Daemon(BUILD, extra_args=["--max-body-memory-mb", "8", "--body-timeout", "60"])
     d.start()
+    size = 6 << 20
+    head = (f"PUT /v1/sandboxes/n0-000000000000/files?path=/x HTTP/1.1\r\nHost: x\r\n"
+            f"Content-Length: {size}\r\n\r\n").encode()
     try:
-        head = (f"PUT /v1/sandboxes/n0-000000000000/files?path=/x HTTP/1.1\r\nHost: x\r\n"
-                f"Content-Length: {6 << 20}\r\n\r\n").encode()
         first = _connect(d.port)
-        first.sendall(head + b"x" * 1024)
-        time.sleep(0.5)
-        second = _connect(d.port)
+        first.sendall(head + b"x" * (5 << 20))
+        time.sleep(1)
+        s, t = _post_in_thread(d.port, head, [b"y" * size])
         try:
-            second.sendall(head)
-            status, headers, body = _read_response(second)
+            status, headers, body = _read_response(s)
         finally:
-            second.close()
+            s.close()
+            t.join(60)
         j = _json_error(status, headers, body, 503, "unavailable")
         assert headers.get("retry-after") == "1" and "bodies" in j["message"], (headers, j)
         first.close()
 
-        def fits() -> bool:
-            s = _connect(d.port)
+        def taken() -> bool:
+            s, t = _post_in_thread(d.port, head, [b"z" * size])
             try:
-                s.sendall(head)
-                s.settimeout(1)
-                try:
-                    s.recv(1)  # a 503 comes at once ...
-                    return False
-                except socket.timeout:
-                    return True  # ... a body taken in waits for its bytes
+                return _read_response(s)[0] == 404
             finally:
                 s.close()
-        wait_until(fits, 10, what="the budget to be free again")
+                t.join(60)
+        wait_until(taken, 10, what="the budget to be free again")
     finally:
         d.stop()
         d.cleanup()
