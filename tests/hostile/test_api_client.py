@@ -133,8 +133,8 @@ def limited():
         "--max-connections", str(MAX_CONN), "--max-connections-per-client", str(PER_CLIENT),
         "--idle-timeout", str(IDLE_S), "--header-timeout", str(HEADER_S),
         "--body-timeout", str(BODY_S)])
-    d.start()
     try:
+        d.start()
         yield d
     finally:
         d.stop()
@@ -304,11 +304,11 @@ def test_accept_backs_off_when_out_of_descriptors(monkeypatch):
 
     def small_fd_limit():
         resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
-    with monkeypatch.context() as m:
-        m.setattr(subprocess, "Popen", functools.partial(subprocess.Popen, preexec_fn=small_fd_limit))
-        d.start()
     held: List[socket.socket] = []
     try:
+        with monkeypatch.context() as m:
+            m.setattr(subprocess, "Popen", functools.partial(subprocess.Popen, preexec_fn=small_fd_limit))
+            d.start()
         for _ in range(400):
             held.append(_connect(d.port))
         time.sleep(1)
@@ -320,12 +320,13 @@ def test_accept_backs_off_when_out_of_descriptors(monkeypatch):
         assert cpu1 - cpu0 < 1.0, f"the accept loop spins: {cpu1 - cpu0:.2f}s CPU in 4s"
         assert log1 - log0 < 4096, f"{log1 - log0} bytes of log in 4s:\n{d.log_tail(10)}"
         assert "Too many open files" in d.log_tail(200) and "suppressed" in d.log_tail(200), d.log_tail(20)
+        for s in held:
+            s.close()
+        held.clear()
+        wait_until(lambda: _health_status(d.url) == 200, 15, what="/health after the flood")
     finally:
         for s in held:
             s.close()
-    try:
-        wait_until(lambda: _health_status(d.url) == 200, 15, what="/health after the flood")
-    finally:
         d.stop()
         d.cleanup()
 
@@ -441,11 +442,11 @@ def test_bodies_in_flight_share_a_memory_budget():
     Expected: the second gets 503 JSON (Retry-After) once its bytes no longer fit; once the
     first is gone, the same upload is taken in (and answered 404: no such sandbox)."""
     d = Daemon(BUILD, extra_args=["--max-body-memory-mb", "8", "--body-timeout", "60"])
-    d.start()
     size = 6 << 20
     head = (f"PUT /v1/sandboxes/n0-000000000000/files?path=/x HTTP/1.1\r\nHost: x\r\n"
             f"Content-Length: {size}\r\n\r\n").encode()
     try:
+        d.start()
         first = _connect(d.port)
         first.sendall(head + b"x" * (5 << 20))
         time.sleep(1)
@@ -476,8 +477,8 @@ def test_upload_without_a_key_is_refused_before_its_body_is_read():
     """Attempt: over TCP without an API key, announce a 500 MB upload.
     Expected: 401 JSON from the header alone (with WWW-Authenticate); the body is never taken in."""
     d = Daemon(BUILD, insecure_tcp=False)
-    d.start()
     try:
+        d.start()
         s = _connect(d.port)
         try:
             s.sendall(f"PUT /v1/sandboxes/n0-000000000000/files?path=/x HTTP/1.1\r\nHost: x\r\n"
