@@ -3,10 +3,12 @@
 #include <fmt/format.h>
 #include <grp.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <atomic>
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
@@ -57,6 +59,22 @@ Result<void> secure_socket(const std::string& path) {
     ::chmod(dir.c_str(), 0755);
   }
   return {};
+}
+
+// Every connection and every sandbox holds descriptors of the daemon: take the
+// whole hard limit. Returns the soft limit in force.
+uint64_t raise_nofile() {
+  struct rlimit rl {};
+  if (::getrlimit(RLIMIT_NOFILE, &rl) != 0) return 1024;
+  if (rl.rlim_cur < rl.rlim_max) {
+    rlim_t old = rl.rlim_cur;
+    rl.rlim_cur = rl.rlim_max;
+    if (::setrlimit(RLIMIT_NOFILE, &rl) == 0)
+      spdlog::info("open-file limit raised from {} to {}", old, rl.rlim_cur);
+    else
+      ::getrlimit(RLIMIT_NOFILE, &rl);
+  }
+  return rl.rlim_cur == RLIM_INFINITY ? (1u << 20) : static_cast<uint64_t>(rl.rlim_cur);
 }
 
 Result<void> own_socket(const std::string& path) {
@@ -123,12 +141,52 @@ int daemon_main(int argc, char** argv) {
   app.add_flag(
       "--stop-sandboxes-on-exit", stop_sandboxes_on_exit,
       "on SIGTERM/SIGINT stop every sandbox instead of leaving them running for the next daemon");
+  // HTTP limits (src/api/http_server.h; SECURITY.md "API server limits").
+  size_t max_connections = 0;
+  size_t max_connections_per_client = 0;
+  double idle_timeout = 60, header_timeout = 10, body_timeout = 30;
+  uint64_t max_json_body_kb = 4096;
+  uint64_t max_upload_mb = 1024;
+  uint64_t max_body_memory_mb = 0;
+  app.add_option("--max-connections", max_connections,
+                 "open HTTP connections at most, TCP and unix socket together; 0 = half the "
+                 "open-file limit, at most 32768 (the rest is left to sandboxes)")
+      ->capture_default_str();
+  app.add_option("--max-connections-per-client", max_connections_per_client,
+                 "connections of one client (peer address on TCP, uid on the unix socket) at "
+                 "most; 0 = half of --max-connections")
+      ->capture_default_str();
+  app.add_option("--idle-timeout", idle_timeout,
+                 "seconds a connection may wait without sending a request before it is closed")
+      ->capture_default_str()
+      ->check(CLI::Range(0.05, 86400.0));
+  app.add_option("--header-timeout", header_timeout,
+                 "seconds a request header may take from its first byte to its end")
+      ->capture_default_str()
+      ->check(CLI::Range(0.05, 3600.0));
+  app.add_option("--body-timeout", body_timeout,
+                 "seconds a request body may go without sending a byte")
+      ->capture_default_str()
+      ->check(CLI::Range(0.05, 3600.0));
+  app.add_option("--max-json-body-kb", max_json_body_kb,
+                 "largest JSON request body (every route but uploads)")
+      ->capture_default_str()
+      ->check(CLI::Range(uint64_t{1}, uint64_t{1} << 20));
+  app.add_option("--max-upload-mb", max_upload_mb,
+                 "largest upload body (files, tar archives, image archives, process stdin)")
+      ->capture_default_str()
+      ->check(CLI::Range(uint64_t{1}, uint64_t{1} << 20));
+  app.add_option("--max-body-memory-mb", max_body_memory_mb,
+                 "request bodies held in memory at once, over all connections (beyond: 503); "
+                 "0 = a quarter of physical memory, at least --max-upload-mb")
+      ->capture_default_str();
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
   log::init(log_level);
+  uint64_t nofile = raise_nofile();
   auto die = [](const std::string& msg) {
     std::cerr << "tidepoold: " << msg << "\n";
     return 1;
@@ -244,8 +302,35 @@ int daemon_main(int argc, char** argv) {
   Handler outer = [&auth, &inner](Request& req, std::shared_ptr<Responder> res) {
     auth.handle(req, res, inner);
   };
-  HttpServer server(io, outer, 1ull << 30);
-  HttpServer unix_server(io, outer, 1ull << 30);
+  if (max_connections == 0) max_connections = std::clamp<uint64_t>(nofile / 2, 16, 32768);
+  if (max_connections_per_client == 0)
+    max_connections_per_client = std::max<size_t>(1, max_connections / 2);
+  ServerOptions sopts_http;
+  sopts_http.gate = ConnectionGate::create(max_connections, max_connections_per_client);
+  sopts_http.max_body_bytes = static_cast<size_t>(max_upload_mb << 20);
+  size_t json_max = static_cast<size_t>(max_json_body_kb << 10);
+  sopts_http.body_limit = [json_max, upload_max = sopts_http.max_body_bytes](
+                              const std::string& method, const std::string& path) {
+    return Api::takes_upload(method, path) ? upload_max : json_max;
+  };
+  if (max_body_memory_mb == 0) {
+    uint64_t ram = static_cast<uint64_t>(::sysconf(_SC_PHYS_PAGES)) *
+                   static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+    max_body_memory_mb = std::max<uint64_t>(ram / 4 >> 20, max_upload_mb);
+  }
+  sopts_http.body_budget = std::make_shared<BodyBudget>(max_body_memory_mb << 20);
+  sopts_http.check_head = [&auth](Request& head) { return auth.authenticate(head); };
+  auto secs = [](double s) { return std::chrono::milliseconds(static_cast<int64_t>(s * 1000)); };
+  sopts_http.idle_timeout = secs(idle_timeout);
+  sopts_http.header_timeout = secs(header_timeout);
+  sopts_http.body_timeout = secs(body_timeout);
+  spdlog::info(
+      "http: up to {} connections ({} per client; open-file limit {}), JSON bodies up to {} KiB, "
+      "uploads up to {} MiB, {} MiB of bodies at once",
+      sopts_http.gate->max_total(), sopts_http.gate->max_per_client(), nofile, max_json_body_kb,
+      max_upload_mb, max_body_memory_mb);
+  HttpServer server(io, outer, sopts_http);
+  HttpServer unix_server(io, outer, sopts_http);
   if (!listen.empty()) {
     if (auto r = server.start(host, port); !r) return die(r.error().message());
     if (insecure_tcp)

@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <array>
 #include <boost/asio/strand.hpp>
 #include <boost/asio/write.hpp>
 #include <boost/beast/core.hpp>
@@ -104,10 +105,118 @@ bool parse_listen(const std::string& s, std::string* host, uint16_t* port) {
   return true;
 }
 
+std::shared_ptr<ConnectionGate> ConnectionGate::create(size_t max_total, size_t max_per_client) {
+  if (max_total == 0) max_total = 1;
+  if (max_per_client == 0 || max_per_client > max_total) max_per_client = max_total;
+  std::shared_ptr<ConnectionGate> g(new ConnectionGate(max_total, max_per_client));
+  g->self_ = g;
+  return g;
+}
+
+void ConnectionGate::unlink_idle(Ticket* t) {
+  if (!t->idle_) return;
+  t->idle_ = false;
+  idle_.erase(t->all_it_);
+  clients_[t->client_].idle.erase(t->client_it_);
+}
+
+std::unique_ptr<ConnectionGate::Ticket> ConnectionGate::admit(const std::string& client,
+                                                              std::string* why) {
+  std::weak_ptr<Evictable> victim;
+  std::unique_ptr<Ticket> t;
+  {
+    std::lock_guard lk(mu_);
+    Client& c = clients_[client];
+    Ticket* v = nullptr;
+    if (c.count >= max_per_client_) {
+      if (c.idle.empty()) {
+        if (why)
+          *why = "this client has " + std::to_string(c.count) +
+                 " connections busy, the most one client may hold";
+        if (c.count == 0) clients_.erase(client);
+        return nullptr;
+      }
+      v = c.idle.front();
+    } else if (total_ >= max_total_) {
+      if (idle_.empty()) {
+        if (why) *why = "all " + std::to_string(max_total_) + " connections of the server are busy";
+        if (c.count == 0) clients_.erase(client);
+        return nullptr;
+      }
+      v = idle_.front();
+    }
+    if (v) {
+      // The victim keeps its slot until it has closed: the count may run over
+      // the limit by the evictions under way, never by more.
+      unlink_idle(v);
+      victim = v->conn_;
+    }
+    ++c.count;
+    ++total_;
+    t.reset(new Ticket(self_.lock(), client));
+  }
+  if (auto conn = victim.lock()) conn->evict();
+  return t;
+}
+
+void ConnectionGate::release(Ticket* t) {
+  std::lock_guard lk(mu_);
+  unlink_idle(t);
+  auto it = clients_.find(t->client_);
+  if (it != clients_.end() && --it->second.count == 0) clients_.erase(it);
+  --total_;
+}
+
+size_t ConnectionGate::connections() const {
+  std::lock_guard lk(mu_);
+  return total_;
+}
+
+size_t ConnectionGate::connections_of(const std::string& client) const {
+  std::lock_guard lk(mu_);
+  auto it = clients_.find(client);
+  return it == clients_.end() ? 0 : it->second.count;
+}
+
+ConnectionGate::Ticket::~Ticket() { gate_->release(this); }
+
+bool BodyBudget::take(uint64_t n) {
+  uint64_t cur = used_.load();
+  do {
+    if (n > max_ || cur > max_ - n) return false;
+  } while (!used_.compare_exchange_weak(cur, cur + n));
+  return true;
+}
+
+void ConnectionGate::Ticket::bind(std::weak_ptr<Evictable> conn) {
+  std::lock_guard lk(gate_->mu_);
+  conn_ = std::move(conn);
+}
+
+void ConnectionGate::Ticket::set_idle(bool idle) {
+  std::lock_guard lk(gate_->mu_);
+  if (idle == idle_) return;
+  if (!idle) return gate_->unlink_idle(this);
+  idle_ = true;
+  all_it_ = gate_->idle_.insert(gate_->idle_.end(), this);
+  auto& c = gate_->clients_[client_];
+  client_it_ = c.idle.insert(c.idle.end(), this);
+}
+
 namespace {
 
 // Answers up to this size are sent in one buffer with their head.
 constexpr size_t kCopyBodyMax = 64 << 10;
+// Largest request header.
+constexpr size_t kHeaderMax = 64 << 10;
+// After answering before a body was read (413), the rest of the body is read
+// and dropped for this long (and up to this much), so that a client still
+// sending gets the answer instead of a reset.
+constexpr auto kLinger = std::chrono::seconds(2);
+constexpr uint64_t kLingerMaxBytes = 256ull << 20;
+// accept() retries after a failure: first delay and the most it grows to.
+constexpr auto kBackoffMin = std::chrono::milliseconds(50);
+constexpr auto kBackoffMax = std::chrono::milliseconds(500);
 
 const char* reason(int status) {
   return http::obsolete_reason(static_cast<http::status>(status)).data();
@@ -138,19 +247,35 @@ bool peer_credentials(int fd, Caller* c) {
 }
 
 template <class Protocol>
-class Session : public Responder, public std::enable_shared_from_this<Session<Protocol>> {
+class Session : public Responder,
+                public Evictable,
+                public std::enable_shared_from_this<Session<Protocol>> {
   using Stream = beast::basic_stream<Protocol>;
   using std::enable_shared_from_this<Session<Protocol>>::shared_from_this;
 
  public:
-  Session(typename Protocol::socket sock, Handler& handler, size_t max_body, Caller caller)
+  Session(typename Protocol::socket sock, Handler& handler,
+          std::shared_ptr<const ServerOptions> opts, Caller caller,
+          std::unique_ptr<ConnectionGate::Ticket> ticket)
       : stream_(std::move(sock)),
         handler_(handler),
-        max_body_(max_body),
-        caller_(std::move(caller)) {}
+        opts_(std::move(opts)),
+        caller_(std::move(caller)),
+        ticket_(std::move(ticket)) {}
+  // The handler holds the session (as its Responder) while it may use the body.
+  ~Session() override { release_body(); }
 
   void run() {
+    if (ticket_) ticket_->bind(this->weak_from_this());
     asio::dispatch(stream_.get_executor(), [self = shared_from_this()] { self->read(); });
+  }
+
+  void evict() override {
+    asio::post(stream_.get_executor(), [self = shared_from_this()] {
+      if (self->closed_ || (self->phase_ != Phase::kIdle && self->phase_ != Phase::kHeader)) return;
+      spdlog::debug("http: closing an idle connection to make room for a new one");
+      self->close();
+    });
   }
 
   void send(int status, std::string content_type, std::string body) override {
@@ -231,46 +356,104 @@ class Session : public Responder, public std::enable_shared_from_this<Session<Pr
     return h;
   }
 
+  enum class Phase { kIdle, kHeader, kBody, kHandling, kClosing };
+
+  // Waits for the next request. Only here, and while its header and body come
+  // in, does the connection run against the clock (ServerOptions).
   void read() {
     parser_.emplace();
-    parser_->body_limit(max_body_);
-    parser_->header_limit(64 * 1024);
-    answered_ = finished_ = streaming_ = false;
+    parser_->header_limit(kHeaderMax);
+    parser_->body_limit(boost::none);  // the route's limit is set once the header is in
+    answered_ = finished_ = streaming_ = unread_body_ = false;
     on_abort_ = nullptr;
     extra_headers_.clear();
-    stream_.expires_never();
-    http::async_read(
-        stream_, buf_, *parser_,
-        [self = shared_from_this()](beast::error_code ec, size_t) { self->on_read(ec); });
+    phase_ = Phase::kIdle;
+    if (ticket_) ticket_->set_idle(true);
+    if (buf_.size() > 0) return read_header();  // a pipelined request is already here
+    // An idle connection holds no read buffer: thousands of them stay cheap.
+    buf_.shrink_to_fit();
+    stream_.expires_after(opts_->idle_timeout);
+    stream_.async_read_some(asio::buffer(first_),
+                            [self = shared_from_this()](beast::error_code ec, size_t n) {
+                              if (ec) {
+                                if (ec == beast::error::timeout)
+                                  spdlog::debug("http: idle connection timed out");
+                                return self->close();
+                              }
+                              auto b = self->buf_.prepare(n);
+                              std::memcpy(b.data(), self->first_.data(), n);
+                              self->buf_.commit(n);
+                              self->read_header();
+                            });
   }
 
-  void on_read(beast::error_code ec) {
-    if (ec == http::error::end_of_stream || ec == asio::error::eof ||
-        ec == asio::error::connection_reset || ec == asio::error::operation_aborted) {
-      close();
-      return;
-    }
-    if (ec) {
-      keep_alive_ = false;
-      int status = 400;
-      std::string code = "invalid_argument";
-      if (ec == http::error::body_limit) {
-        status = 413;
-        code = "payload_too_large";
+  void read_header() {
+    phase_ = Phase::kHeader;
+    // From the request's first byte: a header trickled in (slowloris) is cut off.
+    stream_.expires_after(opts_->header_timeout);
+    http::async_read_header(
+        stream_, buf_, *parser_,
+        [self = shared_from_this()](beast::error_code ec, size_t) { self->on_header(ec); });
+  }
+
+  void on_header(beast::error_code ec) {
+    if (ec) return on_read_error(ec);
+    phase_ = Phase::kBody;
+    if (ticket_) ticket_->set_idle(false);
+    Request head = head_request();
+    bool has_body = parser_->content_length().value_or(0) > 0 || parser_->chunked();
+    // A body is read only for a caller who may send it: a client without a key
+    // cannot make the daemon take in (and hold) an upload.
+    if (has_body && opts_->check_head) {
+      if (auto r = opts_->check_head(head); !r) {
+        unread_body_ = true;
+        if (r.error().code == Code::kUnauthenticated)
+          extra_headers_ += "WWW-Authenticate: Bearer\r\n";
+        return reply_error(http_status(r.error().code), std::string(code_name(r.error().code)),
+                           r.error().message());
       }
-      boost::json::object o;
-      o["code"] = code;
-      o["message"] = "bad HTTP request: " + ec.message();
-      answered_ = false;
-      method_ = "";
-      send(status, "application/json", boost::json::serialize(o) + "\n");
-      return;
     }
+    size_t limit = opts_->max_body_bytes;
+    if (opts_->body_limit) limit = std::min(limit, opts_->body_limit(head.method, head.path));
+    // Refused before a byte of it is read (and so before any of it is held).
+    if (auto len = parser_->content_length(); len && *len > limit) {
+      unread_body_ = true;
+      return reply_error(413, "payload_too_large",
+                         "request body of " + std::to_string(*len) +
+                             " bytes is over the limit of " + std::to_string(limit) +
+                             " bytes for " + head.method + " on this path");
+    }
+    parser_->body_limit(limit);  // a chunked body is counted as it comes
+    if (parser_->is_done()) return dispatch();
+    read_body();
+  }
+
+  // Reserves n more bytes of the body budget, or answers 503 (false).
+  bool hold_body(uint64_t n) {
+    if (!opts_->body_budget) return true;
+    if (opts_->body_budget->take(n)) {
+      held_ += n;
+      return true;
+    }
+    unread_body_ = true;
+    extra_headers_ += "Retry-After: 1\r\n";
+    reply_error(503, "unavailable",
+                "the server is receiving " + std::to_string(opts_->body_budget->used()) +
+                    " bytes of request bodies already (at most " +
+                    std::to_string(opts_->body_budget->max()) + "); retry later");
+    return false;
+  }
+
+  void release_body() {
+    if (held_ && opts_->body_budget) opts_->body_budget->give(held_);
+    held_ = 0;
+  }
+
+  // The request as far as its header tells (no body).
+  Request head_request() {
     auto& msg = parser_->get();
-    keep_alive_ = msg.keep_alive();
     Request req;
     req.method = std::string(msg.method_string());
-    method_ = req.method;
     req.target = std::string(msg.target());
     decode_target(req);
     for (const auto& f : msg) {
@@ -278,8 +461,73 @@ class Session : public Responder, public std::enable_shared_from_this<Session<Pr
       for (auto& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
       req.headers[name] = std::string(f.value());
     }
-    req.body = std::move(msg.body());
     req.caller = caller_;
+    return req;
+  }
+
+  void read_body() {
+    // Per read: a slow upload is fine as long as bytes keep coming.
+    stream_.expires_after(opts_->body_timeout);
+    http::async_read_some(stream_, buf_, *parser_,
+                          [self = shared_from_this()](beast::error_code ec, size_t) {
+                            if (ec) return self->on_read_error(ec);
+                            // Counted by the bytes received, not the length announced:
+                            // announcing (and trickling) big bodies costs the client nothing,
+                            // so it must not take the budget from others.
+                            size_t have = self->parser_->get().body().size();
+                            if (have > self->held_ && !self->hold_body(have - self->held_)) return;
+                            if (!self->parser_->is_done()) return self->read_body();
+                            self->dispatch();
+                          });
+  }
+
+  void on_read_error(beast::error_code ec) {
+    if (ec == http::error::end_of_stream || ec == asio::error::eof ||
+        ec == asio::error::connection_reset || ec == asio::error::operation_aborted) {
+      close();
+      return;
+    }
+    if (ec == beast::error::timeout) {
+      // basic_stream has closed the socket already: nothing can be answered.
+      spdlog::debug("http: request {} timed out", phase_ == Phase::kHeader ? "header" : "body");
+      close();
+      return;
+    }
+    int status = 400;
+    std::string code = "invalid_argument";
+    if (ec == http::error::body_limit) {
+      status = 413;
+      code = "payload_too_large";
+      unread_body_ = true;
+    } else if (ec == http::error::header_limit) {
+      status = 431;
+      code = "payload_too_large";
+    }
+    reply_error(status, code, "bad HTTP request: " + ec.message());
+  }
+
+  // An answer from the server itself, after which the connection closes.
+  void reply_error(int status, const std::string& code, const std::string& message) {
+    phase_ = Phase::kHandling;
+    if (ticket_) ticket_->set_idle(false);
+    stream_.expires_never();  // the read deadline must not cut the answer
+    keep_alive_ = false;
+    boost::json::object o;
+    o["code"] = code;
+    o["message"] = message;
+    answered_ = false;
+    method_ = "";
+    send(status, "application/json", json_util::serialize_utf8(o) + "\n");
+  }
+
+  void dispatch() {
+    phase_ = Phase::kHandling;
+    stream_.expires_never();  // answering (a stream) may take as long as it takes
+    auto& msg = parser_->get();
+    keep_alive_ = msg.keep_alive();
+    Request req = head_request();
+    method_ = req.method;
+    req.body = std::move(msg.body());
     handler_(req, shared_from_this());
     watch_peer();
   }
@@ -327,16 +575,32 @@ class Session : public Responder, public std::enable_shared_from_this<Session<Pr
   // After a complete answer has been written, read the next request or close.
   void maybe_next() {
     if (!finished_ || writing_ || !out_.empty() || closed_) return;
-    // A keep-alive connection must not hold a big request's buffers while idle.
-    if (buf_.size() == 0 && buf_.capacity() > kCopyBodyMax) buf_.shrink_to_fit();
     parser_.reset();
+    release_body();  // answered: the handler is done with the body
     if (!keep_alive_) {
       beast::error_code ec;
       stream_.socket().shutdown(asio::socket_base::shutdown_send, ec);
+      if (unread_body_) return linger();
       close();
       return;
     }
     read();
+  }
+
+  // Reads and drops what the client still sends of a refused body, for a
+  // bounded time and amount, then closes.
+  void linger() {
+    phase_ = Phase::kClosing;
+    if (!drain_) {
+      drain_ = std::make_unique<std::array<char, 16384>>();
+      stream_.expires_after(kLinger);  // one deadline for the whole drain
+    }
+    stream_.async_read_some(asio::buffer(*drain_),
+                            [self = shared_from_this()](beast::error_code ec, size_t n) {
+                              self->drained_ += n;
+                              if (ec || self->drained_ > kLingerMaxBytes) return self->close();
+                              self->linger();
+                            });
   }
 
   void close() {
@@ -352,31 +616,78 @@ class Session : public Responder, public std::enable_shared_from_this<Session<Pr
 
   Stream stream_;
   Handler& handler_;
-  size_t max_body_;
+  std::shared_ptr<const ServerOptions> opts_;
   Caller caller_;
+  std::unique_ptr<ConnectionGate::Ticket> ticket_;
   beast::flat_buffer buf_;
+  std::array<char, 512> first_{};  // the first bytes of a request, read while idle
+  std::unique_ptr<std::array<char, 16384>> drain_;
+  uint64_t drained_ = 0;
+  uint64_t held_ = 0;  // bytes of the body budget this connection holds
   std::optional<http::request_parser<http::string_body>> parser_;
   std::deque<std::string> out_;
   std::function<void()> on_abort_;
   std::string extra_headers_;
   std::string method_;
+  Phase phase_ = Phase::kIdle;
   int status_ = 0;
   bool writing_ = false;
   bool answered_ = false;
   bool streaming_ = false;
   bool finished_ = false;
   bool keep_alive_ = true;
+  bool unread_body_ = false;
   bool closed_ = false;
 };
 
+// Turns away a connection the gate has no slot for: a short 503 in JSON, sent
+// without waiting (a socket buffer always takes it), then the connection closes.
+void refuse(int fd, const std::string& why) {
+  boost::json::object o;
+  o["code"] = "unavailable";
+  o["message"] = "too many connections: " + why;
+  std::string body = boost::json::serialize(o) + "\n";
+  std::string msg =
+      "HTTP/1.1 503 Service Unavailable\r\nServer: tidepoold\r\nContent-Type: "
+      "application/json\r\nRetry-After: 1\r\nConnection: close\r\nContent-Length: " +
+      std::to_string(body.size()) + "\r\n\r\n" + body;
+  // Request bytes left unread would make the close a reset, which may drop the answer.
+  char sink[4096];
+  for (int i = 0; i < 16 && ::recv(fd, sink, sizeof sink, MSG_DONTWAIT) > 0; ++i) {
+  }
+  (void)!::send(fd, msg.data(), msg.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+  ::shutdown(fd, SHUT_WR);
+}
+
+// A new connection: a slot from the gate, then a session; or refused.
+template <class Protocol>
+bool start_session(typename Protocol::socket sock, Handler& handler,
+                   const std::shared_ptr<const ServerOptions>& opts, Caller caller,
+                   const std::string& client, std::string* why) {
+  std::unique_ptr<ConnectionGate::Ticket> ticket;
+  if (opts->gate) {
+    ticket = opts->gate->admit(client, why);
+    if (!ticket) {
+      refuse(sock.native_handle(), *why);
+      return false;  // the socket closes here
+    }
+  }
+  std::make_shared<Session<Protocol>>(std::move(sock), handler, opts, std::move(caller),
+                                      std::move(ticket))
+      ->run();
+  return true;
+}
+
 }  // namespace
 
-HttpServer::HttpServer(asio::io_context& io, Handler handler, size_t max_body_bytes)
+HttpServer::HttpServer(asio::io_context& io, Handler handler, ServerOptions opts)
     : io_(io),
       handler_(std::move(handler)),
-      max_body_(max_body_bytes),
+      opts_(std::make_shared<const ServerOptions>(std::move(opts))),
       acceptor_(io),
-      unix_acceptor_(io) {}
+      unix_acceptor_(io),
+      tcp_backoff_(io),
+      unix_backoff_(io) {}
 
 HttpServer::~HttpServer() { stop(); }
 
@@ -424,6 +735,8 @@ Result<void> HttpServer::start_unix(const std::string& path) {
 
 void HttpServer::stop() {
   beast::error_code ec;
+  tcp_backoff_.timer.cancel();
+  unix_backoff_.timer.cancel();
   acceptor_.close(ec);
   if (unix_acceptor_.is_open()) {
     unix_acceptor_.close(ec);
@@ -437,37 +750,54 @@ uint16_t HttpServer::port() const {
   return acceptor_.local_endpoint(ec).port();
 }
 
+void HttpServer::accept_failed(Backoff& b, const beast::error_code& ec, const char* what,
+                               std::function<void()> again) {
+  // A peer that gave up before its connection was accepted: nothing is wrong here.
+  if (ec == asio::error::connection_aborted) return again();
+  b.delay = b.delay.count() ? std::min(b.delay * 2, std::chrono::milliseconds(kBackoffMax))
+                            : std::chrono::milliseconds(kBackoffMin);
+  accept_log_.log("{}: {}; retrying in {} ms", what, ec.message(), b.delay.count());
+  b.timer.expires_after(b.delay);
+  b.timer.async_wait([again = std::move(again)](beast::error_code tec) {
+    if (!tec) again();
+  });
+}
+
 void HttpServer::accept() {
   acceptor_.async_accept(asio::make_strand(io_), [this](beast::error_code ec, tcp::socket sock) {
-    if (ec == asio::error::operation_aborted) return;
-    if (!ec) {
-      sock.set_option(tcp::no_delay(true), ec);
-      std::make_shared<Session<tcp>>(std::move(sock), handler_, max_body_, Caller{})->run();
-    } else {
-      spdlog::warn("accept: {}", ec.message());
-    }
-    if (acceptor_.is_open()) accept();
+    if (ec == asio::error::operation_aborted || !acceptor_.is_open()) return;
+    if (ec) return accept_failed(tcp_backoff_, ec, "accept", [this] { accept(); });
+    tcp_backoff_.delay = {};
+    sock.set_option(tcp::no_delay(true), ec);
+    beast::error_code pec;
+    auto peer = sock.remote_endpoint(pec);
+    std::string client = pec ? std::string("ip:?") : "ip:" + peer.address().to_string();
+    std::string why;
+    if (!start_session<tcp>(std::move(sock), handler_, opts_, Caller{}, client, &why))
+      refuse_log_.log("http: refused a connection from {}: {}", client, why);
+    accept();
   });
 }
 
 void HttpServer::accept_unix() {
   using local = asio::local::stream_protocol;
-  unix_acceptor_.async_accept(asio::make_strand(io_), [this](beast::error_code ec,
-                                                             local::socket sock) {
-    if (ec == asio::error::operation_aborted) return;
-    if (!ec) {
-      Caller c;
-      if (peer_credentials(sock.native_handle(), &c)) {
-        std::make_shared<Session<local>>(std::move(sock), handler_, max_body_, std::move(c))->run();
-      } else {
-        // Without the peer's identity the request cannot be judged: drop it.
-        spdlog::warn("unix socket: no peer credentials: {}", std::strerror(errno));
-      }
-    } else {
-      spdlog::warn("accept(unix): {}", ec.message());
-    }
-    if (unix_acceptor_.is_open()) accept_unix();
-  });
+  unix_acceptor_.async_accept(
+      asio::make_strand(io_), [this](beast::error_code ec, local::socket sock) {
+        if (ec == asio::error::operation_aborted || !unix_acceptor_.is_open()) return;
+        if (ec) return accept_failed(unix_backoff_, ec, "accept(unix)", [this] { accept_unix(); });
+        unix_backoff_.delay = {};
+        Caller c;
+        if (peer_credentials(sock.native_handle(), &c)) {
+          std::string client = "uid:" + std::to_string(c.uid);
+          std::string why;
+          if (!start_session<local>(std::move(sock), handler_, opts_, std::move(c), client, &why))
+            refuse_log_.log("http: refused a unix socket connection of {}: {}", client, why);
+        } else {
+          // Without the peer's identity the request cannot be judged: drop it.
+          accept_log_.log("unix socket: no peer credentials: {}", std::strerror(errno));
+        }
+        accept_unix();
+      });
 }
 
 }  // namespace tp::api

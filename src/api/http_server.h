@@ -7,22 +7,36 @@
 // exactly one of send() or start_stream() ... end_stream(). The connection
 // reads the next request only after the answer is complete.
 //
+// Limits against hostile clients (see ServerOptions and ConnectionGate): a
+// bounded number of connections, shared fairly between clients; time limits on
+// waiting for a client's request bytes (never on answering it, so streams run
+// as long as they need); per-route body limits checked once the header is in;
+// accept() failures back off instead of spinning.
+//
 // Thread rules: HttpServer::start/stop from one thread. Responder methods are
-// safe from any thread (they post to the connection's strand).
+// safe from any thread (they post to the connection's strand). ConnectionGate
+// is safe from any thread.
 #pragma once
 
 #include <sys/types.h>
 
+#include <atomic>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/local/stream_protocol.hpp>
+#include <boost/asio/steady_timer.hpp>
 #include <boost/json/value.hpp>
+#include <chrono>
 #include <functional>
+#include <list>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
+#include "common/rate_limited_log.h"
 #include "common/result.h"
 
 namespace tp::api {
@@ -74,9 +88,117 @@ class Responder {
 
 using Handler = std::function<void(Request& req, std::shared_ptr<Responder> res)>;
 
+// A connection the gate may close to make room: one waiting for a request.
+class Evictable {
+ public:
+  virtual ~Evictable() = default;
+  // Closes the connection if it is still waiting for a request; any thread.
+  virtual void evict() = 0;
+};
+
+// The connection slots of a daemon, shared by its listeners (every connection
+// holds a file descriptor, and a daemon out of descriptors can neither answer
+// nor run sandboxes). A client is a peer address on TCP, a uid on the unix socket.
+//
+// A new connection of a client at its own cap takes the place of that client's
+// longest-idle connection; when all slots are taken, of the longest-idle
+// connection of anyone. Idle = waiting for (the header of) a request. With no
+// idle connection to close, the new one is refused. So idle connections
+// (however many are opened) never lock out a client with a request to send, and
+// one client's busy connections never take more than its cap.
+class ConnectionGate {
+ public:
+  class Ticket {
+   public:
+    ~Ticket();
+    Ticket(const Ticket&) = delete;
+    Ticket& operator=(const Ticket&) = delete;
+    // The connection to close when this slot is taken over; set before set_idle.
+    void bind(std::weak_ptr<Evictable> conn);
+    // Waiting for a request (may be evicted) or busy with one.
+    void set_idle(bool idle);
+
+   private:
+    friend class ConnectionGate;
+    Ticket(std::shared_ptr<ConnectionGate> gate, std::string client)
+        : gate_(std::move(gate)), client_(std::move(client)) {}
+    std::shared_ptr<ConnectionGate> gate_;
+    std::string client_;
+    std::weak_ptr<Evictable> conn_;
+    bool idle_ = false;  // in the idle lists (under the gate's mutex)
+    std::list<Ticket*>::iterator all_it_, client_it_;
+  };
+
+  // 0 for max_per_client = max_total.
+  static std::shared_ptr<ConnectionGate> create(size_t max_total, size_t max_per_client);
+  // A slot for a new connection of `client`, possibly by evicting an idle one;
+  // nullptr (and *why) when none can be had.
+  std::unique_ptr<Ticket> admit(const std::string& client, std::string* why = nullptr);
+  size_t connections() const;
+  size_t connections_of(const std::string& client) const;
+  size_t max_total() const { return max_total_; }
+  size_t max_per_client() const { return max_per_client_; }
+
+ private:
+  struct Client {
+    size_t count = 0;
+    std::list<Ticket*> idle;  // oldest first
+  };
+  ConnectionGate(size_t max_total, size_t max_per_client)
+      : max_total_(max_total), max_per_client_(max_per_client) {}
+  void unlink_idle(Ticket* t);  // under mu_
+  void release(Ticket* t);
+  std::weak_ptr<ConnectionGate> self_;
+  const size_t max_total_;
+  const size_t max_per_client_;
+  mutable std::mutex mu_;
+  size_t total_ = 0;
+  std::unordered_map<std::string, Client> clients_;
+  std::list<Ticket*> idle_;  // every client's, oldest first
+};
+
+// Bytes of request bodies held in memory at once, over all connections: each
+// body is bounded by its route's limit, but many at once would not be.
+class BodyBudget {
+ public:
+  explicit BodyBudget(uint64_t max_bytes) : max_(max_bytes) {}
+  // Reserves n bytes; false (nothing reserved) when that would go over the budget.
+  bool take(uint64_t n);
+  void give(uint64_t n) { used_.fetch_sub(n); }
+  uint64_t used() const { return used_.load(); }
+  uint64_t max() const { return max_; }
+
+ private:
+  const uint64_t max_;
+  std::atomic<uint64_t> used_{0};
+};
+
+struct ServerOptions {
+  // Largest request body of any route; body_limit may lower it per route.
+  size_t max_body_bytes = 1ull << 30;
+  // The body limit of a route, asked once the header is in (path decoded, no query).
+  std::function<size_t(const std::string& method, const std::string& path)> body_limit;
+  // Asked before a body is read, with the request as its header tells (no body):
+  // an error is the answer, and the body is never taken in (e.g. authentication).
+  std::function<Result<void>(Request& head)> check_head;
+  // Only time spent waiting for the client's request bytes is limited: a
+  // connection with no request for idle_timeout is closed, a header not complete
+  // within header_timeout of its first byte is, and so is a body that sends
+  // nothing for body_timeout. Answers (streams included) have no time limit.
+  std::chrono::milliseconds idle_timeout{60'000};
+  std::chrono::milliseconds header_timeout{10'000};
+  std::chrono::milliseconds body_timeout{30'000};
+  // Connection slots (shared between listeners); null = unlimited.
+  std::shared_ptr<ConnectionGate> gate;
+  // Memory for request bodies (shared between listeners); null = unlimited.
+  // A body is counted as its bytes arrive; one that no longer fits is answered
+  // 503 (retry later) and the rest of it is not kept.
+  std::shared_ptr<BodyBudget> body_budget;
+};
+
 class HttpServer {
  public:
-  HttpServer(boost::asio::io_context& io, Handler handler, size_t max_body_bytes);
+  HttpServer(boost::asio::io_context& io, Handler handler, ServerOptions opts);
   ~HttpServer();
   // Binds and starts accepting. host:port; port 0 picks a free one.
   Result<void> start(const std::string& host, uint16_t port);
@@ -88,14 +210,27 @@ class HttpServer {
   uint16_t port() const;
 
  private:
+  // accept() failing (out of descriptors or buffers) leaves the connection
+  // queued, so an immediate retry fails again at once: wait, longer each time.
+  struct Backoff {
+    explicit Backoff(boost::asio::io_context& io) : timer(io) {}
+    boost::asio::steady_timer timer;
+    std::chrono::milliseconds delay{0};
+  };
   void accept();
   void accept_unix();
+  void accept_failed(Backoff& b, const boost::system::error_code& ec, const char* what,
+                     std::function<void()> again);
   boost::asio::io_context& io_;
   Handler handler_;
-  size_t max_body_;
+  std::shared_ptr<const ServerOptions> opts_;
   boost::asio::ip::tcp::acceptor acceptor_;
   boost::asio::local::stream_protocol::acceptor unix_acceptor_;
   std::string unix_path_;
+  Backoff tcp_backoff_;
+  Backoff unix_backoff_;
+  log::RateLimitedLog accept_log_{spdlog::level::warn, std::chrono::seconds(1)};
+  log::RateLimitedLog refuse_log_{spdlog::level::warn, std::chrono::seconds(1)};
 };
 
 // Splits "host:port"; false on malformed input.

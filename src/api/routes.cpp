@@ -165,6 +165,25 @@ std::vector<RouteInfo> Api::routes() {
   return out;
 }
 
+bool Api::takes_upload(const std::string& method, const std::string& path) {
+  auto s = segments(path);
+  auto is = [&](std::initializer_list<std::string_view> want) {
+    if (s.size() != want.size()) return false;
+    size_t i = 0;
+    for (auto w : want) {
+      if (w != "*" && s[i] != w) return false;
+      ++i;
+    }
+    return true;
+  };
+  if (method == "PUT")
+    return is({"v1", "sandboxes", "*", "files"}) || is({"v1", "sandboxes", "*", "files", "tar"});
+  if (method == "POST")
+    return is({"v1", "images", "import"}) ||
+           is({"v1", "sandboxes", "*", "processes", "*", "stdin"});
+  return false;
+}
+
 void Api::handle(Request& req, std::shared_ptr<Responder> raw) {
   std::shared_ptr<Responder> res = std::make_shared<CountingResponder>(std::move(raw), metrics_);
   if (req.method == "POST" || req.method == "PUT" || req.method == "DELETE") {
@@ -679,10 +698,22 @@ void Api::process_signal(Request& req, const Params& p, std::shared_ptr<Responde
 namespace {
 constexpr uint64_t kTarTimeoutMs = 600'000;
 
-Error tar_error(const node::ExecOutcome& o, const std::string& err, const std::string& path) {
+// `extract`: the error of an upload. Its target directory is made first, so a
+// missing file there is a fault of the archive (an entry tar could not create),
+// not a missing path: 400 saying the tree may be partly extracted, never 404.
+Error tar_error(const node::ExecOutcome& o, const std::string& err, const std::string& path,
+                bool extract) {
   if (err.find("No space left") != std::string::npos)
     return Error{Code::kInsufficientStorage, 0,
-                 "the sandbox's disk limit was reached under " + path};
+                 "the sandbox's disk limit was reached under " + path +
+                     (extract ? " (the archive may be partly extracted)" : "")};
+  if (o.result.exit_code == 127 && err.find("tar") != std::string::npos &&
+      err.find("not found") != std::string::npos)
+    return Error{Code::kInvalidArgument, 0, "this sandbox's image has no tar"};
+  if (extract)
+    return Error{Code::kInvalidArgument, 0,
+                 "extracting the archive under " + path +
+                     " failed (it may be partly extracted): " + err.substr(0, 300)};
   if (err.find("No such file") != std::string::npos ||
       err.find("Cannot open") != std::string::npos || err.find("Cannot chdir") != std::string::npos)
     return Error{Code::kNotFound, 0, "tar " + path + ": " + err.substr(0, 300)};
@@ -716,7 +747,7 @@ void Api::tar_download(Request& req, const Params& p, std::shared_ptr<Responder>
     if (r->result.stdout_truncated)
       return res->send_error(
           Error{Code::kPayloadTooLarge, 0, path + " is larger than 1 GiB as tar"});
-    if (r->result.exit_code != 0) return res->send_error(tar_error(*r, acc->err, path));
+    if (r->result.exit_code != 0) return res->send_error(tar_error(*r, acc->err, path, false));
     res->send(200, "application/x-tar", std::move(acc->out));
   };
   auto eid = mgr_.exec(p[0], std::move(ep), std::move(cb));
@@ -745,7 +776,7 @@ void Api::tar_upload(Request& req, const Params& p, std::shared_ptr<Responder> r
   };
   cb.on_done = [res, err, bytes, path = *path](Result<node::ExecOutcome> r) {
     if (!r) return res->send_error(r.error());
-    if (r->result.exit_code != 0) return res->send_error(tar_error(*r, *err, path));
+    if (r->result.exit_code != 0) return res->send_error(tar_error(*r, *err, path, true));
     res->send_json(200, json::object{{"path", path}, {"bytes", bytes}});
   };
   auto eid = mgr_.exec(p[0], std::move(ep), std::move(cb));

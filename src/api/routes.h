@@ -43,6 +43,9 @@ class Api {
   void set_step_log(std::shared_ptr<node::StepLog> log) { idempotency_.set_log(std::move(log)); }
   // The routes this server serves (for the contract test).
   static std::vector<RouteInfo> routes();
+  // Whether a request's body is raw bytes of any size (a file, an archive,
+  // stdin) rather than JSON, which is held to a small limit (HTTP server body_limit).
+  static bool takes_upload(const std::string& method, const std::string& path);
 
  private:
   using Params = std::vector<std::string>;  // captured {x} segments, in order

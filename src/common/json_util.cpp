@@ -1,9 +1,12 @@
 #include "common/json_util.h"
 
+#include <algorithm>
 #include <boost/beast/core/detail/base64.hpp>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <ctime>
+#include <new>
 
 namespace tp::json_util {
 namespace json = boost::json;
@@ -20,13 +23,68 @@ const json::value* find(const json::object& o, std::string_view key) {
 }
 }  // namespace
 
-Result<json::object> parse_object(std::string_view body) {
-  if (body.empty()) return fail(Code::kInvalidArgument, "request body must be a JSON object");
+namespace {
+// Counts live bytes against a budget and throws std::bad_alloc past it, which
+// stops the parser at once. Used by one parse on one thread.
+class BudgetResource final : public json::memory_resource {
+ public:
+  explicit BudgetResource(size_t budget) : left_(budget) {}
+
+ private:
+  void* do_allocate(std::size_t n, std::size_t align) override {
+    if (n > left_) throw std::bad_alloc();
+    void* p = ::operator new(n, std::align_val_t(align));
+    left_ -= n;
+    return p;
+  }
+  void do_deallocate(void* p, std::size_t n, std::size_t align) override {
+    ::operator delete(p, n, std::align_val_t(align));
+    left_ += n;
+  }
+  bool do_is_equal(const json::memory_resource& o) const noexcept override { return this == &o; }
+  size_t left_;
+};
+}  // namespace
+
+size_t ParseLimits::budget(size_t text_size) const {
+  size_t b = text_size > (SIZE_MAX - slack_bytes) / std::max<size_t>(1, bytes_per_input_byte)
+                 ? SIZE_MAX
+                 : text_size * bytes_per_input_byte + slack_bytes;
+  return std::min(b, max_budget_bytes);
+}
+
+Result<json::value> parse_bounded(std::string_view text, const ParseLimits& limits) {
+  BudgetResource budget(limits.budget(text.size()));
+  json::storage_ptr sp(&budget);
+  json::parse_options opt;
+  opt.max_depth = limits.max_depth;
   boost::system::error_code ec;
-  json::value v = json::parse(body, ec);
-  if (ec) return fail(Code::kInvalidArgument, "malformed JSON: " + ec.message());
-  if (!v.is_object()) return fail(Code::kInvalidArgument, "request body must be a JSON object");
-  return std::move(v.as_object());
+  try {
+    // The parser's temporary stack and the values it builds both draw on the budget.
+    json::stream_parser p(sp, opt);
+    p.reset(sp);
+    p.write(text.data(), text.size(), ec);
+    if (!ec) p.finish(ec);
+    if (ec == json::error::too_deep)
+      return fail(Code::kInvalidArgument, "malformed JSON: nested deeper than " +
+                                              std::to_string(limits.max_depth) + " levels");
+    if (ec) return fail(Code::kInvalidArgument, "malformed JSON: " + ec.message());
+    json::value v = p.release();
+    return json::value(v, json::storage_ptr());
+  } catch (const std::bad_alloc&) {
+    return fail(Code::kPayloadTooLarge,
+                "JSON body of " + std::to_string(text.size()) + " bytes needs more than " +
+                    std::to_string(limits.budget(text.size())) +
+                    " bytes of memory to parse (too many elements for its size)");
+  }
+}
+
+Result<json::object> parse_object(std::string_view body, const ParseLimits& limits) {
+  if (body.empty()) return fail(Code::kInvalidArgument, "request body must be a JSON object");
+  auto v = parse_bounded(body, limits);
+  if (!v) return std::unexpected(v.error());
+  if (!v->is_object()) return fail(Code::kInvalidArgument, "request body must be a JSON object");
+  return std::move(v->as_object());
 }
 
 Result<void> only_keys(const json::object& o, std::initializer_list<std::string_view> allowed) {

@@ -14,7 +14,25 @@
 
 namespace tp::json_util {
 
-Result<boost::json::object> parse_object(std::string_view body);
+// Limits of parse_bounded: request bodies are parsed within memory proportional
+// to their size, so a small body cannot expand into gigabytes (a 100 MB
+// [0,0,...] array needs about 24 times its size as boost::json values).
+struct ParseLimits {
+  size_t max_depth = 20;               // nesting of arrays and objects
+  size_t bytes_per_input_byte = 8;     // memory budget: this many times the text ...
+  size_t slack_bytes = 64 << 10;       // ... plus this
+  size_t max_budget_bytes = 64 << 20;  // ... and never more than this
+  size_t budget(size_t text_size) const;
+};
+
+// Parses `text` with the parser's working memory and the resulting values
+// counted against limits.budget(text.size()): too deep nesting fails with
+// kInvalidArgument, a budget overrun (too many elements for the size) with
+// kPayloadTooLarge, as soon as it happens. The value returned is a copy on the
+// default heap (no tie to the budget).
+Result<boost::json::value> parse_bounded(std::string_view text, const ParseLimits& limits = {});
+// parse_bounded, then requires an object. Every JSON request body goes through here.
+Result<boost::json::object> parse_object(std::string_view body, const ParseLimits& limits = {});
 // Fails when `o` has a key outside `allowed`.
 Result<void> only_keys(const boost::json::object& o,
                        std::initializer_list<std::string_view> allowed);
