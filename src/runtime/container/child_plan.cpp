@@ -20,10 +20,9 @@ namespace raw = tp::sys::raw;
 const char* const kMaskedProcFiles[] = {
     "kcore", "keys", "latency_stats", "timer_list", "timer_stats", "sched_debug", "kpagecgroup",
     "kpageflags", "kpagecount", "sysrq-trigger", "config.gz", "kallsyms",
-    // The agent (pid 1): its OOM score stays out of the sandbox's reach (the daemon
-    // sets -1000), and so does its memory.
-    "1/oom_score_adj", "1/oom_adj", "1/task/1/oom_score_adj", "1/task/1/oom_adj", "1/mem",
-    "1/task/1/mem", nullptr};
+    // The agent (pid 1): its OOM score stays out of the sandbox's reach (its memory is
+    // already: it is not dumpable and commands have no CAP_SYS_PTRACE).
+    "1/oom_score_adj", "1/oom_adj", "1/task/1/oom_score_adj", "1/task/1/oom_adj", nullptr};
 const DeviceNode kDevices[] = {{"null", 1, 3},    {"zero", 1, 5}, {"full", 1, 7}, {"random", 1, 8},
                                {"urandom", 1, 9}, {"tty", 5, 0},  {nullptr, 0, 0}};
 const char* const kDevSymlinks[][2] = {{"ptmx", "pts/ptmx"},          {"fd", "/proc/self/fd"},
