@@ -113,6 +113,14 @@ void drop_ptrace_cap() {
       report_failure(ctx, "join cgroup", ctx.join_file, errno);
     ::close(fd);
   }
+  // Commands, not the agent, are what the OOM killer picks: the agent runs at -1000
+  // where the daemon may set that, else at 0; a command starts at 500 (raising a score
+  // needs no privilege). A command may lower its own score again, but not below the
+  // agent's.
+  if (int fd = ::open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC); fd >= 0) {
+    (void)!::write(fd, "500", 3);
+    ::close(fd);
+  }
   ::setsid();
   // The pipe ends are >= 3 (the agent keeps 0..2 open), so dup2 cannot clobber them.
   if (::dup2(ctx.stdin_r, 0) < 0 || ::dup2(ctx.stdout_w, 1) < 0 || ::dup2(ctx.stderr_w, 2) < 0)

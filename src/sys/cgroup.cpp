@@ -168,6 +168,12 @@ Result<void> CgroupManager::write_limits(const std::string& id, const CgroupLimi
     } else if (sys_.exists(mem + "/memory.swappiness")) {
       TP_TRY(sys_.write_file(mem + "/memory.swappiness", "0"));
     }
+    // v1 accounts TCP buffers apart from memory (v2 charges them to memory.max), and
+    // only once this limit is set: without it a sandbox's unread sockets draw on the
+    // host-wide net.ipv4.tcp_mem alone.
+    if (sys_.exists(mem + "/memory.kmem.tcp.limit_in_bytes"))
+      TP_TRY(sys_.write_file(mem + "/memory.kmem.tcp.limit_in_bytes",
+                             std::to_string(lim.memory_bytes)));
   }
   if (lim.cpus > 0) {
     std::string cpu = controller_dir("cpu", id);

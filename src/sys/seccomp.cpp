@@ -1,11 +1,13 @@
 #include "sys/seccomp.h"
 
 #include <linux/fs.h>
+#include <linux/netlink.h>
 #include <linux/seccomp.h>
 #include <sched.h>
 #include <seccomp.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -16,6 +18,58 @@
 #include "sys/raw_syscall.h"
 
 namespace tp::sys {
+
+namespace {
+
+Result<void> add_rule(scmp_filter_ctx ctx, uint32_t action, int nr, const std::string& what,
+                      std::initializer_list<scmp_arg_cmp> args) {
+  int rc = seccomp_rule_add_array(ctx, action, nr, static_cast<unsigned>(args.size()),
+                                  args.size() ? args.begin() : nullptr);
+  if (rc < 0 && rc != -EDOM)
+    return std::unexpected(Error{Code::kInternal, -rc, "seccomp_rule_add(" + what + ")"});
+  return {};
+}
+
+// An int argument as the kernel reads it: the low 32 bits (the caller may set the
+// high ones to slip past a plain 64-bit comparison).
+scmp_arg_cmp int_arg_eq(unsigned arg, uint32_t v) {
+  return scmp_arg_cmp{arg, SCMP_CMP_MASKED_EQ, 0xffffffffULL, v};
+}
+
+Result<void> add_host_wide_rules(scmp_filter_ctx ctx) {
+  // Socket families: a sandbox has loopback only (and its own network namespace);
+  // every other family is kernel surface it has no use for (vsock ports are
+  // host-wide; AF_ALG, AF_KEY, AF_TIPC, AF_RDS, ... have a history of bugs).
+  // Refused as a kernel without them would (EAFNOSUPPORT).
+  for (uint32_t family = 0; family < AF_MAX; ++family) {
+    if (family == AF_UNIX || family == AF_INET || family == AF_INET6 || family == AF_NETLINK ||
+        family == AF_PACKET)
+      continue;
+    TP_TRY(add_rule(ctx, SCMP_ACT_ERRNO(EAFNOSUPPORT), SCMP_SYS(socket),
+                    "socket(" + std::to_string(family) + ")", {int_arg_eq(0, family)}));
+  }
+  // Netlink: the routing family (ip, getaddrinfo) and socket diagnostics (ss) only;
+  // nf_tables and the rest of netfilter, xfrm, audit, generic netlink, uevents ... no.
+  for (uint32_t proto = 0; proto < 32; ++proto) {
+    if (proto == NETLINK_ROUTE || proto == NETLINK_SOCK_DIAG) continue;
+    TP_TRY(add_rule(ctx, SCMP_ACT_ERRNO(EPROTONOSUPPORT), SCMP_SYS(socket),
+                    "socket(AF_NETLINK, " + std::to_string(proto) + ")",
+                    {int_arg_eq(0, AF_NETLINK), int_arg_eq(2, proto)}));
+  }
+  // Kernel AIO contexts count against the host-wide fs.aio-max-nr, with no per-user
+  // or per-cgroup share: ENOSYS, as on a kernel without AIO (libaio users fall back to
+  // threads; io_uring is refused above).
+  TP_TRY(add_rule(ctx, SCMP_ACT_ERRNO(ENOSYS), SCMP_SYS(io_setup), "io_setup", {}));
+  // The agent (the sandbox's pid 1) is out of reach: no tracing it, no reading or
+  // writing its memory. Other processes of the sandbox can be traced as usual.
+  TP_TRY(
+      add_rule(ctx, SCMP_ACT_ERRNO(EPERM), SCMP_SYS(ptrace), "ptrace(pid 1)", {int_arg_eq(1, 1)}));
+  for (int nr : {SCMP_SYS(process_vm_readv), SCMP_SYS(process_vm_writev)})
+    TP_TRY(add_rule(ctx, SCMP_ACT_ERRNO(EPERM), nr, "process_vm(pid 1)", {int_arg_eq(0, 1)}));
+  return {};
+}
+
+}  // namespace
 
 Result<std::unique_ptr<SeccompProgram>> build_sandbox_filter(const FilterOptions& opts) {
   scmp_filter_ctx ctx = seccomp_init(SCMP_ACT_ALLOW);
@@ -68,6 +122,11 @@ Result<std::unique_ptr<SeccompProgram>> build_sandbox_filter(const FilterOptions
       "clock_settime",
       "stime",
       "uselib",
+      // fanotify groups are counted per host uid (shared by every sandbox mapped
+      // to it) and few workloads watch whole file systems.
+      "fanotify_init",
+      // Another process's file descriptors (the agent's control socket among them).
+      "pidfd_getfd",
   };
   // The mount API: a sandbox's root needs none of it after setup.
   static const char* kMountCalls[] = {
@@ -88,6 +147,7 @@ Result<std::unique_ptr<SeccompProgram>> build_sandbox_filter(const FilterOptions
   if (!opts.allow_mounts)
     for (const char* name : kMountCalls)
       if (auto r = deny(name); !r) return std::unexpected(r.error());
+  if (auto r = add_host_wide_rules(ctx); !r) return std::unexpected(r.error());
   // New user namespaces would give the sandbox a fresh set of capabilities.
   int rc = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), SCMP_SYS(unshare), 1,
                             SCMP_A0(SCMP_CMP_MASKED_EQ, CLONE_NEWUSER, CLONE_NEWUSER));

@@ -5,9 +5,15 @@
 // loads it with load_filter_raw(), which makes only raw syscalls (no malloc,
 // no errno: async-signal-safe). Policy: allow by default; EPERM for kernel,
 // module, bpf, perf, keyring, userfaultfd, handle, swap, reboot, accounting,
-// quota, port I/O and mount-API calls, and for clone/unshare with
-// CLONE_NEWUSER; ENOSYS for clone3 so that glibc falls back to clone, whose
-// flags the filter can inspect.
+// quota, port I/O and mount-API calls, fanotify_init, pidfd_getfd, and for
+// clone/unshare with CLONE_NEWUSER; ENOSYS for clone3 so that glibc falls back
+// to clone, whose flags the filter can inspect. Host-wide resources without a
+// per-sandbox share: socket families other than unix, inet, inet6, packet and
+// netlink get EAFNOSUPPORT, netlink protocols other than route and sock_diag
+// EPROTONOSUPPORT (nf_tables among them), io_setup ENOSYS (fs.aio-max-nr is
+// host-wide). The agent (pid 1) cannot be traced or its memory read or written
+// (ptrace, process_vm_readv/writev on pid 1: EPERM). Int arguments are compared
+// on their low 32 bits, as the kernel reads them.
 // Thread rules: a SeccompProgram is immutable after build; share it freely.
 #pragma once
 

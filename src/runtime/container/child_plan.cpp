@@ -18,9 +18,11 @@ namespace raw = tp::sys::raw;
 // Same lists as docker/crun's defaults, plus kallsyms: with kptr_restrict=0 and
 // perf_event_paranoid<=1 it shows kernel addresses (a KASLR bypass) to anyone.
 const char* const kMaskedProcFiles[] = {
-    "kcore",       "keys",        "latency_stats", "timer_list", "timer_stats",
-    "sched_debug", "kpagecgroup", "kpageflags",    "kpagecount", "sysrq-trigger",
-    "config.gz",   "kallsyms",    nullptr};
+    "kcore", "keys", "latency_stats", "timer_list", "timer_stats", "sched_debug", "kpagecgroup",
+    "kpageflags", "kpagecount", "sysrq-trigger", "config.gz", "kallsyms",
+    // The agent (pid 1): its OOM score stays out of the sandbox's reach (its memory is
+    // already: it is not dumpable and commands have no CAP_SYS_PTRACE).
+    "1/oom_score_adj", "1/oom_adj", "1/task/1/oom_score_adj", "1/task/1/oom_adj", nullptr};
 const DeviceNode kDevices[] = {{"null", 1, 3},    {"zero", 1, 5}, {"full", 1, 7}, {"random", 1, 8},
                                {"urandom", 1, 9}, {"tty", 5, 0},  {nullptr, 0, 0}};
 const char* const kDevSymlinks[][2] = {{"ptmx", "pts/ptmx"},          {"fd", "/proc/self/fd"},
@@ -30,6 +32,9 @@ const UserNsLimit kUserNsLimits[] = {{"max_inotify_instances", "32"},
                                      {"max_inotify_watches", "16384"},
                                      {"max_user_namespaces", "0"},
                                      {nullptr, nullptr}};
+// Pseudo-terminals per sandbox: every devpts instance draws on the host-wide
+// kernel.pty.max (kernel.pty.reserve keeps a share for the host's own instance).
+const int kPtyMax = 64;
 const char* const kMaskedProcDirs[] = {"acpi", "scsi", "asound", "firmware", nullptr};
 const char* const kReadOnlyProcDirs[] = {"bus", "fs", "irq", "sys", nullptr};
 
@@ -210,7 +215,7 @@ void build_root_ops(const RootRecipe& r, ChildPlan* p) {
       p->symlink(kDevSymlinks[i][1], dev + "/" + kDevSymlinks[i][0]);
   }
   p->mount("devpts", dev + "/pts", "devpts", MS_NOSUID | MS_NOEXEC,
-           "newinstance,ptmxmode=0666,mode=0620,gid=5");
+           "newinstance,ptmxmode=0666,mode=0620,gid=5,max=" + std::to_string(kPtyMax));
   p->mount("shm", dev + "/shm", "tmpfs", MS_NOSUID | MS_NODEV,
            "size=" + std::to_string(r.tmp_bytes) + ",mode=1777");
   p->mount("tmpfs", root + "/tmp", "tmpfs", MS_NOSUID | MS_NODEV,

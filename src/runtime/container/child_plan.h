@@ -139,6 +139,7 @@ extern const char* const kDevSymlinks[][2];
 // Paths in /proc masked with the null device and directories masked with an empty read-only
 // directory.
 extern const char* const kMaskedProcFiles[];
+extern const int kPtyMax;  // devpts max= of each sandbox
 extern const char* const kMaskedProcDirs[];
 extern const char* const kReadOnlyProcDirs[];
 

@@ -35,6 +35,7 @@
 #include "sys/pidfd.h"
 #include "sys/raw_syscall.h"
 #include "sys/seccomp.h"
+#include "sys/sys_api.h"
 #include "sys/userns.h"
 
 namespace tp::runtime {
@@ -609,6 +610,15 @@ Result<std::unique_ptr<SandboxInstance>> ContainerBackend::create_impl(const San
   };
 
   if (auto r = sys::write_id_maps(pid, sh_->opts.uid_base); !r) return abort_child(r.error());
+  // The agent is not the OOM victim: the sandbox's memory limit kills its commands (which
+  // start at oom_score_adj 500, src/agent/command.cpp), not the process that reports on
+  // them. Lowering a score needs CAP_SYS_RESOURCE, which some hosts' root lacks: the
+  // agent then stays at 0, still below every command. The sandbox cannot raise the
+  // agent's score (the /proc files of its pid 1 are masked).
+  if (auto r =
+          sys::real_sys().write_file("/proc/" + std::to_string(pid) + "/oom_score_adj", "-1000");
+      !r && r.error().sys_errno != EACCES && r.error().sys_errno != EPERM)
+    return abort_child(r.error());
   if (!born_in_cgroup) {
     if (auto r = sh_->cgroups->attach(spec.id, pid); !r) return abort_child(r.error());
   }

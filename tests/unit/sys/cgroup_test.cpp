@@ -109,6 +109,16 @@ TEST_F(CgroupV1Test, CreateWritesLimitsInEveryController) {
   EXPECT_LT(i_lim, i_sw);
 }
 
+TEST_F(CgroupV1Test, TcpBuffersAreCappedAtTheMemoryLimitWhereV1CanAccountThem) {
+  ASSERT_TRUE(m_.create("sb0", {64ull << 20, 0, 0}));
+  EXPECT_EQ(f_.written("/sys/fs/cgroup/memory/tidepool/sb0/memory.kmem.tcp.limit_in_bytes"),
+            "<unwritten>");  // no such file: nothing to set
+  f_.auto_files.push_back("memory.kmem.tcp.limit_in_bytes");
+  ASSERT_TRUE(m_.create("sb1", {64ull << 20, 0, 0}));
+  EXPECT_EQ(f_.written("/sys/fs/cgroup/memory/tidepool/sb1/memory.kmem.tcp.limit_in_bytes"),
+            std::to_string(64ull << 20));
+}
+
 TEST_F(CgroupV1Test, NoSwapAccountingFallsBackToSwappinessZero) {
   f_.auto_files = {"cgroup.procs", "memory.limit_in_bytes", "memory.swappiness", "pids.max"};
   ASSERT_TRUE(m_.create("sb1", {1 << 20, 0, 0}));
