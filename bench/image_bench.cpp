@@ -24,6 +24,7 @@
 
 #include "common/ids.h"
 #include "common/log.h"
+#include "control/memory_image_store.h"
 #include "image/image_store.h"
 #include "runtime/container/container_backend.h"
 
@@ -145,7 +146,8 @@ int main(int argc, char** argv) {
   {
     tp::image::StoreOptions so;
     so.data_dir = dir + "/data";
-    auto store = tp::image::ImageStore::open(so);
+    auto store =
+        tp::image::ImageStore::open(so, std::make_shared<tp::control::MemoryImageRecordStore>());
     tp::runtime::ContainerOptions co;
     co.data_dir = dir + "/data";
     co.agent_path = agent;
@@ -192,7 +194,7 @@ int main(int argc, char** argv) {
         fs::remove(tar);
       }
       if (rc) break;
-      if (auto p = (*store)->put_image(rec); !p) {
+      if (auto p = (*store)->put_image(rec, tp::image::PutMode::kReplace); !p) {
         std::fprintf(stderr, "put: %s\n", p.error().message().c_str());
         rc = 1;
         break;

@@ -741,11 +741,12 @@ Result<BuildResult> build_image(ImageStore& store, const BuildSpec& s,
   }
   ImageRecord rec;
   rec.name = s.name;
-  rec.version = s.version.empty() ? store.next_version(s.name) : s.version;
+  rec.version = s.version;  // "" = the next integer
   rec.parts = {digest};
   rec.defaults = s.defaults;
   rec.source = "build:mmdebstrap:" + s.suite;
-  auto r = store.put_image(rec);
+  // An explicit version replaces the image of that name:version, as it always did.
+  auto r = store.put_image(rec, PutMode::kReplace);
   if (!r) return std::unexpected(r.error());
   out.image = *r;
   return out;
