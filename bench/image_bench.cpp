@@ -152,6 +152,7 @@ int main(int argc, char** argv) {
     co.data_dir = dir + "/data";
     co.agent_path = agent;
     co.cgroup_name = "tp-imgbench-" + tp::ids::random_hex(3);
+    if (store) co.layers = *store;
     auto backend = store ? tp::runtime::make_container_backend(co) : std::unexpected(store.error());
     if (!store || !backend) {
       std::fprintf(stderr, "setup: %s\n",
@@ -211,7 +212,7 @@ int main(int argc, char** argv) {
         tp::runtime::SandboxSpec s;
         s.id = "ib" + std::to_string(i) + "-" + tp::ids::random_hex(3);
         s.image = rec.name;
-        s.layers = res->paths;
+        s.layers = res->digests;
         s.disk_bytes = 16 << 20;
         s.tmp_bytes = 16 << 20;
         s.memory_bytes = 64 << 20;

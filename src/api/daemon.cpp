@@ -181,7 +181,8 @@ int daemon_main(int argc, char** argv) {
     copts.cgroup_name = fmt::format("tidepool-{:08x}", h);
   }
   copts.agent_path = agent;
-  // Images (issue 4): layer store under the data dir, records in state.db.
+  // Images (issue 4): layer store under the data dir, records in state.db. Opened
+  // before the backend, which resolves a spec's layer digests through it.
   image::StoreOptions sopts;
   sopts.data_dir = data_dir;
   sopts.limits.uid_base = copts.uid_base;
@@ -190,6 +191,7 @@ int daemon_main(int argc, char** argv) {
   auto images = image::ImageStore::open(
       sopts, std::shared_ptr<control::ImageRecordStore>(std::move(*image_records)));
   if (!images) return die("image store: " + images.error().message());
+  copts.layers = *images;
   auto backend = runtime::make_container_backend(copts);
   if (!backend) return die("container runtime: " + backend.error().message());
 
@@ -227,11 +229,11 @@ int daemon_main(int argc, char** argv) {
     std::atomic<node::StepLog*>& p;
     ~Unhook() { p = nullptr; }
   } unhook{ended_log};  // destroyed before step_log
-  // Image references of creates: layer directories for the spec, defaults, a pin.
+  // Image references of creates: layer digests for the spec, defaults, a pin.
   mgr.set_image_resolver([st = *images](const std::string& ref) -> Result<node::ResolvedImage> {
     auto r = st->resolve(ref);
     if (!r) return std::unexpected(r.error());
-    node::ResolvedImage img{r->paths, r->defaults.env, r->defaults.workdir, r->pin};
+    node::ResolvedImage img{r->digests, r->defaults.env, r->defaults.workdir, r->pin};
     auto ids = image::resolve_user(r->defaults.user, r->paths);
     if (!ids) return std::unexpected(ids.error());
     img.uid = ids->first;

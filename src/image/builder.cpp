@@ -657,7 +657,7 @@ Result<BuildResult> build_image(ImageStore& store, const BuildSpec& s,
   {
     std::ifstream in(cache_file);
     std::string d;
-    if (in >> d && valid_layer_digest(d) && store.layer(d)) {
+    if (in >> d && valid_layer_digest(d) && store.layer_dir(d)) {
       // A known digest is pinned without reading the (empty) source.
       auto li = store.add_layer_stream([](void*, size_t) -> ssize_t { return 0; }, d, "", &pins);
       if (li && li->digest == d) {

@@ -813,6 +813,14 @@ Result<ResolvedLayers> ImageStore::resolve(const std::string& ref) {
   return out;
 }
 
+Result<std::string> ImageStore::layer_dir(const std::string& digest) {
+  if (!valid_layer_digest(digest))
+    return fail(Code::kInvalidArgument, "invalid layer digest '" + digest + "'");
+  std::lock_guard lk(mu_);
+  if (!layers_.contains(digest)) return fail(Code::kNotFound, "layer " + digest + " not found");
+  return layer_path(digest);
+}
+
 Result<LayerInfo> ImageStore::layer(const std::string& digest) {
   std::lock_guard lk(mu_);
   auto it = layers_.find(digest);

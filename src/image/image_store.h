@@ -56,6 +56,7 @@
 
 #include "common/result.h"
 #include "control/image_record_store.h"
+#include "image/layer_resolver.h"
 #include "image/layer_unpack.h"
 #include "image/oci_archive.h"
 
@@ -109,7 +110,7 @@ bool valid_image_name(const std::string& s);
 bool valid_image_version(const std::string& s);
 bool valid_layer_digest(const std::string& s);
 
-class ImageStore : public std::enable_shared_from_this<ImageStore> {
+class ImageStore : public LayerResolver, public std::enable_shared_from_this<ImageStore> {
  public:
   // Creates the layout, removes unfinished unpacks, loads the layers and
   // imports an images.json of an older daemon into `records`.
@@ -148,6 +149,9 @@ class ImageStore : public std::enable_shared_from_this<ImageStore> {
   Result<LayerInfo> layer(const std::string& digest);
   Result<std::vector<LayerInfo>> layers();
   Result<GcReport> gc();
+
+  // LayerResolver: a stored layer's lower directory (no pin).
+  Result<std::string> layer_dir(const std::string& digest) override;
 
   const std::string& root() const { return root_; }
   std::string layer_path(const std::string& digest) const;  // lower dir of a digest

@@ -381,6 +381,17 @@ TEST_P(ImageStoreTest, RemovalIsRefusedWhileAnotherImageIsComposedOfIt) {
   EXPECT_EQ(store_->remove_image("base").error().code, Code::kNotFound);
 }
 
+TEST_P(ImageStoreTest, LayerDirResolvesStoredDigestsOnly) {
+  auto a = add({file("a", "1")});
+  LayerResolver& res = *store_;
+  auto d = res.layer_dir(a.digest);
+  ASSERT_TRUE(d) << d.error().message();
+  EXPECT_EQ(*d, a.path);
+  EXPECT_EQ(res.layer_dir("sha256:" + std::string(64, '4')).error().code, Code::kNotFound);
+  EXPECT_EQ(res.layer_dir("/etc").error().code, Code::kInvalidArgument);
+  EXPECT_EQ(res.layer_dir("sha256:../../x").error().code, Code::kInvalidArgument);
+}
+
 TEST_P(ImageStoreTest, ImportsImagesJsonOnceAndRenamesIt) {
   auto a = add({file("a", "1")});
   store_.reset();
