@@ -24,6 +24,7 @@
 
 #include "common/ids.h"
 #include "common/log.h"
+#include "control/memory_image_store.h"
 #include "image/image_store.h"
 #include "runtime/container/container_backend.h"
 
@@ -145,11 +146,13 @@ int main(int argc, char** argv) {
   {
     tp::image::StoreOptions so;
     so.data_dir = dir + "/data";
-    auto store = tp::image::ImageStore::open(so);
+    auto store =
+        tp::image::ImageStore::open(so, std::make_shared<tp::control::MemoryImageRecordStore>());
     tp::runtime::ContainerOptions co;
     co.data_dir = dir + "/data";
     co.agent_path = agent;
     co.cgroup_name = "tp-imgbench-" + tp::ids::random_hex(3);
+    if (store) co.layers = *store;
     auto backend = store ? tp::runtime::make_container_backend(co) : std::unexpected(store.error());
     if (!store || !backend) {
       std::fprintf(stderr, "setup: %s\n",
@@ -192,7 +195,7 @@ int main(int argc, char** argv) {
         fs::remove(tar);
       }
       if (rc) break;
-      if (auto p = (*store)->put_image(rec); !p) {
+      if (auto p = (*store)->put_image(rec, tp::image::PutMode::kReplace); !p) {
         std::fprintf(stderr, "put: %s\n", p.error().message().c_str());
         rc = 1;
         break;
@@ -209,7 +212,7 @@ int main(int argc, char** argv) {
         tp::runtime::SandboxSpec s;
         s.id = "ib" + std::to_string(i) + "-" + tp::ids::random_hex(3);
         s.image = rec.name;
-        s.layers = res->paths;
+        s.layers = res->digests;
         s.disk_bytes = 16 << 20;
         s.tmp_bytes = 16 << 20;
         s.memory_bytes = 64 << 20;

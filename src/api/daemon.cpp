@@ -20,6 +20,7 @@
 #include "api/image_routes.h"
 #include "api/routes.h"
 #include "common/log.h"
+#include "control/sqlite/image_record_store.h"
 #include "control/sqlite/sandbox_store.h"
 #include "image/image_store.h"
 #include "image/image_user.h"
@@ -166,6 +167,9 @@ int daemon_main(int argc, char** argv) {
 
   auto store = control::sqlite::SqliteSandboxStore::open(data_dir + "/state.db");
   if (!store) return die(store.error().message());
+  // Image records live in the same database file (its own connection).
+  auto image_records = control::sqlite::SqliteImageRecordStore::open(data_dir + "/state.db");
+  if (!image_records) return die("image records: " + image_records.error().message());
 
   runtime::ContainerOptions copts;
   copts.data_dir = data_dir;
@@ -177,6 +181,17 @@ int daemon_main(int argc, char** argv) {
     copts.cgroup_name = fmt::format("tidepool-{:08x}", h);
   }
   copts.agent_path = agent;
+  // Images (issue 4): layer store under the data dir, records in state.db. Opened
+  // before the backend, which resolves a spec's layer digests through it.
+  image::StoreOptions sopts;
+  sopts.data_dir = data_dir;
+  sopts.limits.uid_base = copts.uid_base;
+  sopts.limits.max_bytes = layer_max_mb << 20;
+  sopts.budget_bytes = image_budget_mb << 20;
+  auto images = image::ImageStore::open(
+      sopts, std::shared_ptr<control::ImageRecordStore>(std::move(*image_records)));
+  if (!images) return die("image store: " + images.error().message());
+  copts.layers = *images;
   auto backend = runtime::make_container_backend(copts);
   if (!backend) return die("container runtime: " + backend.error().message());
 
@@ -214,18 +229,11 @@ int daemon_main(int argc, char** argv) {
     std::atomic<node::StepLog*>& p;
     ~Unhook() { p = nullptr; }
   } unhook{ended_log};  // destroyed before step_log
-  // Images (issue 4): layer store under the data dir, resolver for create, routes.
-  image::StoreOptions sopts;
-  sopts.data_dir = data_dir;
-  sopts.limits.uid_base = copts.uid_base;
-  sopts.limits.max_bytes = layer_max_mb << 20;
-  sopts.budget_bytes = image_budget_mb << 20;
-  auto images = image::ImageStore::open(sopts);
-  if (!images) return die("image store: " + images.error().message());
+  // Image references of creates: layer digests for the spec, defaults, a pin.
   mgr.set_image_resolver([st = *images](const std::string& ref) -> Result<node::ResolvedImage> {
     auto r = st->resolve(ref);
     if (!r) return std::unexpected(r.error());
-    node::ResolvedImage img{r->paths, r->defaults.env, r->defaults.workdir, r->pin};
+    node::ResolvedImage img{r->digests, r->defaults.env, r->defaults.workdir, r->pin};
     auto ids = image::resolve_user(r->defaults.user, r->paths);
     if (!ids) return std::unexpected(ids.error());
     img.uid = ids->first;

@@ -36,10 +36,8 @@ json::object image_json(image::ImageStore& store, const ImageRecord& r) {
   json::object d;
   auto res = store.resolve(r.name + ":" + r.version);
   if (res) {
-    for (const auto& l : res->digests) {
-      layers.emplace_back(l);
-      if (auto li = store.layer(l)) size += li->bytes;
-    }
+    for (const auto& l : res->digests) layers.emplace_back(l);
+    size = res->bytes;
     json::object env;
     for (const auto& [k, v] : res->defaults.env) env[k] = v;
     d["env"] = std::move(env);
@@ -130,8 +128,10 @@ Result<ImageRecord> create_image(image::ImageStore& store, const sys::HostReader
     r.parts.insert(r.parts.begin(), li->digest);
     r.source = "dir:" + *dir;
   }
-  r.version = version->empty() ? store.next_version(r.name) : *version;
-  return store.put_image(std::move(r));
+  r.version = *version;  // "" = the next integer
+  // An explicit version replaces an existing image of that name:version (the
+  // API's "create or replace").
+  return store.put_image(std::move(r), image::PutMode::kReplace);
 }
 
 struct Route {
@@ -168,8 +168,13 @@ bool ImageRoutes::handle(Request& req, std::shared_ptr<Responder> res) {
 
   if (p == "/v1/layers") {
     if (m != "GET") return false;
+    auto ls = store->layers();
+    if (!ls) {
+      res->send_error(ls.error());
+      return true;
+    }
     json::array arr;
-    for (const auto& l : store->layers()) arr.emplace_back(layer_json(l));
+    for (const auto& l : *ls) arr.emplace_back(layer_json(l));
     json::object o;
     o["layers"] = std::move(arr);
     o["used_bytes"] = store->used_bytes();
@@ -178,8 +183,13 @@ bool ImageRoutes::handle(Request& req, std::shared_ptr<Responder> res) {
   }
   if (p == "/v1/images" || p == "/v1/images/") {
     if (m == "GET") {
+      auto imgs = store->images();
+      if (!imgs) {
+        res->send_error(imgs.error());
+        return true;
+      }
       json::array arr;
-      for (const auto& r : store->images()) arr.emplace_back(image_json(*store, r));
+      for (const auto& r : *imgs) arr.emplace_back(image_json(*store, r));
       json::object o;
       o["images"] = std::move(arr);
       res->send_json(200, o);
@@ -222,7 +232,8 @@ bool ImageRoutes::handle(Request& req, std::shared_ptr<Responder> res) {
           return res->send_error(Error{Code::kInsufficientStorage, errno, "write " + tmp});
         }
       }
-      auto r = store->import_archive(tmp, name, version, k);
+      // An explicit (or tagged) version replaces that name:version, as it always did.
+      auto r = store->import_archive(tmp, name, version, k, image::PutMode::kReplace);
       ::unlink(tmp.c_str());
       if (!r) {
         spdlog::warn("image import refused: {}", r.error().message());

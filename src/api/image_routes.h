@@ -1,6 +1,8 @@
 // ImageRoutes: the /v1/images and /v1/layers routes (api/openapi.yaml) over an
-// ImageStore. Imports, builds and gc run on the provider's own blocking
-// threads, never on the io threads; the answer comes when they finish.
+// ImageStore. Imports, builds, record writes and gc run on the provider's own
+// blocking threads, never on the io threads; the answer comes when they
+// finish. Reads (and deletes) of records are short queries of the record store
+// and run on the io thread, as the sandbox routes' reads do.
 //
 //   GET    /v1/images               list image records
 //   POST   /v1/images               create/replace an image from parts (layers,

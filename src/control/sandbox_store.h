@@ -34,6 +34,9 @@ struct SandboxRecord {
   std::string state;  // creating, running, paused, stopped, lost
   std::string tier;
   std::string image;
+  // The image's layer digests ("sha256:<hex>", top first) it was created
+  // with; empty for the host image (and for records of older daemons).
+  std::vector<std::string> layers;
   std::string node;
   uint64_t memory_mb = 0;
   double cpus = 0;

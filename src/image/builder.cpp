@@ -657,7 +657,7 @@ Result<BuildResult> build_image(ImageStore& store, const BuildSpec& s,
   {
     std::ifstream in(cache_file);
     std::string d;
-    if (in >> d && valid_layer_digest(d) && store.layer(d)) {
+    if (in >> d && valid_layer_digest(d) && store.layer_dir(d)) {
       // A known digest is pinned without reading the (empty) source.
       auto li = store.add_layer_stream([](void*, size_t) -> ssize_t { return 0; }, d, "", &pins);
       if (li && li->digest == d) {
@@ -741,11 +741,12 @@ Result<BuildResult> build_image(ImageStore& store, const BuildSpec& s,
   }
   ImageRecord rec;
   rec.name = s.name;
-  rec.version = s.version.empty() ? store.next_version(s.name) : s.version;
+  rec.version = s.version;  // "" = the next integer
   rec.parts = {digest};
   rec.defaults = s.defaults;
   rec.source = "build:mmdebstrap:" + s.suite;
-  auto r = store.put_image(rec);
+  // An explicit version replaces the image of that name:version, as it always did.
+  auto r = store.put_image(rec, PutMode::kReplace);
   if (!r) return std::unexpected(r.error());
   out.image = *r;
   return out;

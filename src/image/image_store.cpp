@@ -84,19 +84,6 @@ Result<void> remove_path(const std::string& path) {
   return remove_tree_at(d.get(), leaf);
 }
 
-json::object defaults_json(const ImageDefaults& d) {
-  json::object o;
-  json::object env;
-  for (const auto& [k, v] : d.env) env[k] = v;
-  o["env"] = std::move(env);
-  o["workdir"] = d.workdir;
-  o["user"] = d.user;
-  json::array cmd;
-  for (const auto& c : d.cmd) cmd.emplace_back(c);
-  o["cmd"] = std::move(cmd);
-  return o;
-}
-
 ImageDefaults defaults_from(const json::object& o) {
   ImageDefaults d;
   if (auto* e = o.if_contains("env"); e && e->is_object())
@@ -192,10 +179,13 @@ Result<std::pair<std::string, std::string>> parse_image_ref(const std::string& r
   return std::pair{name, version};
 }
 
-ImageStore::ImageStore(StoreOptions o) : opts_(std::move(o)), root_(opts_.data_dir + "/images") {}
+ImageStore::ImageStore(StoreOptions o, std::shared_ptr<control::ImageRecordStore> records)
+    : opts_(std::move(o)), root_(opts_.data_dir + "/images"), records_(std::move(records)) {}
 
-Result<std::shared_ptr<ImageStore>> ImageStore::open(StoreOptions opts) {
-  std::shared_ptr<ImageStore> s(new ImageStore(std::move(opts)));
+Result<std::shared_ptr<ImageStore>> ImageStore::open(
+    StoreOptions opts, std::shared_ptr<control::ImageRecordStore> records) {
+  if (!records) return fail(Code::kInvalidArgument, "image store needs a record store");
+  std::shared_ptr<ImageStore> s(new ImageStore(std::move(opts), std::move(records)));
   if (s->opts_.data_dir.empty() || s->opts_.data_dir[0] != '/')
     return fail(Code::kInvalidArgument,
                 "image store data dir must be absolute: '" + s->opts_.data_dir + "'");
@@ -206,11 +196,12 @@ Result<std::shared_ptr<ImageStore>> ImageStore::open(StoreOptions opts) {
   TP_TRY(ensure_dir(s->root_ + "/layers", 0711));
   TP_TRY(ensure_dir(s->root_ + "/layers/sha256", 0711));
   TP_TRY(ensure_dir(s->root_ + "/tmp", 0700));
-  TP_TRY(s->load());
+  TP_TRY(s->load_layers());
+  TP_TRY(s->import_json());
   return s;
 }
 
-Result<void> ImageStore::load() {
+Result<void> ImageStore::load_layers() {
   // Unfinished unpacks and interrupted gc runs.
   {
     UniqueFd t(::open((root_ + "/tmp").c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
@@ -263,12 +254,24 @@ Result<void> ImageStore::load() {
       li.source = std::string(b->as_string());
     layers_[digest] = li;
   }
-  auto text = read_file(root_ + "/images.json");
-  if (!text) return {};  // a fresh store
+  return {};
+}
+
+Result<void> ImageStore::import_json() {
+  const std::string path = root_ + "/images.json";
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) {
+    if (errno == ENOENT) return {};  // a fresh store, or imported already
+    return sys_fail("stat(" + path + ")");
+  }
+  auto text = read_file(path);
+  if (!text) return std::unexpected(text.error());
   boost::system::error_code ec;
   json::value v = json::parse(*text, ec);
+  // Left in place: nothing is lost, and the daemon says why it cannot start.
   if (ec || !v.is_object())
-    return fail(Code::kInternal, root_ + "/images.json is corrupt: " + ec.message());
+    return fail(Code::kInternal, path + " is corrupt: " + ec.message() + " (fix or remove it)");
+  int imported = 0, kept = 0;
   if (auto* arr = v.as_object().if_contains("images"); arr && arr->is_array()) {
     for (const auto& x : arr->as_array()) {
       if (!x.is_object()) continue;
@@ -280,7 +283,11 @@ Result<void> ImageStore::load() {
       r.version = o.contains("version") && o.at("version").is_string()
                       ? std::string(o.at("version").as_string())
                       : "";
-      if (!valid_image_name(r.name) || !valid_image_version(r.version)) continue;
+      if (!valid_image_name(r.name) || !valid_image_version(r.version)) {
+        spdlog::warn("image store: {}: skipping a record with an invalid name '{}:{}'", path,
+                     r.name, r.version);
+        continue;
+      }
       if (auto* p = o.if_contains("parts"); p && p->is_array())
         for (const auto& s : p->as_array())
           if (s.is_string()) r.parts.emplace_back(s.as_string());
@@ -289,30 +296,27 @@ Result<void> ImageStore::load() {
       if (auto* s = o.if_contains("source"); s && s->is_string())
         r.source = std::string(s->as_string());
       if (auto* c = o.if_contains("created_ms"); c && c->is_int64()) r.created_ms = c->as_int64();
-      images_[r.name][r.version] = std::move(r);
+      // Stored as they were (parts unchecked), as the old store loaded them:
+      // resolve() reports a missing part when the image is used.
+      auto put = records_->put(r);
+      if (put) {
+        ++imported;
+      } else if (put.error().code == Code::kConflict) {
+        ++kept;  // a previous, interrupted import (or a newer record) wins
+      } else {
+        Error e = put.error();
+        e.context = "import " + path + ": " + e.context;
+        return std::unexpected(e);
+      }
     }
   }
+  // Only after every record is stored: a crash before this imports again.
+  const std::string done = path + ".migrated";
+  if (::rename(path.c_str(), done.c_str()) != 0)
+    return sys_fail("rename(" + path + ", " + done + ")");
+  spdlog::info("image store: imported {} image records from {} ({} already stored), renamed to {}",
+               imported, path, kept, done);
   return {};
-}
-
-Result<void> ImageStore::save_records_locked() {
-  json::array arr;
-  for (const auto& [n, vs] : images_)
-    for (const auto& [v, r] : vs) {
-      json::object o;
-      o["name"] = r.name;
-      o["version"] = r.version;
-      json::array parts;
-      for (const auto& p : r.parts) parts.emplace_back(p);
-      o["parts"] = std::move(parts);
-      o["defaults"] = defaults_json(r.defaults);
-      o["source"] = r.source;
-      o["created_ms"] = r.created_ms;
-      arr.emplace_back(std::move(o));
-    }
-  json::object root;
-  root["images"] = std::move(arr);
-  return write_file_atomic(root_ + "/images.json", json::serialize(root));
 }
 
 std::string ImageStore::layer_path(const std::string& digest) const {
@@ -490,7 +494,8 @@ Result<LayerInfo> ImageStore::add_layer_dir(const std::string& dir, const std::s
 }
 
 Result<ImageRecord> ImageStore::import_archive(const std::string& path, std::string name,
-                                               std::string version, ArchiveKind kind) {
+                                               std::string version, ArchiveKind kind,
+                                               PutMode mode) {
   if (!name.empty() && !valid_image_name(name))
     return fail(Code::kInvalidArgument, "invalid image name '" + name + "'");
   if (!version.empty() && !valid_image_version(version))
@@ -600,42 +605,52 @@ Result<ImageRecord> ImageStore::import_archive(const std::string& path, std::str
     rec.source = kind == ArchiveKind::kDocker ? "docker-archive" : "oci-archive";
   }
   rec.name = name;
-  rec.version = version.empty() ? next_version(name) : version;
-  return put_image(std::move(rec));
+  rec.version = version;
+  return put_image(std::move(rec), mode);
 }
 
-std::string ImageStore::next_version(const std::string& name) {
+Result<std::string> ImageStore::next_version(const std::string& name) {
   std::lock_guard lk(mu_);
+  return next_version_locked(name);
+}
+
+Result<std::string> ImageStore::next_version_locked(const std::string& name) {
+  control::ImageQuery q;
+  q.name = name;
+  auto recs = records_->list(q);
+  if (!recs) return std::unexpected(recs.error());
   uint64_t mx = 0;
-  if (auto it = images_.find(name); it != images_.end())
-    for (const auto& [v, r] : it->second) {
-      if (!v.empty() && std::all_of(v.begin(), v.end(), ::isdigit) && v.size() < 18)
-        mx = std::max<uint64_t>(mx, std::stoull(v));
-    }
+  for (const auto& r : *recs) {
+    const std::string& v = r.version;
+    if (!v.empty() && std::all_of(v.begin(), v.end(), ::isdigit) && v.size() < 18)
+      mx = std::max<uint64_t>(mx, std::stoull(v));
+  }
   return std::to_string(mx + 1);
 }
 
-Result<ImageRecord> ImageStore::find_locked(const std::string& ref) {
+Result<ImageRecord> ImageStore::find_locked(const std::string& ref, const ImageRecord* pending) {
   auto nv = parse_image_ref(ref);
   if (!nv) return std::unexpected(nv.error());
-  auto it = images_.find(nv->first);
-  if (it == images_.end() || it->second.empty())
-    return fail(Code::kNotFound, "image '" + nv->first + "' not found");
-  if (!nv->second.empty()) {
-    auto v = it->second.find(nv->second);
-    if (v == it->second.end()) return fail(Code::kNotFound, "image '" + ref + "' not found");
-    return v->second;
+  const auto& [name, version] = *nv;
+  auto got = version.empty() ? records_->latest(name) : records_->get(name, version);
+  if (!got) return std::unexpected(got.error());
+  if (pending && pending->name == name) {
+    if (!version.empty() && pending->version == version) return *pending;
+    // Latest: the pending record against the stored one it would replace or join.
+    if (version.empty() &&
+        (!*got || (*got)->version == pending->version || pending->created_ms > (*got)->created_ms ||
+         (pending->created_ms == (*got)->created_ms && pending->version > (*got)->version)))
+      return *pending;
   }
-  const ImageRecord* best = nullptr;
-  for (const auto& [v, r] : it->second)
-    if (!best || r.created_ms > best->created_ms ||
-        (r.created_ms == best->created_ms && r.version > best->version))
-      best = &r;
-  return *best;
+  if (!*got)
+    return fail(Code::kNotFound, version.empty() ? "image '" + name + "' not found"
+                                                 : "image '" + ref + "' not found");
+  return std::move(**got);
 }
 
 Result<void> ImageStore::expand_locked(const ImageRecord& r, int depth,
-                                       std::vector<std::string>* digests, ImageDefaults* d) {
+                                       std::vector<std::string>* digests, ImageDefaults* d,
+                                       const ImageRecord* pending) {
   if (depth > 16)
     return fail(Code::kInvalidArgument, "image '" + r.name + "' is composed too deep (a cycle?)");
   ImageDefaults acc;
@@ -648,10 +663,10 @@ Result<void> ImageStore::expand_locked(const ImageRecord& r, int depth,
         return fail(Code::kNotFound, "layer " + p + " of image " + r.name + " is missing");
       out.push_back(p);
     } else if (p.rfind("image:", 0) == 0) {
-      auto sub = find_locked(p.substr(6));
+      auto sub = find_locked(p.substr(6), pending);
       if (!sub) return std::unexpected(sub.error());
       ImageDefaults sd;
-      TP_TRY(expand_locked(*sub, depth + 1, &out, &sd));
+      TP_TRY(expand_locked(*sub, depth + 1, &out, &sd, pending));
       part_defaults.push_back(std::move(sd));
     } else {
       return fail(Code::kInvalidArgument, "invalid part '" + p + "' of image " + r.name);
@@ -666,10 +681,10 @@ Result<void> ImageStore::expand_locked(const ImageRecord& r, int depth,
   return {};
 }
 
-Result<ImageRecord> ImageStore::put_image(ImageRecord r) {
+Result<ImageRecord> ImageStore::put_image(ImageRecord r, PutMode mode) {
   if (!valid_image_name(r.name))
     return fail(Code::kInvalidArgument, "invalid image name '" + r.name + "'");
-  if (!valid_image_version(r.version))
+  if (!r.version.empty() && !valid_image_version(r.version))
     return fail(Code::kInvalidArgument, "invalid image version '" + r.version + "'");
   if (r.parts.empty())
     return fail(Code::kInvalidArgument, "an image needs at least one layer or image part");
@@ -699,23 +714,38 @@ Result<ImageRecord> ImageStore::put_image(ImageRecord r) {
     }
   }
   if (r.created_ms == 0) r.created_ms = now_ms();
-  auto& slot = images_[r.name][r.version];
-  ImageRecord old = slot;
-  slot = r;
-  // A composition must resolve (no cycles through other images).
-  std::vector<std::string> ds;
-  ImageDefaults dd;
-  if (auto e = expand_locked(r, 0, &ds, &dd); !e) {
-    if (old.name.empty()) {
-      images_[r.name].erase(r.version);
-      if (images_[r.name].empty()) images_.erase(r.name);
-    } else {
-      slot = old;
+  const bool auto_version = r.version.empty();
+  // Another writer of the same record store (another daemon) can win a race:
+  // an automatic version then moves on, a replace reads the record again.
+  for (int attempt = 0;; ++attempt) {
+    r.row_version = 0;
+    if (auto_version) {
+      auto v = next_version_locked(r.name);
+      if (!v) return std::unexpected(v.error());
+      r.version = *v;
+    } else if (mode == PutMode::kReplace) {
+      auto old = records_->get(r.name, r.version);
+      if (!old) return std::unexpected(old.error());
+      if (*old) r.row_version = (*old)->row_version;
     }
-    return std::unexpected(e.error());
+    // A composition must resolve (no cycles through other images).
+    std::vector<std::string> ds;
+    ImageDefaults dd;
+    TP_TRY(expand_locked(r, 0, &ds, &dd, &r));
+    auto stored = records_->put(r);
+    if (stored) {
+      r.row_version = *stored;
+      return r;
+    }
+    bool retry = stored.error().code == Code::kConflict &&
+                 (auto_version || mode == PutMode::kReplace) && attempt < 8;
+    if (!retry) {
+      if (stored.error().code == Code::kConflict && mode == PutMode::kCreate)
+        return fail(Code::kConflict, "image " + r.name + ":" + r.version +
+                                         " already exists (remove it first, or replace it)");
+      return std::unexpected(stored.error());
+    }
   }
-  if (auto s = save_records_locked(); !s) return std::unexpected(s.error());
-  return r;
 }
 
 Result<ImageRecord> ImageStore::get_image(const std::string& ref) {
@@ -723,33 +753,32 @@ Result<ImageRecord> ImageStore::get_image(const std::string& ref) {
   return find_locked(ref);
 }
 
-std::vector<ImageRecord> ImageStore::images() {
+Result<std::vector<ImageRecord>> ImageStore::images() {
   std::lock_guard lk(mu_);
-  std::vector<ImageRecord> out;
-  for (const auto& [n, vs] : images_)
-    for (const auto& [v, r] : vs) out.push_back(r);
-  return out;
+  return records_->list({});
 }
 
 Result<void> ImageStore::remove_image(const std::string& ref) {
   std::lock_guard lk(mu_);
-  auto nv = parse_image_ref(ref);
-  if (!nv) return std::unexpected(nv.error());
   auto r = find_locked(ref);
   if (!r) return std::unexpected(r.error());
-  for (const auto& [n, vs] : images_)
-    for (const auto& [v, other] : vs)
-      for (const auto& p : other.parts) {
-        if (p.rfind("image:", 0) != 0) continue;
-        auto sub = find_locked(p.substr(6));
-        if (sub && sub->name == r->name && sub->version == r->version &&
-            !(n == r->name && v == r->version))
-          return fail(Code::kConflict,
-                      "image " + n + ":" + v + " is composed of " + r->name + ":" + r->version);
-      }
-  images_[r->name].erase(r->version);
-  if (images_[r->name].empty()) images_.erase(r->name);
-  return save_records_locked();
+  // Who is made of it: parts naming this version, and parts naming the name
+  // alone while this version is the latest.
+  std::vector<std::string> names = {"image:" + r->name + ":" + r->version};
+  auto latest = records_->latest(r->name);
+  if (!latest) return std::unexpected(latest.error());
+  if (*latest && (*latest)->version == r->version) names.push_back("image:" + r->name);
+  for (const auto& part : names) {
+    control::ImageQuery q;
+    q.part = part;
+    auto users = records_->list(q);
+    if (!users) return std::unexpected(users.error());
+    for (const auto& u : *users)
+      if (!(u.name == r->name && u.version == r->version))
+        return fail(Code::kConflict, "image " + u.name + ":" + u.version + " is composed of " +
+                                         r->name + ":" + r->version);
+  }
+  return records_->remove(r->name, r->version, r->row_version);
 }
 
 Result<ResolvedLayers> ImageStore::resolve(const std::string& ref) {
@@ -776,38 +805,42 @@ Result<ResolvedLayers> ImageStore::resolve(const std::string& ref) {
     TP_TRY(expand_locked(*r, 0, &out.digests, &out.defaults));
   }
   if (out.digests.size() > 128) return fail(Code::kInvalidArgument, "more than 128 layers");
-  for (const auto& d : out.digests) out.paths.push_back(layer_path(d));
+  for (const auto& d : out.digests) {
+    out.paths.push_back(layer_path(d));
+    out.bytes += layers_.at(d).bytes;
+  }
   out.pin = pin_locked(out.digests);
   return out;
 }
 
-std::map<std::string, uint32_t> ImageStore::refs_locked() {
-  std::map<std::string, uint32_t> refs;
-  for (const auto& [n, vs] : images_)
-    for (const auto& [v, r] : vs)
-      for (const auto& p : r.parts)
-        if (p.rfind("sha256:", 0) == 0) ++refs[p];
-  return refs;
+Result<std::string> ImageStore::layer_dir(const std::string& digest) {
+  if (!valid_layer_digest(digest))
+    return fail(Code::kInvalidArgument, "invalid layer digest '" + digest + "'");
+  std::lock_guard lk(mu_);
+  if (!layers_.contains(digest)) return fail(Code::kNotFound, "layer " + digest + " not found");
+  return layer_path(digest);
 }
 
 Result<LayerInfo> ImageStore::layer(const std::string& digest) {
   std::lock_guard lk(mu_);
   auto it = layers_.find(digest);
   if (it == layers_.end()) return fail(Code::kNotFound, "layer " + digest + " not found");
+  auto refs = records_->part_counts();
+  if (!refs) return std::unexpected(refs.error());
   LayerInfo li = it->second;
-  auto refs = refs_locked();
-  li.image_refs = refs[digest];
+  li.image_refs = refs->contains(digest) ? refs->at(digest) : 0;
   li.pins = pins_.contains(digest) ? pins_[digest] : 0;
   return li;
 }
 
-std::vector<LayerInfo> ImageStore::layers() {
+Result<std::vector<LayerInfo>> ImageStore::layers() {
   std::lock_guard lk(mu_);
-  auto refs = refs_locked();
+  auto refs = records_->part_counts();
+  if (!refs) return std::unexpected(refs.error());
   std::vector<LayerInfo> out;
   for (const auto& [d, l] : layers_) {
     LayerInfo li = l;
-    li.image_refs = refs.contains(d) ? refs[d] : 0;
+    li.image_refs = refs->contains(d) ? refs->at(d) : 0;
     li.pins = pins_.contains(d) ? pins_[d] : 0;
     out.push_back(li);
   }
@@ -819,7 +852,10 @@ Result<GcReport> ImageStore::gc() {
   std::vector<std::string> doomed;
   {
     std::lock_guard lk(mu_);
-    auto refs = refs_locked();
+    // Under the lock: no record naming a layer can be written meanwhile.
+    auto counted = records_->part_counts();
+    if (!counted) return std::unexpected(counted.error());
+    const auto& refs = *counted;
     for (auto it = layers_.begin(); it != layers_.end();) {
       const std::string& d = it->first;
       bool pinned = pins_.contains(d) && pins_[d] > 0;

@@ -1,13 +1,21 @@
-// ImageStore: content-addressed layers and versioned images under
-// <data_dir>/images (docs/architecture.md).
+// ImageStore: content-addressed layers under <data_dir>/images and versioned
+// image records in a control::ImageRecordStore (docs/architecture.md).
 //
 // Layout:
 //   images/layers/sha256/<hex>/root        the layer, unpacked once, read-only by
 //                                          convention; the overlay lower dir
-//   images/layers/sha256/<hex>/layer.json  size, entries, source, creation time
-//   images/images.json                     image records (rewritten atomically)
+//   images/layers/sha256/<hex>/layer.json  size, entries, source, creation time:
+//                                          stays on disk next to the layer it
+//                                          describes (it lives and dies with it)
 //   images/tmp/                            unpacks in progress, renamed into place
 //                                          only when complete
+//   images/images.json.migrated            the image records of daemons before
+//                                          the record store, imported once
+// Image records live in the record store (the daemon's state.db): open()
+// imports an images.json left by an older daemon into it, keeping any record
+// the store already has under the same name:version (an import interrupted by
+// a crash runs again harmlessly), then renames the file to
+// images.json.migrated so that it is never imported twice.
 // A layer's id is the sha256 of its uncompressed tar (the OCI DiffID), so
 // importing the same content twice, in any compression, stores it once.
 // <hex>/ is mode 0700 owned by uid_base (root of the sandboxes' user
@@ -21,6 +29,10 @@
 // without version means the most recently created version. An explicit
 // layer stack is "layers:sha256:<top>,sha256:<next>,..." (top first).
 //
+// Writes of records: put_image() never replaces a record unless asked
+// (PutMode::kReplace); a replace reads the record and writes it back with a
+// compare-and-set on its row version, as does remove_image().
+//
 // Reference counting: a layer is referenced by the image records that list it
 // and pinned by every live user (a resolve() pin held by a sandbox, an import
 // in progress). gc() removes layers that are neither referenced nor pinned,
@@ -29,8 +41,10 @@
 // find it.
 //
 // Thread rules: every method may be called from any thread concurrently.
-// Imports and gc do blocking I/O: call them from blocking threads. Pins keep
-// the store alive.
+// Imports, gc and every record access do blocking I/O (the record store is a
+// database): call them from blocking threads. Record writes, layer checks and
+// gc are serialised by one mutex, so a layer checked by put_image() cannot be
+// collected before its record is stored. Pins keep the store alive.
 #pragma once
 
 #include <cstdint>
@@ -41,6 +55,8 @@
 #include <vector>
 
 #include "common/result.h"
+#include "control/image_record_store.h"
+#include "image/layer_resolver.h"
 #include "image/layer_unpack.h"
 #include "image/oci_archive.h"
 
@@ -63,19 +79,21 @@ struct LayerInfo {
   uint32_t pins = 0;
 };
 
-struct ImageRecord {
-  std::string name;
-  std::string version;
-  std::vector<std::string> parts;  // top first: sha256:<hex> | image:<name>[:<version>]
-  ImageDefaults defaults;
-  std::string source;
-  int64_t created_ms = 0;
+// name, version, parts (top first: sha256:<hex> | image:<name>[:<version>]),
+// defaults, source, created_ms, row_version.
+using ImageRecord = control::ImageRecord;
+
+// What put_image() does with a name:version that exists.
+enum class PutMode {
+  kCreate,   // fails with kConflict
+  kReplace,  // replaces it (POST /v1/images, imports and builds with an explicit version)
 };
 
 struct ResolvedLayers {
   std::vector<std::string> digests;  // top first, de-duplicated
   std::vector<std::string> paths;    // lower directories, top first
   ImageDefaults defaults;
+  uint64_t bytes = 0;         // of the layers above, unpacked
   std::shared_ptr<void> pin;  // holds every layer above against gc
 };
 
@@ -92,10 +110,12 @@ bool valid_image_name(const std::string& s);
 bool valid_image_version(const std::string& s);
 bool valid_layer_digest(const std::string& s);
 
-class ImageStore : public std::enable_shared_from_this<ImageStore> {
+class ImageStore : public LayerResolver, public std::enable_shared_from_this<ImageStore> {
  public:
-  // Creates the layout, removes unfinished unpacks and loads records.
-  static Result<std::shared_ptr<ImageStore>> open(StoreOptions opts);
+  // Creates the layout, removes unfinished unpacks, loads the layers and
+  // imports an images.json of an older daemon into `records`.
+  static Result<std::shared_ptr<ImageStore>> open(
+      StoreOptions opts, std::shared_ptr<control::ImageRecordStore> records);
 
   // Unpacks a layer (any tar, compressed or not) unless expect_diff_id names
   // a stored layer. The returned layer is pinned in *pins (if given) until
@@ -112,12 +132,14 @@ class ImageStore : public std::enable_shared_from_this<ImageStore> {
   // Imports a docker-save or OCI archive, or a tar as a single layer, as
   // name:version (version "" = next integer; name "" = from the archive's tag).
   Result<ImageRecord> import_archive(const std::string& path, std::string name, std::string version,
-                                     ArchiveKind kind);
+                                     ArchiveKind kind, PutMode mode);
 
-  // Creates or replaces an image record; every part must exist.
-  Result<ImageRecord> put_image(ImageRecord r);
+  // Stores an image record; every part must exist. An empty r.version takes
+  // the next integer version (never an existing one, whatever the mode).
+  // Answers the record as stored (row_version set).
+  Result<ImageRecord> put_image(ImageRecord r, PutMode mode);
   Result<ImageRecord> get_image(const std::string& ref);
-  std::vector<ImageRecord> images();
+  Result<std::vector<ImageRecord>> images();
   // Fails with kConflict when another image is composed of it.
   Result<void> remove_image(const std::string& ref);
 
@@ -125,31 +147,36 @@ class ImageStore : public std::enable_shared_from_this<ImageStore> {
   Result<ResolvedLayers> resolve(const std::string& ref);
 
   Result<LayerInfo> layer(const std::string& digest);
-  std::vector<LayerInfo> layers();
+  Result<std::vector<LayerInfo>> layers();
   Result<GcReport> gc();
+
+  // LayerResolver: a stored layer's lower directory (no pin).
+  Result<std::string> layer_dir(const std::string& digest) override;
 
   const std::string& root() const { return root_; }
   std::string layer_path(const std::string& digest) const;  // lower dir of a digest
-  std::string next_version(const std::string& name);
+  Result<std::string> next_version(const std::string& name);
   uint64_t used_bytes();
 
  private:
-  explicit ImageStore(StoreOptions o);
-  Result<void> load();
-  Result<void> save_records_locked();
-  Result<ImageRecord> find_locked(const std::string& ref);
+  ImageStore(StoreOptions o, std::shared_ptr<control::ImageRecordStore> records);
+  Result<void> load_layers();
+  Result<void> import_json();
+  // `pending` (if given) stands for its name:version as if it were stored:
+  // put_image() checks a composition before writing it.
+  Result<ImageRecord> find_locked(const std::string& ref, const ImageRecord* pending = nullptr);
   Result<void> expand_locked(const ImageRecord& r, int depth, std::vector<std::string>* digests,
-                             ImageDefaults* d);
+                             ImageDefaults* d, const ImageRecord* pending = nullptr);
+  Result<std::string> next_version_locked(const std::string& name);
   std::shared_ptr<void> pin_locked(const std::vector<std::string>& digests);
-  std::map<std::string, uint32_t> refs_locked();
   std::string make_tmp_dir(const std::string& prefix);
 
   StoreOptions opts_;
   std::string root_;  // <data_dir>/images
+  std::shared_ptr<control::ImageRecordStore> records_;
 
   std::mutex mu_;
-  std::map<std::string, LayerInfo> layers_;                           // by digest
-  std::map<std::string, std::map<std::string, ImageRecord>> images_;  // name -> version -> record
+  std::map<std::string, LayerInfo> layers_;  // by digest
   std::map<std::string, uint32_t> pins_;
 };
 

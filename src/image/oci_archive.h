@@ -10,18 +10,15 @@
 #include <vector>
 
 #include "common/result.h"
+#include "control/image_record_store.h"
 
 namespace tp::image {
 
 enum class ArchiveKind { kAuto, kDocker, kOci, kLayer };
 Result<ArchiveKind> parse_archive_kind(const std::string& s);  // auto|docker|oci|layer|tar
 
-struct ImageDefaults {
-  std::map<std::string, std::string> env;
-  std::string workdir;
-  std::string user;
-  std::vector<std::string> cmd;  // Entrypoint + Cmd
-};
+// Env, workdir, user and command of an image: part of its record.
+using ImageDefaults = control::ImageDefaults;
 
 struct LayerSource {
   std::string member;   // archive member holding the layer blob (normalized, no leading ./)

@@ -38,7 +38,7 @@ namespace tp::node {
 // An image resolved to what the runtime needs. `pin` keeps the image's layers
 // from being garbage-collected while a sandbox uses them (released at its end).
 struct ResolvedImage {
-  std::vector<std::string> layers;         // lower directories, top first
+  std::vector<std::string> layers;         // layer digests "sha256:<hex>", top first
   std::map<std::string, std::string> env;  // image defaults, under the sandbox's env
   std::string workdir;                     // default cwd of commands ("" = /)
   std::shared_ptr<void> pin;

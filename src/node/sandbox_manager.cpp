@@ -125,7 +125,7 @@ runtime::SandboxSpec spec_of(const SandboxRecord& r, const ResolvedImage& img) {
   runtime::SandboxSpec spec;
   spec.id = r.id;
   spec.image = r.image;
-  spec.layers = img.layers;
+  spec.layers = r.layers.empty() ? img.layers : r.layers;
   spec.memory_bytes = r.memory_mb << 20;
   spec.cpus = r.cpus;
   spec.pids_max = static_cast<uint32_t>(r.pids);
@@ -215,17 +215,13 @@ Result<bool> SandboxManager::adopt_one(SandboxRecord r) {
   Result<std::unique_ptr<runtime::SandboxInstance>> inst =
       fail(Code::kNotFound, "tier " + r.tier + " is not available");
   if (b) {
-    bool resolved = true;
-    if (r.image != "host") {
-      auto img = resolver_ ? resolver_(r.image) : fail(Code::kNotFound, "no image resolver");
-      if (img)
-        sb->image = std::move(*img);
-      else {
-        inst = std::unexpected(img.error());
-        resolved = false;
-      }
+    auto img = adopted_image(r);
+    if (img) {
+      sb->image = std::move(*img);
+      inst = b->adopt(spec_of(r, sb->image));
+    } else {
+      inst = std::unexpected(img.error());
     }
-    if (resolved) inst = b->adopt(spec_of(r, sb->image));
   }
   if (inst) {
     std::string addr = (*inst)->agent_address();
@@ -320,6 +316,37 @@ Result<bool> SandboxManager::adopt_one(SandboxRecord r) {
     return std::unexpected(Error{v.error().code, v.error().sys_errno,
                                  "cannot record " + r.id + " as stopped: " + v.error().message()});
   return false;
+}
+
+Result<ResolvedImage> SandboxManager::adopted_image(const SandboxRecord& r) {
+  if (r.image == "host") return ResolvedImage{};
+  if (!resolver_) return fail(Code::kNotFound, "no image resolver");
+  auto by_ref = resolver_(r.image);
+  // Records of older daemons carry no layers: the reference is all there is.
+  if (r.layers.empty() || (by_ref && by_ref->layers == r.layers)) return by_ref;
+  // The reference names other layers now (a new version, a replaced part) or
+  // nothing: the sandbox still runs on the layers it was created with, so
+  // those are the ones to pin against gc.
+  std::string stack = "layers:";
+  for (size_t i = 0; i < r.layers.size(); ++i) stack += (i ? "," : "") + r.layers[i];
+  auto exact = resolver_(stack);
+  if (!exact) return std::unexpected(exact.error());
+  if (by_ref) {
+    TP_SB_WARN(r.id,
+               "image {} changed since the sandbox was created: keeping its layers, taking "
+               "the image's current defaults",
+               r.image);
+    exact->env = by_ref->env;
+    exact->workdir = by_ref->workdir;
+    exact->uid = by_ref->uid;
+    exact->gid = by_ref->gid;
+  } else {
+    TP_SB_WARN(r.id,
+               "image {} is gone ({}): keeping the sandbox's layers, without the image's "
+               "defaults",
+               r.image, by_ref.error().message());
+  }
+  return exact;
 }
 
 void SandboxManager::attach_proc(const std::shared_ptr<Sandbox>& sb, std::shared_ptr<BgProc> bg) {
@@ -497,9 +524,28 @@ void SandboxManager::create(CreateParams p, RecordCb cb) {
 void SandboxManager::create_op(std::shared_ptr<Sandbox> sb, RecordCb cb, Sandbox::Done done,
                                int64_t start_us) {
   auto answer = [this, cb](Result<SandboxRecord> r) { asio::post(io_, [cb, r] { cb(r); }); };
+  // The image first: its layer digests are part of the record (a restarted
+  // daemon pins exactly those). A failure is stored with the record below.
+  ResolvedImage img;
+  std::optional<Error> unresolved;
+  {
+    std::string image;
+    {
+      std::lock_guard lk(sb->mu);
+      image = sb->rec.image;
+    }
+    if (image != "host") {
+      auto r = resolver_(image);
+      if (r)
+        img = std::move(*r);
+      else
+        unresolved = r.error();
+    }
+  }
   SandboxRecord snap;
   {
     std::lock_guard lk(sb->mu);
+    sb->rec.layers = img.layers;
     snap = sb->rec;
   }
   auto ins = store_.insert(snap);
@@ -535,18 +581,8 @@ void SandboxManager::create_op(std::shared_ptr<Sandbox> sb, RecordCb cb, Sandbox
     return done();  // the stop op follows
   }
   Result<std::unique_ptr<runtime::SandboxInstance>> inst = fail(Code::kInternal, "not created");
-  ResolvedImage img;
-  bool resolved = true;
-  if (snap.image != "host") {
-    auto r = resolver_(snap.image);
-    if (r)
-      img = std::move(*r);
-    else {
-      inst = std::unexpected(r.error());
-      resolved = false;
-    }
-  }
-  if (resolved) {
+  if (unresolved) inst = std::unexpected(*unresolved);
+  if (!unresolved) {
     runtime::SandboxSpec spec = spec_of(snap, img);
     spec.disk_bytes = sb->disk_bytes;
     inst = sb->backend->create(spec);

@@ -26,6 +26,14 @@
 // not answer), and cleanup_orphans removes what is left of it. TTLs and
 // records stay as they were.
 //
+// Images: a record keeps the layer digests its sandbox was created with
+// (resolved before the record is first stored), and the backend gets those
+// digests in the spec. An adopted sandbox pins exactly its recorded layers, so
+// gc cannot remove them even when its image reference names other layers by
+// now (a new version, a replaced part) or is gone; its defaults (env, workdir,
+// user) are then the reference's current ones, or none. Records of older
+// daemons have no layers: their image is resolved by reference, as before.
+//
 // Background process output: files under <data_dir>/sandboxes/<id>/ (bounded
 // by output_limit per stream), removed when the sandbox ends. A process that
 // ended and was reported before a restart is not listed after it.
@@ -146,6 +154,8 @@ class SandboxManager : public Service {
   void attach_proc(const std::shared_ptr<Sandbox>& sb, std::shared_ptr<BgProc> bg);
   // Adopts one record a previous run left live: true if kept, false if stored stopped.
   Result<bool> adopt_one(control::SandboxRecord r);
+  // The image of a sandbox being adopted: its recorded layers, pinned (see the header).
+  Result<ResolvedImage> adopted_image(const control::SandboxRecord& r);
   // Stores its final record, forgets it (unless the store fails) and answers its stop waiters.
   void store_final(const std::shared_ptr<Sandbox>& sb, std::optional<Error> err);
   void on_tick();

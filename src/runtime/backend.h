@@ -4,6 +4,12 @@
 // agent) is tp-agent, reachable through one connected stream fd that speaks
 // src/protocol/wire.h. Everything else (exec, files) goes through that agent.
 //
+// A spec names its image's layers by digest; a backend that needs them on the
+// host resolves them through the image::LayerResolver it was given at
+// construction (image/layer_resolver.h), before it creates anything: an
+// unknown digest fails create() with kNotFound and leaves nothing behind. The
+// caller keeps the layers pinned while the sandbox lives.
+//
 // Ownership: a SandboxInstance owns every kernel resource of its sandbox
 // (processes, namespaces, cgroups, mounts, files). destroy() releases them all
 // and is idempotent; the destructor calls it. After destroy() returns
@@ -30,7 +36,7 @@ namespace tp::runtime {
 struct SandboxSpec {
   std::string id;                        // also the hostname inside the sandbox
   std::string image = "host";            // image name; "host" = read-only views of host system dirs
-  std::vector<std::string> layers;       // resolved lower directories, top first (empty for "host")
+  std::vector<std::string> layers;       // layer digests (sha256:<hex>), top first; none for host
   uint64_t memory_bytes = 512ull << 20;  // hard limit, no swap
   double cpus = 1.0;                     // cpu quota in cores
   uint32_t pids_max = 512;               // tasks in the sandbox, agent included

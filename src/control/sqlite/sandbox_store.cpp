@@ -4,6 +4,8 @@
 
 #include <boost/json.hpp>
 
+#include "control/sqlite/schema.h"
+
 namespace tp::control::sqlite {
 namespace json = boost::json;
 namespace {
@@ -12,6 +14,23 @@ std::string map_to_json(const std::map<std::string, std::string>& m) {
   json::object o;
   for (const auto& [k, v] : m) o[k] = v;
   return json::serialize(o);
+}
+
+std::string list_to_json(const std::vector<std::string>& l) {
+  json::array a;
+  for (const auto& x : l) a.emplace_back(x);
+  return json::serialize(a);
+}
+
+std::vector<std::string> list_from_json(const char* text) {
+  std::vector<std::string> l;
+  if (!text) return l;
+  boost::system::error_code ec;
+  json::value v = json::parse(text, ec);
+  if (ec || !v.is_array()) return l;
+  for (const auto& x : v.as_array())
+    if (x.is_string()) l.emplace_back(x.as_string());
+  return l;
 }
 
 std::map<std::string, std::string> map_from_json(const char* text) {
@@ -23,10 +42,6 @@ std::map<std::string, std::string> map_from_json(const char* text) {
   for (const auto& [k, val] : v.as_object())
     if (val.is_string()) m[std::string(k)] = std::string(val.as_string());
   return m;
-}
-
-Error db_error(sqlite3* db, const std::string& what) {
-  return Error{Code::kInternal, 0, "sqlite " + what + ": " + sqlite3_errmsg(db)};
 }
 
 // Owns a prepared statement.
@@ -68,15 +83,16 @@ SandboxRecord row_to_record(sqlite3_stmt* s) {
   r.ended_at_ms = sqlite3_column_int64(s, 15);
   r.end_reason = text(16);
   r.version = sqlite3_column_int64(s, 17);
+  r.layers = list_from_json(reinterpret_cast<const char*>(sqlite3_column_text(s, 18)));
   return r;
 }
 
 constexpr const char* kColumns =
     "id, state, tier, image, node, memory_mb, cpus, pids, disk_mb, ttl_seconds, "
     "idle_timeout_seconds, labels, env, created_at_ms, expires_at_ms, ended_at_ms, end_reason, "
-    "version";
+    "version, layers";
 
-// Binds the 17 record columns (all but version) at 1..17.
+// Binds the 17 record columns before version at 1..17, layers at 18.
 void bind_record(sqlite3_stmt* s, const SandboxRecord& r, const std::string& labels,
                  const std::string& env) {
   sqlite3_bind_text(s, 1, r.id.c_str(), -1, SQLITE_TRANSIENT);
@@ -96,85 +112,15 @@ void bind_record(sqlite3_stmt* s, const SandboxRecord& r, const std::string& lab
   sqlite3_bind_int64(s, 15, r.expires_at_ms);
   sqlite3_bind_int64(s, 16, r.ended_at_ms);
   sqlite3_bind_text(s, 17, r.end_reason.c_str(), -1, SQLITE_TRANSIENT);
+  sqlite3_bind_text(s, 18, list_to_json(r.layers).c_str(), -1, SQLITE_TRANSIENT);
 }
 
 }  // namespace
 
 Result<std::unique_ptr<SqliteSandboxStore>> SqliteSandboxStore::open(const std::string& path) {
-  sqlite3* db = nullptr;
-  int rc =
-      sqlite3_open_v2(path.c_str(), &db,
-                      SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_FULLMUTEX, nullptr);
-  if (rc != SQLITE_OK) {
-    std::string msg = db ? sqlite3_errmsg(db) : "out of memory";
-    sqlite3_close(db);
-    return fail(Code::kInternal, "sqlite open(" + path + "): " + msg);
-  }
-  std::unique_ptr<SqliteSandboxStore> st(new SqliteSandboxStore(db));
-  sqlite3_busy_timeout(db, 5000);
-  TP_TRY(st->exec_sql("PRAGMA journal_mode=WAL"));
-  // NORMAL in WAL mode survives a daemon crash (what restart recovery needs);
-  // a power loss may lose the last records, but it also ends every sandbox.
-  TP_TRY(st->exec_sql("PRAGMA synchronous=NORMAL"));
-  TP_TRY(st->migrate());
-  return st;
-}
-
-Result<void> SqliteSandboxStore::migrate() {
-  Stmt uv;
-  if (sqlite3_prepare_v2(db_, "PRAGMA user_version", -1, &uv.s, nullptr) != SQLITE_OK ||
-      sqlite3_step(uv.s) != SQLITE_ROW)
-    return std::unexpected(db_error(db_, "user_version"));
-  int version = sqlite3_column_int(uv.s, 0);
-  if (version == kSchemaVersion) return {};
-  if (version > kSchemaVersion)
-    return fail(Code::kInternal, "state.db has schema " + std::to_string(version) +
-                                     ", newer than this daemon's " +
-                                     std::to_string(kSchemaVersion));
-  TP_TRY(exec_sql("BEGIN IMMEDIATE"));
-  auto body = [&]() -> Result<void> {
-    // WITHOUT ROWID: the rows live in the id's b-tree, so an update rewrites one
-    // leaf page. A table made by schema 0 keeps its layout and gains the column.
-    TP_TRY(exec_sql(
-        "CREATE TABLE IF NOT EXISTS sandboxes ("
-        " id TEXT PRIMARY KEY, state TEXT NOT NULL, tier TEXT, image TEXT, node TEXT,"
-        " memory_mb INTEGER, cpus REAL, pids INTEGER, disk_mb INTEGER, ttl_seconds INTEGER,"
-        " idle_timeout_seconds INTEGER, labels TEXT, env TEXT, created_at_ms INTEGER,"
-        " expires_at_ms INTEGER, ended_at_ms INTEGER, end_reason TEXT,"
-        " version INTEGER NOT NULL DEFAULT 1) WITHOUT ROWID"));
-    bool has_version = false;
-    {
-      Stmt cols;
-      if (sqlite3_prepare_v2(db_, "PRAGMA table_info(sandboxes)", -1, &cols.s, nullptr) !=
-          SQLITE_OK)
-        return std::unexpected(db_error(db_, "table_info"));
-      while (sqlite3_step(cols.s) == SQLITE_ROW) {
-        const unsigned char* n = sqlite3_column_text(cols.s, 1);
-        if (n && std::string(reinterpret_cast<const char*>(n)) == "version") has_version = true;
-      }
-    }
-    if (!has_version)
-      TP_TRY(exec_sql("ALTER TABLE sandboxes ADD COLUMN version INTEGER NOT NULL DEFAULT 1"));
-    TP_TRY(
-        exec_sql("CREATE TABLE IF NOT EXISTS sandbox_labels ("
-                 " sandbox_id TEXT NOT NULL, key TEXT NOT NULL, value TEXT NOT NULL,"
-                 " PRIMARY KEY (sandbox_id, key)) WITHOUT ROWID"));
-    TP_TRY(exec_sql("CREATE INDEX IF NOT EXISTS sandbox_labels_kv ON sandbox_labels (key, value)"));
-    TP_TRY(exec_sql("CREATE INDEX IF NOT EXISTS sandboxes_state ON sandboxes (state)"));
-    TP_TRY(exec_sql("CREATE INDEX IF NOT EXISTS sandboxes_ended ON sandboxes (ended_at_ms)"));
-    // Labels of schema-0 rows, from their JSON column.
-    TP_TRY(exec_sql(
-        "INSERT OR IGNORE INTO sandbox_labels (sandbox_id, key, value)"
-        " SELECT s.id, j.key, j.value FROM sandboxes s, json_each(s.labels) j"
-        " WHERE json_valid(s.labels) AND json_type(s.labels) = 'object' AND j.type = 'text'"));
-    TP_TRY(exec_sql("PRAGMA user_version = 1"));
-    return {};
-  };
-  if (auto r = body(); !r) {
-    (void)exec_sql("ROLLBACK");
-    return r;
-  }
-  return exec_sql("COMMIT");
+  auto db = open_database(path);
+  if (!db) return std::unexpected(db.error());
+  return std::unique_ptr<SqliteSandboxStore>(new SqliteSandboxStore(*db));
 }
 
 SqliteSandboxStore::~SqliteSandboxStore() {
@@ -184,15 +130,7 @@ SqliteSandboxStore::~SqliteSandboxStore() {
   sqlite3_close(db_);
 }
 
-Result<void> SqliteSandboxStore::exec_sql(const char* sql) {
-  char* err = nullptr;
-  if (sqlite3_exec(db_, sql, nullptr, nullptr, &err) != SQLITE_OK) {
-    std::string msg = err ? err : "?";
-    sqlite3_free(err);
-    return fail(Code::kInternal, std::string("sqlite exec(") + sql + "): " + msg);
-  }
-  return {};
-}
+Result<void> SqliteSandboxStore::exec_sql(const char* sql) { return sqlite::exec_sql(db_, sql); }
 
 Result<sqlite3_stmt*> SqliteSandboxStore::prepared(sqlite3_stmt** slot, const char* sql) {
   if (!*slot && sqlite3_prepare_v2(db_, sql, -1, slot, nullptr) != SQLITE_OK)
@@ -202,8 +140,9 @@ Result<sqlite3_stmt*> SqliteSandboxStore::prepared(sqlite3_stmt** slot, const ch
 
 Result<uint64_t> SqliteSandboxStore::insert(const SandboxRecord& r) {
   std::lock_guard lk(mu_);
-  static const std::string kInsert = std::string("INSERT INTO sandboxes (") + kColumns +
-                                     ") VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,1)";
+  static const std::string kInsert =
+      std::string("INSERT INTO sandboxes (") + kColumns +
+      ") VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15,?16,?17,1,?18)";
   auto ins = prepared(&insert_stmt_, kInsert.c_str());
   if (!ins) return std::unexpected(ins.error());
   auto lab =
@@ -245,12 +184,12 @@ Result<uint64_t> SqliteSandboxStore::update(const SandboxRecord& r) {
                "UPDATE sandboxes SET state=?2, tier=?3, image=?4, node=?5, memory_mb=?6, cpus=?7,"
                " pids=?8, disk_mb=?9, ttl_seconds=?10, idle_timeout_seconds=?11, env=?13,"
                " created_at_ms=?14, expires_at_ms=?15, ended_at_ms=?16, end_reason=?17,"
-               " version=version+1 WHERE id=?1 AND version=?18");
+               " layers=?18, version=version+1 WHERE id=?1 AND version=?19");
   if (!up) return std::unexpected(up.error());
   {
     Reset reset{*up};
     bind_record(*up, r, "", map_to_json(r.env));
-    sqlite3_bind_int64(*up, 18, static_cast<sqlite3_int64>(r.version));
+    sqlite3_bind_int64(*up, 19, static_cast<sqlite3_int64>(r.version));
     if (sqlite3_step(*up) != SQLITE_DONE) return std::unexpected(db_error(db_, "update " + r.id));
   }
   if (sqlite3_changes(db_) == 1) return r.version + 1;

@@ -7,10 +7,9 @@
 // run left behind. Writes survive a crash of the daemon once the call returns
 // (WAL, synchronous=NORMAL); a power loss may lose the newest ones.
 //
-// Schema (PRAGMA user_version): 0 = the first table (no version column, labels
-// only as JSON); 1 = a `version` column for compare-and-set updates, labels
-// also in their own indexed table `sandbox_labels`, indexes on state and
-// ended_at_ms. open() migrates an older database in one transaction.
+// Schema: control/sqlite/schema.h (shared with the image records of the same
+// file); open() migrates an older database in one transaction. Labels also sit
+// in their own indexed table `sandbox_labels`; layers are a JSON array.
 //
 // Thread rules: any thread; calls are serialised inside.
 #pragma once
@@ -28,7 +27,6 @@ namespace tp::control::sqlite {
 
 class SqliteSandboxStore : public SandboxStore {
  public:
-  static constexpr int kSchemaVersion = 1;
   // Opens (creating or migrating if needed) the database file at `path`.
   static Result<std::unique_ptr<SqliteSandboxStore>> open(const std::string& path);
   ~SqliteSandboxStore() override;
@@ -44,7 +42,6 @@ class SqliteSandboxStore : public SandboxStore {
  private:
   explicit SqliteSandboxStore(sqlite3* db) : db_(db) {}
   Result<void> exec_sql(const char* sql);
-  Result<void> migrate();
   Result<sqlite3_stmt*> prepared(sqlite3_stmt** slot, const char* sql);
   std::mutex mu_;
   sqlite3* db_;

@@ -425,11 +425,19 @@ Result<std::unique_ptr<SandboxInstance>> ContainerBackend::create_impl(const San
   recipe.tmp_bytes = spec.tmp_bytes;
   if (spec.layers.empty()) {
     if (spec.image != "host" && !spec.image.empty())
-      return fail(Code::kInvalidArgument, "image '" + spec.image + "' has no resolved layers");
+      return fail(Code::kInvalidArgument, "image '" + spec.image + "' has no layers");
     recipe.lowers = {sh_->host.rootfs};
     recipe.ro_binds = sh_->host_binds;
   } else {
-    for (const auto& l : spec.layers) {
+    // Digests to directories, all before anything of the sandbox exists.
+    if (!sh_->opts.layers)
+      return fail(Code::kNotFound,
+                  "layer " + spec.layers.front() + " not found (this backend has no layer store)");
+    for (const auto& digest : spec.layers) {
+      auto dir = sh_->opts.layers->layer_dir(digest);
+      if (!dir) return std::unexpected(dir.error());
+      const std::string& l = *dir;
+      // The resolver's answer goes into overlay's lowerdir= option string.
       if (l.empty() || l[0] != '/' || l.find_first_of(",:\\") != std::string::npos)
         return fail(Code::kInvalidArgument,
                     "layer path '" + l + "' must be absolute without ',', ':' or '\\'");
@@ -437,8 +445,8 @@ Result<std::unique_ptr<SandboxInstance>> ContainerBackend::create_impl(const San
       if (::stat(l.c_str(), &st) != 0) return sys_fail("stat(layer " + l + ")");
       if (!S_ISDIR(st.st_mode))
         return fail(Code::kInvalidArgument, "layer " + l + " is not a directory");
+      recipe.lowers.push_back(l);
     }
-    recipe.lowers = spec.layers;
   }
 
   ChildPlan plan;

@@ -14,7 +14,8 @@
 // mount vanishes with the namespace:
 //   / made rprivate; a tmpfs of spec.disk_bytes on <data_dir>/containers/mnt
 //   (one empty host dir serves every sandbox, each mounts it in its own ns)
-//   holding upper/, work/ and root/; overlay(lower layers, upper) on root/;
+//   holding upper/, work/ and root/; overlay(lower layers, upper) on root/
+//   (spec.layers are digests, resolved to directories through opts.layers);
 //   read-only binds of host /usr for the `host` image; /proc with /proc/sys
 //   read-only and sensitive files masked (binds of the null device and of an
 //   empty read-only directory); a minimal /dev: one read-only bind of
@@ -67,6 +68,7 @@
 #include <string>
 
 #include "common/result.h"
+#include "image/layer_resolver.h"
 #include "runtime/backend.h"
 
 namespace tp::runtime {
@@ -77,6 +79,8 @@ struct ContainerOptions {
   std::string cgroup_name =
       "tidepool";  // parent cgroup: <ctrl mount>/tidepool/<id> (v1) or <v2root>/tidepool/<id>
   uint32_t uid_base = 100000;  // root inside every sandbox = this host uid; 65536 ids mapped
+  // Layer digest -> lower directory (the image store); unset = only the `host` image.
+  std::shared_ptr<image::LayerResolver> layers;
 };
 
 // Checks the host (cgroup layout, agent binary, data_dir permissions), builds

@@ -58,7 +58,11 @@ class SandboxStoreContract : public ::testing::TestWithParam<StoreMaker> {
 };
 
 TEST_P(SandboxStoreContract, InsertThenGetAnswersVersionOne) {
-  auto v = st_->insert(rec("n0-a", "creating", 1, {{"job", "x"}}));
+  auto r = rec("n0-a", "creating", 1, {{"job", "x"}});
+  const std::vector<std::string> layers = {"sha256:" + std::string(64, 'a'),
+                                           "sha256:" + std::string(64, 'b')};
+  r.layers = layers;
+  auto v = st_->insert(r);
   ASSERT_TRUE(v) << v.error().message();
   EXPECT_EQ(*v, 1u);
   auto got = st_->get("n0-a");
@@ -68,6 +72,7 @@ TEST_P(SandboxStoreContract, InsertThenGetAnswersVersionOne) {
   EXPECT_EQ((*got)->labels.at("job"), "x");
   EXPECT_EQ((*got)->env.at("A"), "1");
   EXPECT_EQ((*got)->memory_mb, 512u);
+  EXPECT_EQ((*got)->layers, layers) << "top first";
   auto none = st_->get("n0-zz");
   ASSERT_TRUE(none);
   EXPECT_FALSE(*none);

@@ -13,6 +13,8 @@
 #include <filesystem>
 #include <fstream>
 
+#include "control/memory_image_store.h"
+
 namespace tp::image {
 namespace {
 
@@ -71,7 +73,7 @@ class BuildFilesTest : public ::testing::Test {
     StoreOptions o;
     o.data_dir = dir_ + "/data";
     o.limits.reserve_bytes = 0;
-    auto st = ImageStore::open(o);
+    auto st = ImageStore::open(o, std::make_shared<control::MemoryImageRecordStore>());
     ASSERT_TRUE(st) << st.error().message();
     store_ = *st;
   }

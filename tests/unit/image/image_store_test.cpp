@@ -1,5 +1,6 @@
 // ImageStore (src/image/image_store.h), archive manifests (oci_archive.h) and
-// build specs (builder.h). Store tests need root (layers are chowned).
+// build specs (builder.h). Store tests need root (layers are chowned); they
+// run over both image record stores (SQLite, memory).
 #include "image/image_store.h"
 
 #include <gtest/gtest.h>
@@ -9,6 +10,8 @@
 #include <filesystem>
 #include <fstream>
 
+#include "control/memory_image_store.h"
+#include "control/sqlite/image_record_store.h"
 #include "image/builder.h"
 #include "image/oci_archive.h"
 #include "tar_builder.h"
@@ -97,7 +100,7 @@ TEST(OciArchive, KindsAndNames) {
 
 // -- the store ---------------------------------------------------------------------
 
-class ImageStoreTest : public ::testing::Test {
+class ImageStoreTest : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
     if (geteuid() != 0) GTEST_SKIP() << "needs root";
@@ -110,12 +113,27 @@ class ImageStoreTest : public ::testing::Test {
     store_.reset();
     if (!dir_.empty()) fs::remove_all(dir_);
   }
-  void reopen() {
-    store_.reset();
+  // The record store as a restarted daemon finds it: the same database file
+  // opened again, or the same object in memory.
+  std::shared_ptr<control::ImageRecordStore> records() {
+    if (GetParam() == "memory") {
+      if (!memory_) memory_ = std::make_shared<control::MemoryImageRecordStore>();
+      return memory_;
+    }
+    auto r = control::sqlite::SqliteImageRecordStore::open(dir_ + "/state.db");
+    EXPECT_TRUE(r) << r.error().message();
+    return r ? std::shared_ptr<control::ImageRecordStore>(std::move(*r)) : nullptr;
+  }
+  Result<std::shared_ptr<ImageStore>> open_store(uint64_t budget = 0) {
     StoreOptions o;
     o.data_dir = dir_;
     o.limits.reserve_bytes = 0;
-    auto s = ImageStore::open(o);
+    o.budget_bytes = budget;
+    return ImageStore::open(o, records());
+  }
+  void reopen() {
+    store_.reset();
+    auto s = open_store();
     ASSERT_TRUE(s) << s.error().message();
     store_ = *s;
   }
@@ -135,19 +153,20 @@ class ImageStoreTest : public ::testing::Test {
     r.name = name;
     r.version = version;
     r.parts = std::move(parts);
-    auto p = store_->put_image(r);
+    auto p = store_->put_image(r, PutMode::kCreate);
     EXPECT_TRUE(p) << p.error().message();
-    return r;
+    return p ? *p : r;
   }
   std::string dir_;
+  std::shared_ptr<control::MemoryImageRecordStore> memory_;
   std::shared_ptr<ImageStore> store_;
 };
 
-TEST_F(ImageStoreTest, LayersAreStoredOnceAndOwnedForTheSandbox) {
+TEST_P(ImageStoreTest, LayersAreStoredOnceAndOwnedForTheSandbox) {
   auto a = add({file("f", "one")});
   auto b = add({file("f", "one")});
   EXPECT_EQ(a.digest, b.digest);
-  EXPECT_EQ(store_->layers().size(), 1u);
+  EXPECT_EQ(store_->layers()->size(), 1u);
   struct stat st {};
   ASSERT_EQ(stat((dir_ + "/images/layers/sha256/" + a.digest.substr(7)).c_str(), &st), 0);
   EXPECT_EQ(st.st_uid, 100000u);
@@ -156,14 +175,14 @@ TEST_F(ImageStoreTest, LayersAreStoredOnceAndOwnedForTheSandbox) {
   EXPECT_EQ(a.path, dir_ + "/images/layers/sha256/" + a.digest.substr(7) + "/root");
 }
 
-TEST_F(ImageStoreTest, FailedUnpacksLeaveNothing) {
+TEST_P(ImageStoreTest, FailedUnpacksLeaveNothing) {
   auto r = store_->add_layer_file(write("bad.tar", make_tar({file("/abs", "x")})), "test", nullptr);
   ASSERT_FALSE(r);
   EXPECT_TRUE(fs::is_empty(dir_ + "/images/tmp"));
   EXPECT_TRUE(fs::is_empty(dir_ + "/images/layers/sha256"));
 }
 
-TEST_F(ImageStoreTest, ImagesComposeResolveAndPersist) {
+TEST_P(ImageStoreTest, ImagesComposeResolveAndPersist) {
   auto base = add({file("base", "b")});
   auto tool1 = add({file("tool", "1")});
   auto tool2 = add({file("tool", "2")});
@@ -175,7 +194,7 @@ TEST_F(ImageStoreTest, ImagesComposeResolveAndPersist) {
   env.version = "1";
   env.parts = {ws.digest, "image:tool", "image:base:1"};
   env.defaults.workdir = "/ws";
-  ASSERT_TRUE(store_->put_image(env));
+  ASSERT_TRUE(store_->put_image(env, PutMode::kCreate));
   auto r = store_->resolve("task:1");
   ASSERT_TRUE(r) << r.error().message();
   EXPECT_EQ(r->digests, (std::vector<std::string>{ws.digest, tool1.digest, base.digest}));
@@ -204,12 +223,12 @@ TEST_F(ImageStoreTest, ImagesComposeResolveAndPersist) {
   self.name = "loop";
   self.version = "1";
   self.parts = {"image:loop:1"};
-  EXPECT_FALSE(store_->put_image(self));
+  EXPECT_FALSE(store_->put_image(self, PutMode::kCreate));
   self.parts = {"sha256:" + std::string(64, '8')};
-  EXPECT_EQ(store_->put_image(self).error().code, Code::kNotFound);
+  EXPECT_EQ(store_->put_image(self, PutMode::kCreate).error().code, Code::kNotFound);
 }
 
-TEST_F(ImageStoreTest, GcNeverRemovesAPinnedLayer) {
+TEST_P(ImageStoreTest, GcNeverRemovesAPinnedLayer) {
   auto keep = add({file("k", "k")});
   auto used = add({file("u", "u")});
   auto loose = add({file("l", "l")});
@@ -240,7 +259,7 @@ TEST_F(ImageStoreTest, GcNeverRemovesAPinnedLayer) {
   reopen();
 }
 
-TEST_F(ImageStoreTest, ImportsDockerSaveArchivesAndDirectories) {
+TEST_P(ImageStoreTest, ImportsDockerSaveArchivesAndDirectories) {
   std::string l1 = make_tar({dir("etc"), file("etc/a", "a"), file("etc/b", "b")});
   std::string l2 = make_tar({dir("etc"), file("etc/.wh.a", "")}, "gzip");
   auto hex = [](const std::string& s) {
@@ -257,7 +276,7 @@ TEST_F(ImageStoreTest, ImportsDockerSaveArchivesAndDirectories) {
       "img.tar",
       make_archive(
           {{"manifest.json", man}, {"c.json", cfg}, {"l1/layer.tar", l1}, {"l2/layer.tar", l2}}));
-  auto r = store_->import_archive(arch, "", "", ArchiveKind::kAuto);
+  auto r = store_->import_archive(arch, "", "", ArchiveKind::kAuto, PutMode::kCreate);
   ASSERT_TRUE(r) << r.error().message();
   EXPECT_EQ(r->name, "demo");
   EXPECT_EQ(r->version, "5");
@@ -269,17 +288,17 @@ TEST_F(ImageStoreTest, ImportsDockerSaveArchivesAndDirectories) {
   ASSERT_EQ(lstat((top->path + "/etc/a").c_str(), &st), 0);
   EXPECT_TRUE(S_ISCHR(st.st_mode));
   // A second import of the same archive reuses every layer.
-  auto again = store_->import_archive(arch, "demo", "6", ArchiveKind::kDocker);
+  auto again = store_->import_archive(arch, "demo", "6", ArchiveKind::kDocker, PutMode::kCreate);
   ASSERT_TRUE(again);
   EXPECT_EQ(again->parts, r->parts);
-  EXPECT_EQ(store_->layers().size(), 2u);
+  EXPECT_EQ(store_->layers()->size(), 2u);
   // A wrong diff_id in the config is refused.
   std::string bad_cfg = R"({"rootfs":{"diff_ids":["sha256:)" + std::string(64, '0') + R"("]}})";
   std::string bad = write(
       "bad.tar", make_archive({{"manifest.json", R"([{"Config":"c.json","Layers":["x.tar"]}])"},
                                {"c.json", bad_cfg},
                                {"x.tar", make_tar({file("z", "z")})}}));
-  auto b = store_->import_archive(bad, "bad", "1", ArchiveKind::kAuto);
+  auto b = store_->import_archive(bad, "bad", "1", ArchiveKind::kAuto, PutMode::kCreate);
   ASSERT_FALSE(b);
   EXPECT_NE(b.error().message().find("config says"), std::string::npos) << b.error().message();
   // A directory as a layer: owners and hard links survive.
@@ -297,13 +316,9 @@ TEST_F(ImageStoreTest, ImportsDockerSaveArchivesAndDirectories) {
   EXPECT_EQ(g.st_ino, st.st_ino);
 }
 
-TEST_F(ImageStoreTest, BudgetIsEnforced) {
+TEST_P(ImageStoreTest, BudgetIsEnforced) {
   store_.reset();
-  StoreOptions o;
-  o.data_dir = dir_;
-  o.limits.reserve_bytes = 0;
-  o.budget_bytes = 1000;
-  auto s = ImageStore::open(o);
+  auto s = open_store(1000);
   ASSERT_TRUE(s);
   auto r = (*s)->add_layer_file(write("big.tar", make_tar({file("f", std::string(5000, 'x'))})),
                                 "t", nullptr);
@@ -311,6 +326,140 @@ TEST_F(ImageStoreTest, BudgetIsEnforced) {
   EXPECT_EQ(r.error().code, Code::kPayloadTooLarge);
   EXPECT_TRUE(fs::is_empty(dir_ + "/images/tmp"));
 }
+
+TEST_P(ImageStoreTest, PuttingAnExistingRefConflictsUnlessReplacing) {
+  auto a = add({file("a", "1")});
+  auto b = add({file("b", "2")});
+  put("app", "1", {a.digest});
+  ImageRecord r;
+  r.name = "app";
+  r.version = "1";
+  r.parts = {b.digest};
+  auto c = store_->put_image(r, PutMode::kCreate);
+  ASSERT_FALSE(c);
+  EXPECT_EQ(c.error().code, Code::kConflict);
+  EXPECT_NE(c.error().message().find("app:1 already exists"), std::string::npos)
+      << c.error().message();
+  EXPECT_EQ(store_->get_image("app:1")->parts, std::vector<std::string>{a.digest});
+  auto rep = store_->put_image(r, PutMode::kReplace);
+  ASSERT_TRUE(rep) << rep.error().message();
+  EXPECT_EQ(rep->row_version, 2u);
+  EXPECT_EQ(store_->get_image("app:1")->parts, std::vector<std::string>{b.digest});
+  // Without a version: the next integer, never an existing one, whatever the mode.
+  r.version = "";
+  auto n = store_->put_image(r, PutMode::kReplace);
+  ASSERT_TRUE(n) << n.error().message();
+  EXPECT_EQ(n->version, "2");
+  n = store_->put_image(r, PutMode::kCreate);
+  ASSERT_TRUE(n) << n.error().message();
+  EXPECT_EQ(n->version, "3");
+  EXPECT_EQ(store_->images()->size(), 3u);
+  // A failed put stores nothing.
+  r.version = "9";
+  r.parts = {"sha256:" + std::string(64, '5')};
+  EXPECT_EQ(store_->put_image(r, PutMode::kReplace).error().code, Code::kNotFound);
+  EXPECT_EQ(store_->get_image("app:9").error().code, Code::kNotFound);
+}
+
+TEST_P(ImageStoreTest, RemovalIsRefusedWhileAnotherImageIsComposedOfIt) {
+  auto a = add({file("a", "1")});
+  auto b = add({file("b", "2")});
+  put("base", "1", {a.digest});
+  put("base", "2", {b.digest});
+  put("app", "1", {"image:base"});  // the latest base: base:2
+  put("pinned", "1", {"image:base:1"});
+  auto e = store_->remove_image("base:2");
+  ASSERT_FALSE(e);
+  EXPECT_EQ(e.error().code, Code::kConflict);
+  EXPECT_NE(e.error().message().find("app:1"), std::string::npos) << e.error().message();
+  EXPECT_EQ(store_->remove_image("base:1").error().code, Code::kConflict);
+  ASSERT_TRUE(store_->remove_image("pinned:1"));
+  ASSERT_TRUE(store_->remove_image("base:1"));  // not the latest: app does not use it
+  ASSERT_TRUE(store_->remove_image("app"));
+  ASSERT_TRUE(store_->remove_image("base"));
+  EXPECT_TRUE(store_->images()->empty());
+  EXPECT_EQ(store_->remove_image("base").error().code, Code::kNotFound);
+}
+
+TEST_P(ImageStoreTest, LayerDirResolvesStoredDigestsOnly) {
+  auto a = add({file("a", "1")});
+  LayerResolver& res = *store_;
+  auto d = res.layer_dir(a.digest);
+  ASSERT_TRUE(d) << d.error().message();
+  EXPECT_EQ(*d, a.path);
+  EXPECT_EQ(res.layer_dir("sha256:" + std::string(64, '4')).error().code, Code::kNotFound);
+  EXPECT_EQ(res.layer_dir("/etc").error().code, Code::kInvalidArgument);
+  EXPECT_EQ(res.layer_dir("sha256:../../x").error().code, Code::kInvalidArgument);
+}
+
+TEST_P(ImageStoreTest, ImportsImagesJsonOnceAndRenamesIt) {
+  auto a = add({file("a", "1")});
+  store_.reset();
+  // What a daemon before the record store wrote.
+  const std::string json_path = dir_ + "/images/images.json";
+  std::ofstream(json_path) << R"({"images":[
+    {"name":"old","version":"1","parts":[")" +
+                                  a.digest + R"("],
+     "defaults":{"env":{"K":"V"},"workdir":"/w","user":"","cmd":["sh"]},"source":"tar","created_ms":1234},
+    {"name":"old","version":"2","parts":["image:old:1"],"defaults":{"env":{},"workdir":"","user":"","cmd":[]},
+     "source":"compose","created_ms":1235},
+    {"name":"gone","version":"1","parts":["sha256:)" +
+                                  std::string(64, '7') + R"("],"created_ms":5},
+    {"name":"Bad Name","version":"1","parts":[")" +
+                                  a.digest + R"("]}]})";
+  reopen();
+  auto all = store_->images();
+  ASSERT_TRUE(all) << all.error().message();
+  EXPECT_EQ(all->size(), 3u) << "the invalid name is skipped";
+  auto old1 = store_->get_image("old:1");
+  ASSERT_TRUE(old1) << old1.error().message();
+  EXPECT_EQ(old1->defaults.env.at("K"), "V");
+  EXPECT_EQ(old1->defaults.workdir, "/w");
+  EXPECT_EQ(old1->defaults.cmd, std::vector<std::string>{"sh"});
+  EXPECT_EQ(old1->source, "tar");
+  EXPECT_EQ(old1->created_ms, 1234);
+  auto r = store_->resolve("old");  // latest: old:2, composed of old:1
+  ASSERT_TRUE(r) << r.error().message();
+  EXPECT_EQ(r->digests, std::vector<std::string>{a.digest});
+  EXPECT_EQ(r->defaults.env.at("K"), "V");
+  r->pin.reset();
+  EXPECT_EQ(store_->resolve("gone:1").error().code, Code::kNotFound) << "kept, as before";
+  EXPECT_FALSE(fs::exists(json_path));
+  EXPECT_TRUE(fs::exists(json_path + ".migrated"));
+  // The imported records reference their layer: gc keeps it.
+  auto g = store_->gc();
+  ASSERT_TRUE(g);
+  EXPECT_TRUE(g->removed.empty());
+  EXPECT_EQ(store_->layer(a.digest)->image_refs, 1u);
+  // Imported once: a record removed since is not brought back by a restart.
+  ASSERT_TRUE(store_->remove_image("gone:1"));
+  reopen();
+  EXPECT_EQ(store_->images()->size(), 2u);
+  // An import interrupted before the rename runs again: the store's records win.
+  ImageRecord changed = *old1;
+  changed.source = "replaced";
+  ASSERT_TRUE(store_->put_image(changed, PutMode::kReplace));
+  fs::copy_file(json_path + ".migrated", json_path, fs::copy_options::overwrite_existing);
+  reopen();
+  EXPECT_EQ(store_->get_image("old:1")->source, "replaced");
+  EXPECT_EQ(store_->images()->size(), 3u);
+  EXPECT_FALSE(fs::exists(json_path));
+}
+
+TEST_P(ImageStoreTest, ACorruptImagesJsonStopsTheStoreAndStaysInPlace) {
+  store_.reset();
+  const std::string json_path = dir_ + "/images/images.json";
+  std::ofstream(json_path) << "{\"images\": [";
+  auto s = open_store();
+  ASSERT_FALSE(s);
+  EXPECT_NE(s.error().message().find("images.json is corrupt"), std::string::npos)
+      << s.error().message();
+  EXPECT_TRUE(fs::exists(json_path));
+  EXPECT_FALSE(fs::exists(json_path + ".migrated"));
+}
+
+INSTANTIATE_TEST_SUITE_P(RecordStores, ImageStoreTest, ::testing::Values("sqlite", "memory"),
+                         [](const auto& info) { return info.param; });
 
 }  // namespace
 }  // namespace tp::image

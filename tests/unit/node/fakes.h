@@ -71,6 +71,7 @@ class FakeBackend : public runtime::Backend {
     {
       std::lock_guard lk(mu);
       entered.insert(spec.id);
+      specs[spec.id] = spec;
       if (hold_creates) {
         auto& g = gates[spec.id];
         if (!g) g = std::make_shared<Gate>();
@@ -87,6 +88,7 @@ class FakeBackend : public runtime::Backend {
   Result<std::unique_ptr<runtime::SandboxInstance>> adopt(
       const runtime::SandboxSpec& spec) override {
     std::lock_guard lk(mu);
+    specs[spec.id] = spec;
     if (!adoptable.count(spec.id)) return fail(Code::kNotFound, "gone");
     adopted.insert(spec.id);
     live.insert(spec.id);
@@ -129,6 +131,7 @@ class FakeBackend : public runtime::Backend {
   std::string address = "/run/fake/agent.sock";  // "" = cannot be released
   std::map<std::string, std::shared_ptr<Gate>> gates;
   std::set<std::string> entered, live, released, destroyed, adoptable, adopted;
+  std::map<std::string, runtime::SandboxSpec> specs;  // the last create's or adopt's, by id
   std::vector<std::string> kept;
   int cleanup_calls = 0;
 };

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <future>
 #include <random>
+#include <set>
 #include <thread>
 
 #include "control/memory_store.h"
@@ -469,6 +470,154 @@ TEST_F(ManagerTest, RecoverAdoptsWhatItCanAndStoresTheRestStopped) {
   auto d = destroy_async("n0-adopt");
   ASSERT_TRUE(get_or_fail(d));
   EXPECT_EQ(backend_->live_count(), 0u);
+}
+
+// Images as the manager sees them: reference -> layer digests, with pins
+// counted per digest (what keeps a layer from gc).
+struct FakeImages {
+  std::mutex mu;
+  std::set<std::string> stored;                            // layer digests
+  std::map<std::string, std::vector<std::string>> images;  // ref -> digests
+  std::map<std::string, int> pins;                         // digest -> live pins
+  ImageResolver resolver() {
+    return [this](const std::string& ref) -> Result<ResolvedImage> {
+      std::lock_guard lk(mu);
+      std::vector<std::string> ds;
+      if (ref.rfind("layers:", 0) == 0) {
+        std::string rest = ref.substr(7);
+        for (size_t i = 0; i <= rest.size();) {
+          size_t j = rest.find(',', i);
+          if (j == std::string::npos) j = rest.size();
+          ds.push_back(rest.substr(i, j - i));
+          i = j + 1;
+        }
+      } else {
+        auto it = images.find(ref);
+        if (it == images.end()) return fail(Code::kNotFound, "image '" + ref + "' not found");
+        ds = it->second;
+      }
+      for (const auto& d : ds)
+        if (!stored.count(d)) return fail(Code::kNotFound, "layer " + d + " not found");
+      for (const auto& d : ds) ++pins[d];
+      ResolvedImage img;
+      img.layers = ds;
+      img.env = {{"FROM_IMAGE", ref}};
+      img.pin = std::shared_ptr<void>(new int(0), [this, ds](void* p) {
+        delete static_cast<int*>(p);
+        std::lock_guard lk(mu);
+        for (const auto& d : ds) --pins[d];
+      });
+      return img;
+    };
+  }
+  int pinned(const std::string& d) {
+    std::lock_guard lk(mu);
+    return pins.count(d) ? pins[d] : 0;
+  }
+};
+
+std::string digest(char c) { return "sha256:" + std::string(64, c); }
+
+TEST_F(ManagerTest, ImageLayersReachTheSpecAndTheRecordAsDigests) {
+  FakeImages imgs;
+  imgs.stored = {digest('a'), digest('b')};
+  imgs.images["app:1"] = {digest('a'), digest('b')};
+  make();
+  mgr_->set_image_resolver(imgs.resolver());
+  CreateParams p;
+  p.image = "app:1";
+  auto r = create_sync(p);
+  ASSERT_TRUE(r) << r.error().message();
+  const std::vector<std::string> want = {digest('a'), digest('b')};
+  EXPECT_EQ(r->layers, want);
+  EXPECT_EQ(stored(r->id).layers, want) << "stored with the first record";
+  {
+    std::lock_guard lk(backend_->mu);
+    EXPECT_EQ(backend_->specs[r->id].layers, want);
+    EXPECT_EQ(backend_->specs[r->id].image, "app:1");
+    EXPECT_EQ(backend_->specs[r->id].env.at("FROM_IMAGE"), "app:1");
+  }
+  EXPECT_EQ(imgs.pinned(digest('a')), 1);
+  auto d = destroy_async(r->id);
+  ASSERT_TRUE(get_or_fail(d));
+  EXPECT_EQ(imgs.pinned(digest('a')), 0);
+  // An unknown image: nothing reaches the backend; the failure is stored.
+  p.image = "nope:1";
+  auto [id, f] = create_async(p);
+  auto bad = get_or_fail(f);
+  ASSERT_FALSE(bad);
+  EXPECT_EQ(bad.error().code, Code::kNotFound);
+  {
+    std::lock_guard lk(backend_->mu);
+    EXPECT_EQ(backend_->entered.count(id), 0u);
+  }
+  EXPECT_EQ(stored(id).end_reason, "failed");
+  EXPECT_TRUE(stored(id).layers.empty());
+  // The host image has no layers.
+  auto h = create_sync();
+  ASSERT_TRUE(h);
+  EXPECT_TRUE(h->layers.empty());
+  std::lock_guard lk(backend_->mu);
+  EXPECT_TRUE(backend_->specs[h->id].layers.empty());
+}
+
+TEST_F(ManagerTest, AdoptionPinsTheRecordedLayersEvenWhenTheImageMoved) {
+  FakeImages imgs;
+  imgs.stored = {digest('a'), digest('b')};
+  imgs.images["app"] = {digest('b')};  // "app" meant layer a when the sandboxes were created
+  auto rec = [](const std::string& id, const std::string& image, std::vector<std::string> ls) {
+    SandboxRecord r;
+    r.id = id;
+    r.state = "running";
+    r.tier = "container";
+    r.image = image;
+    r.layers = std::move(ls);
+    r.node = "n0";
+    r.created_at_ms = 1;
+    r.expires_at_ms = now_ms() + 3600 * 1000;
+    return r;
+  };
+  ASSERT_TRUE(store_.insert(rec("n0-moved", "app", {digest('a')})));
+  ASSERT_TRUE(store_.insert(rec("n0-older", "app", {})));  // a record of an older daemon
+  ASSERT_TRUE(store_.insert(rec("n0-orphan", "gone", {digest('a')})));
+  ASSERT_TRUE(store_.insert(rec("n0-lost", "app", {digest('c')})));  // its layer is not stored
+  backend_->adoptable = {"n0-moved", "n0-older", "n0-orphan", "n0-lost"};
+  ManagerOptions o;
+  o.agent_connect = [](asio::io_context& io, const std::string&,
+                       std::string) -> Result<std::shared_ptr<AgentClient>> {
+    return std::make_shared<FakeAgent>(io);
+  };
+  guard_.reset();
+  io_.stop();
+  for (auto& t : threads_) t.join();
+  threads_.clear();
+  io_.restart();
+  make(o);
+  mgr_->set_image_resolver(imgs.resolver());
+  ASSERT_TRUE(mgr_->recover());
+  guard_.emplace(asio::make_work_guard(io_));
+  for (int i = 0; i < 2; ++i) threads_.emplace_back([this] { io_.run(); });
+
+  {
+    std::lock_guard lk(backend_->mu);
+    EXPECT_EQ(backend_->specs["n0-moved"].layers, std::vector<std::string>{digest('a')});
+    EXPECT_EQ(backend_->specs["n0-older"].layers, std::vector<std::string>{digest('b')});
+    EXPECT_EQ(backend_->specs["n0-orphan"].layers, std::vector<std::string>{digest('a')});
+    EXPECT_EQ(backend_->specs.count("n0-lost"), 0u) << "refused before the backend";
+  }
+  EXPECT_EQ(stored("n0-moved").state, "running");
+  EXPECT_EQ(stored("n0-orphan").state, "running");
+  EXPECT_EQ(stored("n0-lost").state, "stopped");
+  EXPECT_EQ(stored("n0-lost").end_reason, "daemon_restart");
+  // Layer a is what n0-moved and n0-orphan run on: pinned, whatever "app" means now.
+  EXPECT_EQ(imgs.pinned(digest('a')), 2);
+  EXPECT_EQ(imgs.pinned(digest('b')), 1);
+  for (const char* id : {"n0-moved", "n0-older", "n0-orphan"}) {
+    auto d = destroy_async(id);
+    ASSERT_TRUE(get_or_fail(d));
+  }
+  EXPECT_EQ(imgs.pinned(digest('a')), 0);
+  EXPECT_EQ(imgs.pinned(digest('b')), 0);
 }
 
 // Random interleavings of create, delete, exec, ttl expiry, agent death and

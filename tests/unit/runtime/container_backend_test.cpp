@@ -15,10 +15,13 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <mutex>
 #include <sstream>
 #include <thread>
 
 #include "common/ids.h"
+#include "image/image_store.h"
 #include "protocol/wire.h"
 #include "sys/cgroup.h"
 
@@ -99,6 +102,30 @@ int status_of(SandboxInstance& sb, const std::string& cmd) {
   return st;
 }
 
+// The layer store as the backend sees it: digest -> directory, counting calls.
+class FakeLayers : public image::LayerResolver {
+ public:
+  Result<std::string> layer_dir(const std::string& digest) override {
+    std::lock_guard lk(mu);
+    ++calls;
+    if (!image::valid_layer_digest(digest))
+      return fail(Code::kInvalidArgument, "invalid layer digest '" + digest + "'");
+    auto it = dirs.find(digest);
+    if (it == dirs.end()) return fail(Code::kNotFound, "layer " + digest + " not found");
+    return it->second;
+  }
+  // A digest for a directory (made up: the backend never looks inside digests).
+  std::string add(const std::string& dir) {
+    std::lock_guard lk(mu);
+    std::string d = "sha256:" + std::string(64, static_cast<char>('a' + dirs.size()));
+    dirs[d] = dir;
+    return d;
+  }
+  std::mutex mu;
+  std::map<std::string, std::string> dirs;
+  int calls = 0;
+};
+
 class ContainerBackendTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -111,6 +138,8 @@ class ContainerBackendTest : public ::testing::Test {
     opts_.data_dir = dir_;
     opts_.agent_path = fake_agent_path();
     opts_.cgroup_name = "tp-test-" + ids::random_hex(4);
+    layers_ = std::make_shared<FakeLayers>();
+    opts_.layers = layers_;
     auto layout = sys::detect_layout(sys::real_sys());
     ASSERT_TRUE(layout) << layout.error().message();
     cg_ = std::make_unique<sys::CgroupManager>(sys::real_sys(), *layout, opts_.cgroup_name);
@@ -149,6 +178,7 @@ class ContainerBackendTest : public ::testing::Test {
   }
 
   std::string dir_;
+  std::shared_ptr<FakeLayers> layers_;
   ContainerOptions opts_;
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<sys::CgroupManager> cg_;
@@ -328,24 +358,66 @@ TEST_F(ContainerBackendTest, InvalidSpecsAreRefusedBeforeAnything) {
   auto bad_env = spec();
   bad_env.env["A=B"] = "x";
   EXPECT_FALSE(backend_->create(bad_env));
+  // A spec names layers by digest: a host path is not one.
   auto bad_layer = spec();
+  bad_layer.image = "custom";
   bad_layer.layers = {"/tmp/a,upperdir=/x"};
   r = backend_->create(bad_layer);
   ASSERT_FALSE(r);
   EXPECT_EQ(r.error().code, Code::kInvalidArgument);
+  // Nor does the resolver's answer reach overlay's option string unchecked.
+  auto odd = spec();
+  odd.image = "custom";
+  odd.layers = {layers_->add("/tmp/a,upperdir=/x")};
+  r = backend_->create(odd);
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error().code, Code::kInvalidArgument);
+  // An image other than host needs layers.
+  auto none = spec();
+  none.image = "custom";
+  EXPECT_EQ(backend_->create(none).error().code, Code::kInvalidArgument);
   EXPECT_TRUE(cg_->list().empty());
 }
 
-TEST_F(ContainerBackendTest, MissingLayerFailsCleanly) {
+TEST_F(ContainerBackendTest, UnknownLayerDigestIsNotFoundBeforeAnything) {
+  std::string lower = dir_ + "/l0";
+  fs::create_directories(lower);
   auto s = spec();
   s.image = "custom";
-  s.layers = {dir_ + "/no-such-layer"};
+  const std::string unknown = "sha256:" + std::string(64, '0');
+  s.layers = {layers_->add(lower), unknown};
   auto r = backend_->create(s);
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error().code, Code::kNotFound);
+  EXPECT_NE(r.error().message().find(unknown), std::string::npos) << r.error().message();
+  for (const auto& d : cg_->dirs(s.id)) EXPECT_FALSE(fs::exists(d));
+  EXPECT_FALSE(fs::exists(dir_ + "/containers/run/" + s.id));
+  EXPECT_EQ(count_fds(), fds_before_);
+  // A stored digest whose directory vanished: also not found, also nothing left.
+  s.layers = {layers_->add(dir_ + "/no-such-layer")};
+  r = backend_->create(s);
   ASSERT_FALSE(r);
   EXPECT_EQ(r.error().code, Code::kNotFound);
   EXPECT_NE(r.error().message().find("no-such-layer"), std::string::npos);
   for (const auto& d : cg_->dirs(s.id)) EXPECT_FALSE(fs::exists(d));
   EXPECT_EQ(count_fds(), fds_before_);
+}
+
+TEST_F(ContainerBackendTest, WithoutALayerStoreOnlyTheHostImageRuns) {
+  ContainerOptions o = opts_;
+  o.layers = nullptr;
+  auto b = make_container_backend(o);
+  ASSERT_TRUE(b) << b.error().message();
+  auto s = spec();
+  s.image = "custom";
+  s.layers = {"sha256:" + std::string(64, '1')};
+  auto r = (*b)->create(s);
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error().code, Code::kNotFound);
+  auto host = (*b)->create(spec());
+  ASSERT_TRUE(host) << host.error().message();
+  EXPECT_TRUE(wait_ready((*host)->agent_fd()));
+  ASSERT_TRUE((*host)->destroy());
 }
 
 TEST_F(ContainerBackendTest, ChildSetupFailureNamesTheStepAndUnwinds) {
@@ -355,7 +427,7 @@ TEST_F(ContainerBackendTest, ChildSetupFailureNamesTheStepAndUnwinds) {
   ASSERT_EQ(mkdir((hidden + "/layer").c_str(), 0755), 0);
   auto s = spec();
   s.image = "custom";
-  s.layers = {hidden + "/layer"};
+  s.layers = {layers_->add(hidden + "/layer")};
   auto r = backend_->create(s);
   ASSERT_FALSE(r);
   EXPECT_NE(r.error().context.find("mount(overlay"), std::string::npos) << r.error().message();
@@ -379,8 +451,10 @@ TEST_F(ContainerBackendTest, LayerImage) {
   std::ofstream(upper + "/etc/marker") << "top\n";
   auto s = spec();
   s.image = "custom";
-  s.layers = {upper, lower};
+  s.layers = {layers_->add(upper), layers_->add(lower)};  // digests, top first
+  int calls = layers_->calls;
   auto r = backend_->create(s);
+  EXPECT_EQ(layers_->calls - calls, 2);
   ASSERT_TRUE(r) << r.error().message();
   ASSERT_TRUE(wait_ready((*r)->agent_fd()));
   EXPECT_EQ(

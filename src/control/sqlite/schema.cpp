@@ -1,0 +1,156 @@
+#include "control/sqlite/schema.h"
+
+#include <sqlite3.h>
+
+namespace tp::control::sqlite {
+namespace {
+
+struct Stmt {
+  sqlite3_stmt* s = nullptr;
+  ~Stmt() { sqlite3_finalize(s); }
+};
+
+Result<int> user_version(sqlite3* db) {
+  Stmt uv;
+  if (sqlite3_prepare_v2(db, "PRAGMA user_version", -1, &uv.s, nullptr) != SQLITE_OK ||
+      sqlite3_step(uv.s) != SQLITE_ROW)
+    return std::unexpected(db_error(db, "user_version"));
+  return sqlite3_column_int(uv.s, 0);
+}
+
+Result<bool> has_column(sqlite3* db, const char* table, const std::string& column) {
+  Stmt cols;
+  std::string sql = std::string("PRAGMA table_info(") + table + ")";
+  if (sqlite3_prepare_v2(db, sql.c_str(), -1, &cols.s, nullptr) != SQLITE_OK)
+    return std::unexpected(db_error(db, "table_info"));
+  while (sqlite3_step(cols.s) == SQLITE_ROW) {
+    const unsigned char* n = sqlite3_column_text(cols.s, 1);
+    if (n && column == reinterpret_cast<const char*>(n)) return true;
+  }
+  return false;
+}
+
+// 0 -> 1. A table made by schema 0 keeps its layout and gains the column.
+Result<void> to_v1(sqlite3* db) {
+  // WITHOUT ROWID: the rows live in the id's b-tree, so an update rewrites one
+  // leaf page.
+  TP_TRY(
+      exec_sql(db,
+               "CREATE TABLE IF NOT EXISTS sandboxes ("
+               " id TEXT PRIMARY KEY, state TEXT NOT NULL, tier TEXT, image TEXT, node TEXT,"
+               " memory_mb INTEGER, cpus REAL, pids INTEGER, disk_mb INTEGER, ttl_seconds INTEGER,"
+               " idle_timeout_seconds INTEGER, labels TEXT, env TEXT, created_at_ms INTEGER,"
+               " expires_at_ms INTEGER, ended_at_ms INTEGER, end_reason TEXT,"
+               " version INTEGER NOT NULL DEFAULT 1) WITHOUT ROWID"));
+  auto has_version = has_column(db, "sandboxes", "version");
+  if (!has_version) return std::unexpected(has_version.error());
+  if (!*has_version)
+    TP_TRY(exec_sql(db, "ALTER TABLE sandboxes ADD COLUMN version INTEGER NOT NULL DEFAULT 1"));
+  TP_TRY(exec_sql(db,
+                  "CREATE TABLE IF NOT EXISTS sandbox_labels ("
+                  " sandbox_id TEXT NOT NULL, key TEXT NOT NULL, value TEXT NOT NULL,"
+                  " PRIMARY KEY (sandbox_id, key)) WITHOUT ROWID"));
+  TP_TRY(
+      exec_sql(db, "CREATE INDEX IF NOT EXISTS sandbox_labels_kv ON sandbox_labels (key, value)"));
+  TP_TRY(exec_sql(db, "CREATE INDEX IF NOT EXISTS sandboxes_state ON sandboxes (state)"));
+  TP_TRY(exec_sql(db, "CREATE INDEX IF NOT EXISTS sandboxes_ended ON sandboxes (ended_at_ms)"));
+  // Labels of schema-0 rows, from their JSON column.
+  TP_TRY(exec_sql(
+      db,
+      "INSERT OR IGNORE INTO sandbox_labels (sandbox_id, key, value)"
+      " SELECT s.id, j.key, j.value FROM sandboxes s, json_each(s.labels) j"
+      " WHERE json_valid(s.labels) AND json_type(s.labels) = 'object' AND j.type = 'text'"));
+  return {};
+}
+
+// 1 -> 2. Rows of older daemons get no layers: adoption then resolves their
+// image by name, as those daemons did.
+Result<void> to_v2(sqlite3* db) {
+  auto has_layers = has_column(db, "sandboxes", "layers");
+  if (!has_layers) return std::unexpected(has_layers.error());
+  if (!*has_layers)
+    TP_TRY(exec_sql(db, "ALTER TABLE sandboxes ADD COLUMN layers TEXT NOT NULL DEFAULT '[]'"));
+  // parts, env and cmd are JSON arrays/objects read back whole; image_parts
+  // indexes the parts for "who is made of this" queries (removal, gc).
+  TP_TRY(exec_sql(db,
+                  "CREATE TABLE IF NOT EXISTS images ("
+                  " name TEXT NOT NULL, version TEXT NOT NULL, parts TEXT NOT NULL,"
+                  " env TEXT NOT NULL, workdir TEXT NOT NULL, user TEXT NOT NULL,"
+                  " cmd TEXT NOT NULL, source TEXT NOT NULL, created_ms INTEGER NOT NULL,"
+                  " row_version INTEGER NOT NULL, PRIMARY KEY (name, version)) WITHOUT ROWID"));
+  TP_TRY(exec_sql(db, "CREATE INDEX IF NOT EXISTS images_created ON images (name, created_ms)"));
+  TP_TRY(exec_sql(db,
+                  "CREATE TABLE IF NOT EXISTS image_parts ("
+                  " name TEXT NOT NULL, version TEXT NOT NULL, pos INTEGER NOT NULL,"
+                  " part TEXT NOT NULL, PRIMARY KEY (name, version, pos)) WITHOUT ROWID"));
+  TP_TRY(exec_sql(db, "CREATE INDEX IF NOT EXISTS image_parts_part ON image_parts (part)"));
+  return {};
+}
+
+Result<void> migrate(sqlite3* db) {
+  auto v = user_version(db);
+  if (!v) return std::unexpected(v.error());
+  if (*v == kSchemaVersion) return {};
+  TP_TRY(exec_sql(db, "BEGIN IMMEDIATE"));
+  auto body = [&]() -> Result<void> {
+    // Read again under the write lock: another connection may have migrated meanwhile.
+    auto cur = user_version(db);
+    if (!cur) return std::unexpected(cur.error());
+    if (*cur > kSchemaVersion)
+      return fail(Code::kInternal, "state.db has schema " + std::to_string(*cur) +
+                                       ", newer than this daemon's " +
+                                       std::to_string(kSchemaVersion));
+    if (*cur < 1) TP_TRY(to_v1(db));
+    if (*cur < 2) TP_TRY(to_v2(db));
+    return exec_sql(db, ("PRAGMA user_version = " + std::to_string(kSchemaVersion)).c_str());
+  };
+  if (auto r = body(); !r) {
+    (void)exec_sql(db, "ROLLBACK");
+    return r;
+  }
+  return exec_sql(db, "COMMIT");
+}
+
+}  // namespace
+
+Error db_error(sqlite3* db, const std::string& what) {
+  return Error{Code::kInternal, 0, "sqlite " + what + ": " + sqlite3_errmsg(db)};
+}
+
+Result<void> exec_sql(sqlite3* db, const char* sql) {
+  char* err = nullptr;
+  if (sqlite3_exec(db, sql, nullptr, nullptr, &err) != SQLITE_OK) {
+    std::string msg = err ? err : "?";
+    sqlite3_free(err);
+    return fail(Code::kInternal, std::string("sqlite exec(") + sql + "): " + msg);
+  }
+  return {};
+}
+
+Result<sqlite3*> open_database(const std::string& path) {
+  sqlite3* db = nullptr;
+  int rc =
+      sqlite3_open_v2(path.c_str(), &db,
+                      SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_FULLMUTEX, nullptr);
+  if (rc != SQLITE_OK) {
+    std::string msg = db ? sqlite3_errmsg(db) : "out of memory";
+    sqlite3_close(db);
+    return fail(Code::kInternal, "sqlite open(" + path + "): " + msg);
+  }
+  auto setup = [&]() -> Result<void> {
+    // Two stores (two connections) write this file: wait for the other's lock.
+    sqlite3_busy_timeout(db, 5000);
+    TP_TRY(exec_sql(db, "PRAGMA journal_mode=WAL"));
+    // NORMAL in WAL mode survives a daemon crash (what restart recovery needs);
+    // a power loss may lose the last records, but it also ends every sandbox.
+    TP_TRY(exec_sql(db, "PRAGMA synchronous=NORMAL"));
+    return migrate(db);
+  };
+  if (auto r = setup(); !r) {
+    sqlite3_close(db);
+    return std::unexpected(r.error());
+  }
+  return db;
+}
+
+}  // namespace tp::control::sqlite

@@ -1,0 +1,39 @@
+// The schema of state.db, shared by every SQLite store in it: one file, one
+// PRAGMA user_version, one migration path, so whichever store opens the file
+// first brings all of its tables up to date (each store has its own
+// connection; WAL lets them read and write side by side).
+//
+// Versions:
+//   0  the first `sandboxes` table (no version column, labels only as JSON)
+//   1  sandboxes.version for compare-and-set updates; labels also in the
+//      indexed table sandbox_labels; indexes on state and ended_at_ms
+//   2  sandboxes.layers (the layer digests a sandbox was created with, so a
+//      restarted daemon pins exactly those); image records in `images` and
+//      `image_parts` (indexed by part), until then in images/images.json
+//      (image::ImageStore imports that file once)
+// A file newer than this daemon is refused (no downgrade).
+//
+// Thread rules: call from one thread per connection (the stores serialise).
+#pragma once
+
+#include <string>
+
+#include "common/result.h"
+
+struct sqlite3;
+
+namespace tp::control::sqlite {
+
+constexpr int kSchemaVersion = 2;
+
+// Opens (creating if needed) the database at `path` with the pragmas every
+// store relies on (WAL, synchronous=NORMAL, a busy timeout) and migrates it to
+// kSchemaVersion in one transaction. The caller owns the handle.
+Result<sqlite3*> open_database(const std::string& path);
+
+// Runs one statement without results.
+Result<void> exec_sql(sqlite3* db, const char* sql);
+
+Error db_error(sqlite3* db, const std::string& what);
+
+}  // namespace tp::control::sqlite
