@@ -2,59 +2,18 @@
 
 #include <sqlite3.h>
 
-#include <boost/json.hpp>
 #include <set>
 
 #include "control/sqlite/schema.h"
 
 namespace tp::control::sqlite {
-namespace json = boost::json;
 namespace {
-
-struct Stmt {
-  sqlite3_stmt* s = nullptr;
-  ~Stmt() { sqlite3_finalize(s); }
-};
 
 std::string ref(const std::string& name, const std::string& version) {
   return name + ":" + version;
 }
 
-std::string list_json(const std::vector<std::string>& l) {
-  json::array a;
-  for (const auto& x : l) a.emplace_back(x);
-  return json::serialize(a);
-}
-
-std::vector<std::string> list_from(const unsigned char* text) {
-  std::vector<std::string> l;
-  if (!text) return l;
-  boost::system::error_code ec;
-  json::value v = json::parse(reinterpret_cast<const char*>(text), ec);
-  if (ec || !v.is_array()) return l;
-  for (const auto& x : v.as_array())
-    if (x.is_string()) l.emplace_back(x.as_string());
-  return l;
-}
-
-std::string map_json(const std::map<std::string, std::string>& m) {
-  json::object o;
-  for (const auto& [k, v] : m) o[k] = v;
-  return json::serialize(o);
-}
-
-std::map<std::string, std::string> map_from(const unsigned char* text) {
-  std::map<std::string, std::string> m;
-  if (!text) return m;
-  boost::system::error_code ec;
-  json::value v = json::parse(reinterpret_cast<const char*>(text), ec);
-  if (ec || !v.is_object()) return m;
-  for (const auto& [k, val] : v.as_object())
-    if (val.is_string()) m[std::string(k)] = std::string(val.as_string());
-  return m;
-}
-
-constexpr const char* kColumns =
+constexpr const char* kImageColumns =
     "name, version, parts, env, workdir, user, cmd, source, created_ms, row_version";
 
 std::string text(sqlite3_stmt* s, int i) {
@@ -66,11 +25,11 @@ ImageRecord row_to_record(sqlite3_stmt* s) {
   ImageRecord r;
   r.name = text(s, 0);
   r.version = text(s, 1);
-  r.parts = list_from(sqlite3_column_text(s, 2));
-  r.defaults.env = map_from(sqlite3_column_text(s, 3));
+  r.parts = list_from_json(sqlite3_column_text(s, 2));
+  r.defaults.env = map_from_json(sqlite3_column_text(s, 3));
   r.defaults.workdir = text(s, 4);
   r.defaults.user = text(s, 5);
-  r.defaults.cmd = list_from(sqlite3_column_text(s, 6));
+  r.defaults.cmd = list_from_json(sqlite3_column_text(s, 6));
   r.source = text(s, 7);
   r.created_ms = sqlite3_column_int64(s, 8);
   r.row_version = static_cast<uint64_t>(sqlite3_column_int64(s, 9));
@@ -85,11 +44,11 @@ void bind_text(sqlite3_stmt* s, int i, const std::string& v) {
 void bind_record(sqlite3_stmt* s, const ImageRecord& r) {
   bind_text(s, 1, r.name);
   bind_text(s, 2, r.version);
-  bind_text(s, 3, list_json(r.parts));
-  bind_text(s, 4, map_json(r.defaults.env));
+  bind_text(s, 3, list_to_json(r.parts));
+  bind_text(s, 4, map_to_json(r.defaults.env));
   bind_text(s, 5, r.defaults.workdir);
   bind_text(s, 6, r.defaults.user);
-  bind_text(s, 7, list_json(r.defaults.cmd));
+  bind_text(s, 7, list_to_json(r.defaults.cmd));
   bind_text(s, 8, r.source);
   sqlite3_bind_int64(s, 9, r.created_ms);
 }
@@ -159,7 +118,7 @@ Result<uint64_t> SqliteImageRecordStore::put(const ImageRecord& r) {
   return in_transaction<uint64_t>([&]() -> Result<uint64_t> {
     if (r.row_version == 0) {
       Stmt st;
-      std::string sql = std::string("INSERT INTO images (") + kColumns +
+      std::string sql = std::string("INSERT INTO images (") + kImageColumns +
                         ") VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,1)";
       if (sqlite3_prepare_v2(db_, sql.c_str(), -1, &st.s, nullptr) != SQLITE_OK)
         return std::unexpected(db_error(db_, "prepare insert image"));
@@ -199,7 +158,7 @@ Result<uint64_t> SqliteImageRecordStore::put(const ImageRecord& r) {
 Result<std::vector<ImageRecord>> SqliteImageRecordStore::query(
     const std::string& where_order, const std::vector<std::string>& args) {
   Stmt st;
-  std::string sql = std::string("SELECT ") + kColumns + " FROM images i " + where_order;
+  std::string sql = std::string("SELECT ") + kImageColumns + " FROM images i " + where_order;
   if (sqlite3_prepare_v2(db_, sql.c_str(), -1, &st.s, nullptr) != SQLITE_OK)
     return std::unexpected(db_error(db_, "prepare " + sql));
   for (size_t i = 0; i < args.size(); ++i) bind_text(st.s, static_cast<int>(i + 1), args[i]);

@@ -2,53 +2,10 @@
 
 #include <sqlite3.h>
 
-#include <boost/json.hpp>
-
 #include "control/sqlite/schema.h"
 
 namespace tp::control::sqlite {
-namespace json = boost::json;
 namespace {
-
-std::string map_to_json(const std::map<std::string, std::string>& m) {
-  json::object o;
-  for (const auto& [k, v] : m) o[k] = v;
-  return json::serialize(o);
-}
-
-std::string list_to_json(const std::vector<std::string>& l) {
-  json::array a;
-  for (const auto& x : l) a.emplace_back(x);
-  return json::serialize(a);
-}
-
-std::vector<std::string> list_from_json(const char* text) {
-  std::vector<std::string> l;
-  if (!text) return l;
-  boost::system::error_code ec;
-  json::value v = json::parse(text, ec);
-  if (ec || !v.is_array()) return l;
-  for (const auto& x : v.as_array())
-    if (x.is_string()) l.emplace_back(x.as_string());
-  return l;
-}
-
-std::map<std::string, std::string> map_from_json(const char* text) {
-  std::map<std::string, std::string> m;
-  if (!text) return m;
-  boost::system::error_code ec;
-  json::value v = json::parse(text, ec);
-  if (ec || !v.is_object()) return m;
-  for (const auto& [k, val] : v.as_object())
-    if (val.is_string()) m[std::string(k)] = std::string(val.as_string());
-  return m;
-}
-
-// Owns a prepared statement.
-struct Stmt {
-  sqlite3_stmt* s = nullptr;
-  ~Stmt() { sqlite3_finalize(s); }
-};
 
 // Leaves a cached statement ready for its next use, whatever happens.
 struct Reset {
@@ -76,18 +33,18 @@ SandboxRecord row_to_record(sqlite3_stmt* s) {
   r.disk_mb = sqlite3_column_int64(s, 8);
   r.ttl_seconds = sqlite3_column_int64(s, 9);
   r.idle_timeout_seconds = sqlite3_column_int64(s, 10);
-  r.labels = map_from_json(reinterpret_cast<const char*>(sqlite3_column_text(s, 11)));
-  r.env = map_from_json(reinterpret_cast<const char*>(sqlite3_column_text(s, 12)));
+  r.labels = map_from_json(sqlite3_column_text(s, 11));
+  r.env = map_from_json(sqlite3_column_text(s, 12));
   r.created_at_ms = sqlite3_column_int64(s, 13);
   r.expires_at_ms = sqlite3_column_int64(s, 14);
   r.ended_at_ms = sqlite3_column_int64(s, 15);
   r.end_reason = text(16);
   r.version = sqlite3_column_int64(s, 17);
-  r.layers = list_from_json(reinterpret_cast<const char*>(sqlite3_column_text(s, 18)));
+  r.layers = list_from_json(sqlite3_column_text(s, 18));
   return r;
 }
 
-constexpr const char* kColumns =
+constexpr const char* kSandboxColumns =
     "id, state, tier, image, node, memory_mb, cpus, pids, disk_mb, ttl_seconds, "
     "idle_timeout_seconds, labels, env, created_at_ms, expires_at_ms, ended_at_ms, end_reason, "
     "version, layers";
@@ -141,7 +98,7 @@ Result<sqlite3_stmt*> SqliteSandboxStore::prepared(sqlite3_stmt** slot, const ch
 Result<uint64_t> SqliteSandboxStore::insert(const SandboxRecord& r) {
   std::lock_guard lk(mu_);
   static const std::string kInsert =
-      std::string("INSERT INTO sandboxes (") + kColumns +
+      std::string("INSERT INTO sandboxes (") + kSandboxColumns +
       ") VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15,?16,?17,1,?18)";
   auto ins = prepared(&insert_stmt_, kInsert.c_str());
   if (!ins) return std::unexpected(ins.error());
@@ -208,7 +165,7 @@ Result<uint64_t> SqliteSandboxStore::update(const SandboxRecord& r) {
 Result<std::optional<SandboxRecord>> SqliteSandboxStore::get(const std::string& id) {
   std::lock_guard lk(mu_);
   Stmt st;
-  std::string sql = std::string("SELECT ") + kColumns + " FROM sandboxes WHERE id = ?";
+  std::string sql = std::string("SELECT ") + kSandboxColumns + " FROM sandboxes WHERE id = ?";
   if (sqlite3_prepare_v2(db_, sql.c_str(), -1, &st.s, nullptr) != SQLITE_OK)
     return std::unexpected(db_error(db_, "prepare get"));
   sqlite3_bind_text(st.s, 1, id.c_str(), -1, SQLITE_TRANSIENT);
@@ -221,7 +178,7 @@ Result<std::optional<SandboxRecord>> SqliteSandboxStore::get(const std::string& 
 Result<std::vector<SandboxRecord>> SqliteSandboxStore::list(const SandboxQuery& q) {
   std::lock_guard lk(mu_);
   Stmt st;
-  std::string sql = std::string("SELECT ") + kColumns + " FROM sandboxes s WHERE 1";
+  std::string sql = std::string("SELECT ") + kSandboxColumns + " FROM sandboxes s WHERE 1";
   if (!q.state.empty()) sql += " AND s.state = ?";
   if (q.live_only) sql += " AND s.ended_at_ms = 0";
   for (size_t i = 0; i < q.labels.size(); ++i)

@@ -2,13 +2,10 @@
 
 #include <sqlite3.h>
 
+#include <boost/json.hpp>
+
 namespace tp::control::sqlite {
 namespace {
-
-struct Stmt {
-  sqlite3_stmt* s = nullptr;
-  ~Stmt() { sqlite3_finalize(s); }
-};
 
 Result<int> user_version(sqlite3* db) {
   Stmt uv;
@@ -151,6 +148,42 @@ Result<sqlite3*> open_database(const std::string& path) {
     return std::unexpected(r.error());
   }
   return db;
+}
+
+Stmt::~Stmt() { sqlite3_finalize(s); }
+
+std::string list_to_json(const std::vector<std::string>& l) {
+  boost::json::array a;
+  for (const auto& x : l) a.emplace_back(x);
+  return boost::json::serialize(a);
+}
+
+std::string map_to_json(const std::map<std::string, std::string>& m) {
+  boost::json::object o;
+  for (const auto& [k, v] : m) o[k] = v;
+  return boost::json::serialize(o);
+}
+
+std::vector<std::string> list_from_json(const unsigned char* text) {
+  std::vector<std::string> l;
+  if (!text) return l;
+  boost::system::error_code ec;
+  boost::json::value v = boost::json::parse(reinterpret_cast<const char*>(text), ec);
+  if (ec || !v.is_array()) return l;
+  for (const auto& x : v.as_array())
+    if (x.is_string()) l.emplace_back(x.as_string());
+  return l;
+}
+
+std::map<std::string, std::string> map_from_json(const unsigned char* text) {
+  std::map<std::string, std::string> m;
+  if (!text) return m;
+  boost::system::error_code ec;
+  boost::json::value v = boost::json::parse(reinterpret_cast<const char*>(text), ec);
+  if (ec || !v.is_object()) return m;
+  for (const auto& [k, val] : v.as_object())
+    if (val.is_string()) m[std::string(k)] = std::string(val.as_string());
+  return m;
 }
 
 }  // namespace tp::control::sqlite

@@ -16,11 +16,14 @@
 // Thread rules: call from one thread per connection (the stores serialise).
 #pragma once
 
+#include <map>
 #include <string>
+#include <vector>
 
 #include "common/result.h"
 
 struct sqlite3;
+struct sqlite3_stmt;
 
 namespace tp::control::sqlite {
 
@@ -35,5 +38,17 @@ Result<sqlite3*> open_database(const std::string& path);
 Result<void> exec_sql(sqlite3* db, const char* sql);
 
 Error db_error(sqlite3* db, const std::string& what);
+
+// Owns a prepared statement.
+struct Stmt {
+  sqlite3_stmt* s = nullptr;
+  ~Stmt();
+};
+
+// List and map columns are stored as JSON text; unreadable text reads as empty.
+std::string list_to_json(const std::vector<std::string>& l);
+std::string map_to_json(const std::map<std::string, std::string>& m);
+std::vector<std::string> list_from_json(const unsigned char* text);
+std::map<std::string, std::string> map_from_json(const unsigned char* text);
 
 }  // namespace tp::control::sqlite
