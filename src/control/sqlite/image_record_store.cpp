@@ -21,7 +21,7 @@ std::string text(sqlite3_stmt* s, int i) {
   return t ? std::string(reinterpret_cast<const char*>(t)) : std::string();
 }
 
-ImageRecord row_to_record(sqlite3_stmt* s) {
+ImageRecord image_from_row(sqlite3_stmt* s) {
   ImageRecord r;
   r.name = text(s, 0);
   r.version = text(s, 1);
@@ -164,7 +164,7 @@ Result<std::vector<ImageRecord>> SqliteImageRecordStore::query(
   for (size_t i = 0; i < args.size(); ++i) bind_text(st.s, static_cast<int>(i + 1), args[i]);
   std::vector<ImageRecord> out;
   int rc;
-  while ((rc = sqlite3_step(st.s)) == SQLITE_ROW) out.push_back(row_to_record(st.s));
+  while ((rc = sqlite3_step(st.s)) == SQLITE_ROW) out.push_back(image_from_row(st.s));
   if (rc != SQLITE_DONE) return std::unexpected(db_error(db_, "query images"));
   return out;
 }

@@ -16,7 +16,7 @@ struct Reset {
   }
 };
 
-SandboxRecord row_to_record(sqlite3_stmt* s) {
+SandboxRecord sandbox_from_row(sqlite3_stmt* s) {
   auto text = [&](int i) {
     const unsigned char* t = sqlite3_column_text(s, i);
     return t ? std::string(reinterpret_cast<const char*>(t)) : std::string();
@@ -172,7 +172,7 @@ Result<std::optional<SandboxRecord>> SqliteSandboxStore::get(const std::string& 
   int rc = sqlite3_step(st.s);
   if (rc == SQLITE_DONE) return std::optional<SandboxRecord>{};
   if (rc != SQLITE_ROW) return std::unexpected(db_error(db_, "get " + id));
-  return std::optional<SandboxRecord>{row_to_record(st.s)};
+  return std::optional<SandboxRecord>{sandbox_from_row(st.s)};
 }
 
 Result<std::vector<SandboxRecord>> SqliteSandboxStore::list(const SandboxQuery& q) {
@@ -196,7 +196,7 @@ Result<std::vector<SandboxRecord>> SqliteSandboxStore::list(const SandboxQuery& 
   }
   std::vector<SandboxRecord> out;
   int rc;
-  while ((rc = sqlite3_step(st.s)) == SQLITE_ROW) out.push_back(row_to_record(st.s));
+  while ((rc = sqlite3_step(st.s)) == SQLITE_ROW) out.push_back(sandbox_from_row(st.s));
   if (rc != SQLITE_DONE) return std::unexpected(db_error(db_, "list"));
   return out;
 }
