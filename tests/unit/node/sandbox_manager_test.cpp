@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <boost/asio/executor_work_guard.hpp>
+#include <cstdlib>
 #include <filesystem>
 #include <future>
 #include <random>
@@ -623,7 +624,9 @@ TEST_F(ManagerTest, AdoptionPinsTheRecordedLayersEvenWhenTheImageMoved) {
 // Random interleavings of create, delete, exec, ttl expiry, agent death and
 // shutdown: whatever the order, every record ends consistent and nothing is left.
 TEST_F(ManagerTest, RandomInterleavingsEndConsistent) {
-  constexpr int kSeeds = 2000;
+  // TP_TEST_SEEDS lowers the count where each seed is slow (the TSan run: make test-tsan).
+  const char* env = std::getenv("TP_TEST_SEEDS");
+  const int kSeeds = env && std::atoi(env) > 0 ? std::atoi(env) : 2000;
   for (int seed = 0; seed < kSeeds; ++seed) {
     std::mt19937 rng(seed);
     auto pick = [&](int n) { return static_cast<int>(rng() % static_cast<unsigned>(n)); };
