@@ -119,9 +119,10 @@ asan-build: deps fuzz-deps $(SAN_BUILD)/build.ninja
 # Unit tests and the integration suite against an ASan+UBSan daemon (tp-agent and the
 # payloads stay static and unsanitized: they run inside sandboxes).
 # The unit tests run as one process, as under TSan (ctest starts one per test: ~360
-# starts of an ASan binary, about a second each).
+# starts of an ASan binary, about a second each); the manager's random interleavings
+# run 300 seeds (the g++ run does all 2,000).
 test-asan: asan-build
-	$(SAN_ENV) TP_BIN_DIR=$(CURDIR)/$(SAN_BUILD)/bin $(SAN_BUILD)/bin/unit_tests $(UNIT_FILTER)
+	$(SAN_ENV) TP_BIN_DIR=$(CURDIR)/$(SAN_BUILD)/bin TP_TEST_SEEDS=300 $(SAN_BUILD)/bin/unit_tests $(UNIT_FILTER)
 	$(SAN_ENV) TIDEPOOL_BUILD=$(CURDIR)/$(SAN_BUILD) $(PYTEST) $(ASAN_PYTEST)
 
 # -- ThreadSanitizer (CI runs test-tsan after test-asan) --
