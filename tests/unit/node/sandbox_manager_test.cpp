@@ -126,6 +126,14 @@ class ManagerTest : public ::testing::Test {
   asio::io_context io_;
   std::optional<asio::executor_work_guard<asio::io_context::executor_type>> guard_{
       asio::make_work_guard(io_)};
+  // recover() runs the io_context itself: the fixture's runners stop first.
+  void stop_runners() {
+    guard_.reset();
+    io_.stop();
+    for (auto& t : threads_) t.join();
+    threads_.clear();
+    io_.restart();
+  }
   std::vector<std::thread> threads_;
   control::MemorySandboxStore store_;
   Metrics metrics_;
@@ -424,11 +432,7 @@ TEST_F(ManagerTest, RecoverAdoptsWhatItCanAndStoresTheRestStopped) {
     return adopted;
   };
   // recover() runs the io_context itself: stop the fixture's runners meanwhile.
-  guard_.reset();
-  io_.stop();
-  for (auto& t : threads_) t.join();
-  threads_.clear();
-  io_.restart();
+  stop_runners();
   make(o);
   ASSERT_TRUE(mgr_->recover());
   guard_.emplace(asio::make_work_guard(io_));
@@ -588,11 +592,7 @@ TEST_F(ManagerTest, AdoptionPinsTheRecordedLayersEvenWhenTheImageMoved) {
                        std::string) -> Result<std::shared_ptr<AgentClient>> {
     return std::make_shared<FakeAgent>(io);
   };
-  guard_.reset();
-  io_.stop();
-  for (auto& t : threads_) t.join();
-  threads_.clear();
-  io_.restart();
+  stop_runners();
   make(o);
   mgr_->set_image_resolver(imgs.resolver());
   ASSERT_TRUE(mgr_->recover());
