@@ -114,13 +114,14 @@ void import(const uint8_t* data, size_t size) {
   tp::image::StoreOptions opts;
   opts.data_dir = base + "/data";
   opts.limits = limits();
-  auto st = tp::image::ImageStore::open(
-      opts, std::make_shared<tp::control::MemoryImageRecordStore>());
+  auto st =
+      tp::image::ImageStore::open(opts, std::make_shared<tp::control::MemoryImageRecordStore>());
   check(st.has_value(), "ImageStore::open");
   auto rec = (*st)->import_archive(file, "", "", tp::image::ArchiveKind::kAuto,
                                    tp::image::PutMode::kReplace);
-  if (!rec) rec = (*st)->import_archive(file, "fuzz", "1", tp::image::ArchiveKind::kLayer,
-                                            tp::image::PutMode::kReplace);
+  if (!rec)
+    rec = (*st)->import_archive(file, "fuzz", "1", tp::image::ArchiveKind::kLayer,
+                                tp::image::PutMode::kReplace);
   st->reset();
   scratch().clear();
 }
