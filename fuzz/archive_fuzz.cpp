@@ -24,6 +24,7 @@
 #include <string>
 
 #include "common/log.h"
+#include "control/memory_image_store.h"
 #include "image/image_store.h"
 #include "image/layer_unpack.h"
 #include "image/oci_archive.h"
@@ -113,10 +114,14 @@ void import(const uint8_t* data, size_t size) {
   tp::image::StoreOptions opts;
   opts.data_dir = base + "/data";
   opts.limits = limits();
-  auto st = tp::image::ImageStore::open(opts);
+  auto st =
+      tp::image::ImageStore::open(opts, std::make_shared<tp::control::MemoryImageRecordStore>());
   check(st.has_value(), "ImageStore::open");
-  auto rec = (*st)->import_archive(file, "", "", tp::image::ArchiveKind::kAuto);
-  if (!rec) rec = (*st)->import_archive(file, "fuzz", "1", tp::image::ArchiveKind::kLayer);
+  auto rec = (*st)->import_archive(file, "", "", tp::image::ArchiveKind::kAuto,
+                                   tp::image::PutMode::kReplace);
+  if (!rec)
+    rec = (*st)->import_archive(file, "fuzz", "1", tp::image::ArchiveKind::kLayer,
+                                tp::image::PutMode::kReplace);
   st->reset();
   scratch().clear();
 }
