@@ -181,6 +181,8 @@ struct Message {
 
   // Builders (chainable).
   Message& add(Tag t, std::string_view bytes);
+  // Takes `bytes` without copying (bulk data: a file piece).
+  Message& add_moved(Tag t, std::string bytes);
   Message& add_u64(Tag t, uint64_t v);
   Message& add_i64(Tag t, int64_t v);
   Message& add_bool(Tag t, bool v) { return add_u64(t, v ? 1 : 0); }
