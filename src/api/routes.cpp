@@ -30,7 +30,11 @@ class CountingResponder : public Responder {
     inner_->start_stream(status, std::move(ct));
   }
   void write_chunk(std::string d) override { inner_->write_chunk(std::move(d)); }
+  void write_chunk(std::string d, std::function<void(bool)> written) override {
+    inner_->write_chunk(std::move(d), std::move(written));
+  }
   void end_stream() override { inner_->end_stream(); }
+  void abort_stream() override { inner_->abort_stream(); }
   void set_on_abort(std::function<void()> cb) override { inner_->set_on_abort(std::move(cb)); }
   void add_header(std::string n, std::string v) override {
     inner_->add_header(std::move(n), std::move(v));
