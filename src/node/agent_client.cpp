@@ -285,8 +285,12 @@ class AgentClientImpl final : public AgentClient {
       p.exec = std::move(h);
       self->pending_.emplace(exec_id, std::move(p));
       for (auto& m : backlog) {
-        self->buffered_seqs_.erase(m.u64(Tag::kSeq));
+        uint64_t seq = m.u64(Tag::kSeq);
+        self->buffered_seqs_.erase(seq);
         if (!self->closed_) self->dispatch(std::move(m));
+        // Handled now, so acknowledged below: an agent at its cap of
+        // unacknowledged output sends nothing more that would carry the ack.
+        if (seq > self->last_seq_) self->last_seq_ = seq;
       }
       self->maybe_ack();
     });
@@ -518,7 +522,11 @@ class AgentClientImpl final : public AgentClient {
       attachable_.clear();
     }
     for (auto& [id, msgs] : unattached_)
-      for (auto& m : msgs) buffered_seqs_.erase(m.u64(Tag::kSeq));
+      for (auto& m : msgs) {
+        uint64_t seq = m.u64(Tag::kSeq);
+        buffered_seqs_.erase(seq);
+        if (seq > last_seq_) last_seq_ = seq;  // dropped is handled (see attach)
+      }
     unattached_.clear();
     maybe_ack();
   }

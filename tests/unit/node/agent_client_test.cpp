@@ -7,6 +7,8 @@
 #include <sys/socket.h>
 #include <sys/wait.h>
 
+#include <boost/asio/steady_timer.hpp>
+#include <cstdio>
 #include <thread>
 
 #include "../agent/agent_harness.h"
@@ -205,6 +207,69 @@ TEST_F(AgentClientTest, ReplayedAnswersWaitForAttach) {
   EXPECT_EQ(err, "two\n");
   client2->close();
   client3->close();
+  io_.restart();
+  io_.run();
+}
+
+// Answers replayed to a new session wait for attach(); once attach() has
+// handled them they must be acknowledged. A command at the agent's cap of
+// unacknowledged output (256 KiB) sends nothing more that could carry the ack,
+// so without it the command would wait forever.
+TEST_F(AgentClientTest, AttachAcknowledgesTheReplayedBacklog) {
+  AgentOptions o;
+  o.listen = true;
+  start(o);
+  const std::string progress = host_path("/progress");
+  uint32_t pid = 0;
+  node::ExecHandlers h;
+  h.on_started = [&](uint32_t p) {
+    pid = p;
+    client_->close();  // nothing after this is acknowledged
+  };
+  h.on_done = [](Result<node::ExecResult>) {};
+  client_->exec(
+      sh("for i in 1 2 3 4 5 6 7 8; do head -c 65536 /dev/zero; echo $i > " + progress + "; done"),
+      std::move(h));
+  ASSERT_TRUE(run_until([&] { return pid != 0; }));
+  io_.restart();
+  io_.run();
+  agent_->close_fd();
+  // Piece 5 written means the agent read 4 (its pipe holds one): 256 KiB held, at the cap.
+  auto pieces = [&] {
+    FILE* f = std::fopen(progress.c_str(), "r");
+    int n = 0;
+    if (f) {
+      if (std::fscanf(f, "%d", &n) != 1) n = 0;
+      std::fclose(f);
+    }
+    return n;
+  };
+  for (int i = 0; i < 3000 && pieces() < 5; ++i) ::usleep(10000);
+  ASSERT_GE(pieces(), 5);
+  EXPECT_LT(pieces(), 8);
+  auto c2 = node::AgentClient::connect(io_, agent_->socket_path(), "sb-test");
+  ASSERT_TRUE(c2.has_value());
+  auto client2 = *c2;
+  ASSERT_TRUE(await<void>([&](auto cb) { client2->start(cb); }).has_value());
+  ASSERT_EQ(client2->resumed().size(), 1u);
+  // Round trips: the replay has arrived (and waits for attach) by now.
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(await<void>([&](auto cb) { client2->ping(cb); }));
+  uint64_t got = 0;
+  std::optional<Result<node::ExecResult>> done;
+  node::ExecHandlers h2;
+  h2.on_output = [&](int, std::string_view d) { got += d.size(); };
+  h2.on_done = [&](Result<node::ExecResult> r) { done.emplace(std::move(r)); };
+  ASSERT_TRUE(client2->attach(client2->resumed()[0].id, std::move(h2)).has_value());
+  // A hang guard, not a time limit on a working client.
+  bool stuck = false;
+  boost::asio::steady_timer guard(io_, std::chrono::seconds(60));
+  guard.async_wait([&](boost::system::error_code ec) { stuck = !ec; });
+  ASSERT_TRUE(run_until([&] { return done.has_value() || stuck; }));
+  guard.cancel();
+  ASSERT_FALSE(stuck) << "the command never finished: its replayed output was not acknowledged";
+  ASSERT_TRUE(done->has_value()) << done->error().message();
+  EXPECT_EQ(got, 8u * 65536u);
+  client2->close();
   io_.restart();
   io_.run();
 }
