@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <deque>
@@ -84,6 +85,11 @@ struct Command {
   bool stdin_eof = false;  // close stdin once stdin_buf is written
   uint64_t forwarded[3] = {0, 0, 0};
   bool truncated[3] = {false, false, false};
+  // kExec WINDOW: the node's consumer paces this command. Its pipes are read
+  // only while credit (output bytes granted by WINDOW and kCredit, not yet
+  // read) remains, so the node never has to hold more than it asked for.
+  bool windowed = false;
+  uint64_t credit = 0;
 };
 
 class Agent {
@@ -184,6 +190,9 @@ void Agent::accept_ctl() {
   if (ctl_) log_line("tp-agent: a new connection replaces the current session\n");
   ctl_.reset(fd);
   session_.end();
+  // Windows belong to the session that set them: the new node knows nothing of
+  // them and would never send kCredit. Held frames (acks) still bound memory.
+  for (auto& [id, c] : cmds_) c->windowed = false;
   reader_.emplace();
   reader_fed_ = 0;
   session_.begin(static_cast<uint64_t>(::getpid()));
@@ -268,6 +277,14 @@ void Agent::handle(const Message& m) {
     case MsgType::kAck:
       session_.ack(m.u64(Tag::kSeq));
       return;
+    case MsgType::kCredit: {
+      auto it = cmds_.find(m.id);
+      if (it == cmds_.end() || !it->second->windowed) return;
+      Command& c = *it->second;
+      uint64_t more = m.u64(Tag::kLength);
+      c.credit = more > UINT64_MAX - c.credit ? UINT64_MAX : c.credit + more;
+      return;
+    }
     default: {
       char what[64];
       std::snprintf(what, sizeof(what), "unknown message type %u", static_cast<unsigned>(m.type));
@@ -330,6 +347,10 @@ void Agent::handle_exec(const Message& m) {
   c->start_us = mono_us();
   if (uint64_t t = m.u64(Tag::kTimeoutMs, 0)) c->deadline_us = c->start_us + t * 1000;
   c->limit = m.has(Tag::kOutputLimit) ? m.u64(Tag::kOutputLimit) : kDefaultOutputLimit;
+  if (uint64_t w = m.u64(Tag::kWindow, 0)) {
+    c->windowed = true;
+    c->credit = w;
+  }
   if (auto d = m.get(Tag::kData)) c->stdin_buf.assign(*d);
   c->stdin_eof = !m.flag(Tag::kStdinOpen);
   inits_[c->sp.pid] = m.id;
@@ -451,13 +472,19 @@ void Agent::on_init_chan(Command& c) {
 void Agent::on_pipe(Command& c, int stream, bool final) {
   sys::UniqueFd& fd = stream == 1 ? c.sp.stdout_r : c.sp.stderr_r;
   while (fd) {
-    ssize_t n = ::read(fd.get(), g_buf, sizeof(g_buf));
+    // A windowed command is read no further than its credit; at its end
+    // (`final`) what its pipes still hold (at most their capacity) is read anyway.
+    size_t want = sizeof(g_buf);
+    if (c.windowed && !final) want = static_cast<size_t>(std::min<uint64_t>(want, c.credit));
+    if (want == 0) return;
+    ssize_t n = ::read(fd.get(), g_buf, want);
     if (n < 0 && errno == EINTR) continue;
     if (n < 0 && errno == EAGAIN && !final) return;
     if (n <= 0) {
       fd.reset();
       return;
     }
+    if (c.windowed) c.credit -= std::min<uint64_t>(c.credit, static_cast<uint64_t>(n));
     uint64_t room = c.limit > c.forwarded[stream] ? c.limit - c.forwarded[stream] : 0;
     size_t take = static_cast<size_t>(std::min<uint64_t>(room, static_cast<uint64_t>(n)));
     if (take < static_cast<size_t>(n)) c.truncated[stream] = true;
@@ -693,7 +720,8 @@ int Agent::run() {
         next_deadline = now + 20000;
       if (c.sp.exec_chan) add(c.sp.exec_chan.get(), POLLIN, Kind::kExecChan, id);
       if (c.sp.init_chan) add(c.sp.init_chan.get(), POLLIN, Kind::kInitChan, id);
-      if (c.started && session_.held_bytes(id) < kMaxQueuedPerCommand) {
+      if (c.started && session_.held_bytes(id) < kMaxQueuedPerCommand &&
+          (!c.windowed || c.credit > 0)) {
         if (c.sp.stdout_r) add(c.sp.stdout_r.get(), POLLIN, Kind::kStdout, id);
         if (c.sp.stderr_r) add(c.sp.stderr_r.get(), POLLIN, Kind::kStderr, id);
       }

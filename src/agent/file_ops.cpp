@@ -211,7 +211,7 @@ Result<Message> FileService::read(const Message& req) {
   }
   data.resize(got);
   Message m = ok(req.id);
-  m.add(Tag::kData, data);
+  m.add_moved(Tag::kData, std::move(data));
   m.add_u64(Tag::kSize, static_cast<uint64_t>(st.st_size));
   return m;
 }

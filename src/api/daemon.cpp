@@ -149,6 +149,7 @@ int daemon_main(int argc, char** argv) {
   uint64_t max_json_body_kb = 4096;
   uint64_t max_upload_mb = 1024;
   uint64_t max_body_memory_mb = 0;
+  uint64_t max_download_mb = Api::kDefaultMaxDownload >> 20;
   app.add_option("--max-connections", max_connections,
                  "open HTTP connections at most, TCP and unix socket together; 0 = half the "
                  "open-file limit, at most 32768 (the rest is left to sandboxes)")
@@ -181,6 +182,12 @@ int daemon_main(int argc, char** argv) {
                  "request bodies held in memory at once, over all connections (beyond: 503); "
                  "0 = a quarter of physical memory, at least --max-upload-mb")
       ->capture_default_str();
+  app.add_option("--max-download-mb", max_download_mb,
+                 "largest file or tar download (a file's apparent size counts: sparse files "
+                 "are sent with their holes as zeros); downloads stream, so this bounds what "
+                 "one request sends, not the daemon's memory")
+      ->capture_default_str()
+      ->check(CLI::Range(uint64_t{1}, uint64_t{1} << 30));
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -271,6 +278,7 @@ int daemon_main(int argc, char** argv) {
   };
   node::SandboxManager mgr(io, registry, **store, metrics, std::move(mopts));
   Api api(mgr, metrics);
+  api.set_max_download(max_download_mb << 20);
   auto retention = node::StepLog::parse_duration(step_retention);
   if (!retention) return die("--step-retention: " + retention.error().message());
   auto steps = node::StepLog::open(
@@ -334,9 +342,9 @@ int daemon_main(int argc, char** argv) {
   sopts_http.body_timeout = secs(body_timeout);
   spdlog::info(
       "http: up to {} connections ({} per client; open-file limit {}), JSON bodies up to {} KiB, "
-      "uploads up to {} MiB, {} MiB of bodies at once",
+      "uploads up to {} MiB, {} MiB of bodies at once, downloads up to {} MiB",
       sopts_http.gate->max_total(), sopts_http.gate->max_per_client(), nofile, max_json_body_kb,
-      max_upload_mb, max_body_memory_mb);
+      max_upload_mb, max_body_memory_mb, max_download_mb);
   HttpServer server(io, outer, sopts_http);
   HttpServer unix_server(io, outer, sopts_http);
   if (!listen.empty()) {

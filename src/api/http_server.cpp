@@ -311,23 +311,48 @@ class Session : public Responder,
                  std::string h = self->head(status, ct);
                  h += "Transfer-Encoding: chunked\r\nX-Accel-Buffering: no\r\n\r\n";
                  self->enqueue(std::move(h));
+                 if (self->method_ == "HEAD") {
+                   // The head is the whole answer; the producer's chunks are refused.
+                   self->finished_ = true;
+                   self->maybe_next();
+                 }
                });
   }
 
-  void write_chunk(std::string data) override {
-    if (data.empty()) return;
-    asio::post(stream_.get_executor(), [self = shared_from_this(), d = std::move(data)] {
-      if (!self->streaming_ || self->finished_) return;
-      char len[32];
-      snprintf(len, sizeof len, "%zx\r\n", d.size());
-      self->enqueue(std::string(len) + d + "\r\n");
-    });
+  void write_chunk(std::string data) override { write_chunk(std::move(data), nullptr); }
+
+  void write_chunk(std::string data, std::function<void(bool)> written) override {
+    asio::post(stream_.get_executor(),
+               [self = shared_from_this(), d = std::move(data), w = std::move(written)]() mutable {
+                 if (!self->streaming_ || self->finished_ || self->closed_) {
+                   if (w) w(false);
+                   return;
+                 }
+                 if (d.empty()) {  // an empty chunk would end the stream
+                   if (w) w(true);
+                   return;
+                 }
+                 char len[32];
+                 snprintf(len, sizeof len, "%zx\r\n", d.size());
+                 // The data goes as its own buffer (gathered with its framing): not copied.
+                 self->enqueue(Out{len, std::move(d), true, std::move(w)});
+               });
   }
 
   void end_stream() override {
     asio::post(stream_.get_executor(), [self = shared_from_this()] {
       if (!self->streaming_ || self->finished_) return;
       self->enqueue("0\r\n\r\n");
+      self->finished_ = true;
+      self->maybe_next();
+    });
+  }
+
+  void abort_stream() override {
+    asio::post(stream_.get_executor(), [self = shared_from_this()] {
+      if (!self->streaming_ || self->finished_) return;
+      // No last chunk, and the connection closes after what is queued.
+      self->keep_alive_ = false;
       self->finished_ = true;
       self->maybe_next();
     });
@@ -549,27 +574,53 @@ class Session : public Responder,
         });
   }
 
-  void enqueue(std::string data) {
-    out_.push_back(std::move(data));
+  // One write: `head`, then `body` (and CRLF: a chunk); `written` is told how it went.
+  struct Out {
+    std::string head;
+    std::string body;
+    bool crlf = false;
+    std::function<void(bool)> written;
+  };
+
+  void enqueue(std::string data) { enqueue(Out{std::move(data), {}, false, nullptr}); }
+
+  void enqueue(Out o) {
+    out_.push_back(std::move(o));
     if (!writing_) write_next();
   }
 
   void write_next() {
     if (out_.empty() || closed_) {
       writing_ = false;
+      fail_queued();
       return;
     }
     writing_ = true;
-    asio::async_write(stream_, asio::buffer(out_.front()),
-                      [self = shared_from_this()](beast::error_code ec, size_t) {
-                        self->out_.pop_front();
-                        if (ec) {
-                          self->close();
-                          return;
-                        }
-                        self->write_next();
-                        self->maybe_next();
-                      });
+    const Out& o = out_.front();
+    std::array<asio::const_buffer, 3> bufs{asio::buffer(o.head), asio::buffer(o.body),
+                                           asio::buffer("\r\n", o.crlf ? 2 : 0)};
+    asio::async_write(stream_, bufs, [self = shared_from_this()](beast::error_code ec, size_t) {
+      auto w = std::move(self->out_.front().written);
+      self->out_.pop_front();
+      if (ec) {
+        self->writing_ = false;
+        self->close();
+        self->fail_queued();
+        if (w) w(false);
+        return;
+      }
+      if (w) w(true);
+      self->write_next();
+      self->maybe_next();
+    });
+  }
+
+  // The connection is gone: what is still queued will never be written.
+  void fail_queued() {
+    std::deque<Out> left;
+    left.swap(out_);
+    for (auto& o : left)
+      if (o.written) o.written(false);
   }
 
   // After a complete answer has been written, read the next request or close.
@@ -608,6 +659,8 @@ class Session : public Responder,
     closed_ = true;
     beast::error_code ec;
     stream_.socket().close(ec);
+    // The write in progress (if any) completes with an error and tells its own.
+    if (!writing_) fail_queued();
     if (answered_ && !finished_ && on_abort_)
       std::exchange(on_abort_, nullptr)();
     else if (!answered_ && on_abort_)
@@ -625,7 +678,7 @@ class Session : public Responder,
   uint64_t drained_ = 0;
   uint64_t held_ = 0;  // bytes of the body budget this connection holds
   std::optional<http::request_parser<http::string_body>> parser_;
-  std::deque<std::string> out_;
+  std::deque<Out> out_;
   std::function<void()> on_abort_;
   std::string extra_headers_;
   std::string method_;

@@ -74,9 +74,25 @@ class Responder {
  public:
   virtual ~Responder() = default;
   virtual void send(int status, std::string content_type, std::string body) = 0;
+  // A chunked answer: start_stream, write_chunk*, then end_stream (complete) or
+  // abort_stream (incomplete). For HEAD only the head is sent.
   virtual void start_stream(int status, std::string content_type) = 0;
   virtual void write_chunk(std::string data) = 0;
+  // Flow-controlled: `written` runs once, on the connection's strand, when the
+  // chunk has gone to the socket (true), or when it never will (false: the
+  // client is gone, the answer is over, a HEAD request). A producer that sends
+  // its next chunk only then holds at most one chunk, however slow the client.
+  // The default (for wrappers that do not forward it) writes and reports at once.
+  virtual void write_chunk(std::string data, std::function<void(bool written)> written) {
+    write_chunk(std::move(data));
+    if (written) written(true);
+  }
   virtual void end_stream() = 0;
+  // Ends a started stream without its last (empty) chunk and closes the
+  // connection once what was queued is written: the client sees a truncated
+  // answer (an error in any HTTP client) instead of a complete one. For an
+  // answer that failed after its 200 was sent.
+  virtual void abort_stream() = 0;
   // Called (once, on the strand) when the client goes away before the answer completed.
   virtual void set_on_abort(std::function<void()> cb) = 0;
   // Adds a header to the answer; call before send() / start_stream().

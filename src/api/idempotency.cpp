@@ -111,11 +111,36 @@ class IdempotencyCache::Recorder : public Responder {
     else
       inner_->write_chunk(std::move(d));
   }
+  // Bulk data (no exec events among it): recorded and passed on with its flow control.
+  void write_chunk(std::string d, std::function<void(bool)> written) override {
+    std::lock_guard lk(mu_);
+    if (done_) {
+      if (written) written(false);
+      return;
+    }
+    if (side_ && !d.empty()) (void)side_->write(d);
+    if (!held_.empty()) inner_->write_chunk(std::move(held_));
+    held_.clear();
+    inner_->write_chunk(std::move(d), std::move(written));
+  }
   void end_stream() override {
     std::lock_guard lk(mu_);
     if (done_) return;
     done_ = true;
     commit("", true);
+  }
+  // A truncated answer must not be replayed as a complete one: the record says
+  // the first request did not complete (the client already has its 200 head).
+  void abort_stream() override {
+    std::lock_guard lk(mu_);
+    if (done_) return;
+    done_ = true;
+    inner_->abort_stream();
+    rec_.status = 503;
+    rec_.content_type = "application/json";
+    side_.reset();
+    held_.clear();
+    commit(kIncomplete, false);
   }
   void set_on_abort(std::function<void()> cb) override { inner_->set_on_abort(std::move(cb)); }
   void add_header(std::string n, std::string v) override {

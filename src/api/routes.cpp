@@ -5,6 +5,7 @@
 #include <ctime>
 #include <set>
 
+#include "api/download.h"
 #include "common/json_util.h"
 #include "common/log.h"
 
@@ -30,7 +31,11 @@ class CountingResponder : public Responder {
     inner_->start_stream(status, std::move(ct));
   }
   void write_chunk(std::string d) override { inner_->write_chunk(std::move(d)); }
+  void write_chunk(std::string d, std::function<void(bool)> written) override {
+    inner_->write_chunk(std::move(d), std::move(written));
+  }
   void end_stream() override { inner_->end_stream(); }
+  void abort_stream() override { inner_->abort_stream(); }
   void set_on_abort(std::function<void()> cb) override { inner_->set_on_abort(std::move(cb)); }
   void add_header(std::string n, std::string v) override {
     inner_->add_header(std::move(n), std::move(v));
@@ -534,12 +539,16 @@ void Api::exec(Request& req, const Params& p, std::shared_ptr<Responder> res) {
 void Api::file_read(Request& req, const Params& p, std::shared_ptr<Responder> res) {
   auto path = file_path(req);
   if (!path) return res->send_error(path.error());
-  auto sb = mgr_.ref(p[0]);
-  if (!sb) return res->send_error(sb.error());
-  sb->agent->read_file(*path, 512ull << 20, [res](Result<std::string> r) {
-    if (!r) return res->send_error(r.error());
-    res->send(200, "application/octet-stream", std::move(*r));
-  });
+  if (auto sb = mgr_.ref(p[0]); !sb) return res->send_error(sb.error());
+  // Each piece asks for the sandbox again: a download keeps it active (idle
+  // timeout) and ends when it stops.
+  auto read = [this, id = p[0], path = *path](uint64_t offset, uint64_t length,
+                                              std::function<void(Result<node::FileChunk>)> done) {
+    auto sb = mgr_.ref(id);
+    if (!sb) return done(std::unexpected(sb.error()));
+    sb->agent->read_chunk(path, offset, length, std::move(done));
+  };
+  FileDownload::start(*path, max_download_, std::move(read), std::move(res));
 }
 
 void Api::file_write(Request& req, const Params& p, std::shared_ptr<Responder> res) {
@@ -723,35 +732,34 @@ Error tar_error(const node::ExecOutcome& o, const std::string& err, const std::s
 }
 }  // namespace
 
+// The archive streams from tar's stdout to the client (api/download.h): the
+// agent reads tar's output no further ahead than the window the client's socket
+// gives back, and tar is killed when the client goes away. A tree larger than
+// the download limit is cut off once that much was sent. No time limit: a
+// 100 GB sparse file is a long stream (the client may leave), not a memory cost.
 void Api::tar_download(Request& req, const Params& p, std::shared_ptr<Responder> res) {
   auto path = file_path(req);
   if (!path) return res->send_error(path.error());
+  CommandDownload::Options o;
+  o.content_type = "application/x-tar";
+  o.max_bytes = max_download_;
+  o.what = "the tar of " + *path;
+  o.failure = [path = *path](const node::ExecOutcome& r, const std::string& err) {
+    return tar_error(r, err, path, false);
+  };
+  std::string id = p[0];
+  CommandDownload::Control ctl;
+  ctl.credit = [this, id](uint32_t eid, uint64_t n) { mgr_.credit_exec(id, eid, n); };
+  ctl.kill = [this, id](uint32_t eid) { mgr_.signal_exec(id, eid, 9); };
   node::ExecParams ep;
   ep.argv = {"tar", "-c", "-f", "-", "-C", *path, "."};
-  ep.timeout_ms = kTarTimeoutMs;
-  ep.output_limit = 1ull << 30;
-  struct Acc {
-    std::string out, err;
-  };
-  auto acc = std::make_shared<Acc>();
-  node::ExecCallbacks cb;
-  cb.on_output = [acc](int stream, std::string_view d) {
-    if (stream == 2) {
-      if (acc->err.size() < 4096) acc->err.append(d);
-    } else {
-      acc->out.append(d);
-    }
-  };
-  cb.on_done = [res, acc, path = *path](Result<node::ExecOutcome> r) {
-    if (!r) return res->send_error(r.error());
-    if (r->result.stdout_truncated)
-      return res->send_error(
-          Error{Code::kPayloadTooLarge, 0, path + " is larger than 1 GiB as tar"});
-    if (r->result.exit_code != 0) return res->send_error(tar_error(*r, acc->err, path, false));
-    res->send(200, "application/x-tar", std::move(acc->out));
-  };
-  auto eid = mgr_.exec(p[0], std::move(ep), std::move(cb));
+  ep.window = o.window;
+  // One byte over the limit tells the download it was exceeded; the agent drops the rest.
+  ep.output_limit = max_download_ + 1;
+  auto dl = std::make_shared<CommandDownload>(res, std::move(o), std::move(ctl));
+  auto eid = mgr_.exec(id, std::move(ep), dl->callbacks());
   if (!eid) return res->send_error(eid.error());
+  dl->attach(*eid);
 }
 
 void Api::tar_upload(Request& req, const Params& p, std::shared_ptr<Responder> res) {

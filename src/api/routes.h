@@ -41,6 +41,10 @@ class Api {
   void add_provider(std::shared_ptr<RouteProvider> p) { providers_.push_back(std::move(p)); }
   // Records keyed answers durably (see api/idempotency.h). Set before serving.
   void set_step_log(std::shared_ptr<node::StepLog> log) { idempotency_.set_log(std::move(log)); }
+  // Largest file or tar download (--max-download-mb). Downloads stream (api/download.h):
+  // this bounds what one request may send, not what the daemon holds. Set before serving.
+  void set_max_download(uint64_t bytes) { max_download_ = bytes; }
+  static constexpr uint64_t kDefaultMaxDownload = 8ull << 30;
   // The routes this server serves (for the contract test).
   static std::vector<RouteInfo> routes();
   // Whether a request's body is raw bytes of any size (a file, an archive,
@@ -85,6 +89,7 @@ class Api {
   Metrics& metrics_;
   std::vector<std::shared_ptr<RouteProvider>> providers_;
   IdempotencyCache idempotency_;
+  uint64_t max_download_ = kDefaultMaxDownload;
 };
 
 }  // namespace tp::api

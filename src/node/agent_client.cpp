@@ -105,7 +105,9 @@ class AgentClientImpl final : public AgentClient {
   uint32_t exec(const ExecRequest& req, ExecHandlers handlers) override {
     uint32_t id = new_id();
     pending_count_.fetch_add(1);
-    asio::post(strand_, [self = self(), id, req, h = std::move(handlers)]() mutable {
+    asio::post(strand_, [self = self(), id, req = req, h = std::move(handlers)]() mutable {
+      // A window the agent cannot honour is not asked for (credit() is then a no-op).
+      if (!(self->features_ & proto::kFeatureCredit)) req.window = 0;
       auto frames = codec::exec_frames(req, id);
       if (self->closed_ || !frames) {
         self->pending_count_.fetch_sub(1);
@@ -125,6 +127,19 @@ class AgentClientImpl final : public AgentClient {
     asio::post(strand_, [self = self(), exec_id, data = std::move(data), eof] {
       if (self->closed_) return;
       for (auto& f : codec::stdin_frames(exec_id, data, eof)) self->send(std::move(f));
+    });
+  }
+
+  void credit(uint32_t exec_id, uint64_t bytes) override {
+    asio::post(strand_, [self = self(), exec_id, bytes] {
+      // An agent without the feature would answer the unknown type with a
+      // kError under this id, which would end the command.
+      if (self->closed_ || !(self->features_ & proto::kFeatureCredit) || bytes == 0) return;
+      auto it = self->pending_.find(exec_id);
+      if (it == self->pending_.end() || !it->second.is_exec) return;
+      Message m(MsgType::kCredit, exec_id);
+      m.add_u64(Tag::kLength, bytes);
+      self->send(proto::encode(m));
     });
   }
 
@@ -157,6 +172,26 @@ class AgentClientImpl final : public AgentClient {
     st->max = max_bytes;
     st->cb = std::move(cb);
     asio::post(strand_, [self = self(), st] { self->read_step(st); });
+  }
+
+  void read_chunk(std::string path, uint64_t offset, uint64_t length,
+                  std::function<void(Result<FileChunk>)> cb) override {
+    Message m(MsgType::kFileRead, 0);
+    m.add(Tag::kPath, path);
+    m.add_u64(Tag::kOffset, offset);
+    m.add_u64(Tag::kLength, std::min<uint64_t>(length, proto::kMaxChunk));
+    simple(std::move(m), [cb = std::move(cb)](Result<Message> r) {
+      if (!r) return cb(std::unexpected(r.error()));
+      FileChunk c;
+      c.size = r->u64(Tag::kSize);
+      // Moved out of the answer: a chunk is held once.
+      for (auto& [tag, v] : r->fields)
+        if (tag == Tag::kData) {
+          c.data = std::move(v);
+          break;
+        }
+      cb(std::move(c));
+    });
   }
 
   void stat(std::string path, std::function<void(Result<FileEntry>)> cb) override {
@@ -250,8 +285,12 @@ class AgentClientImpl final : public AgentClient {
       p.exec = std::move(h);
       self->pending_.emplace(exec_id, std::move(p));
       for (auto& m : backlog) {
-        self->buffered_seqs_.erase(m.u64(Tag::kSeq));
+        uint64_t seq = m.u64(Tag::kSeq);
+        self->buffered_seqs_.erase(seq);
         if (!self->closed_) self->dispatch(std::move(m));
+        // Handled now, so acknowledged below: an agent at its cap of
+        // unacknowledged output sends nothing more that would carry the ack.
+        if (seq > self->last_seq_) self->last_seq_ = seq;
       }
       self->maybe_ack();
     });
@@ -483,7 +522,11 @@ class AgentClientImpl final : public AgentClient {
       attachable_.clear();
     }
     for (auto& [id, msgs] : unattached_)
-      for (auto& m : msgs) buffered_seqs_.erase(m.u64(Tag::kSeq));
+      for (auto& m : msgs) {
+        uint64_t seq = m.u64(Tag::kSeq);
+        buffered_seqs_.erase(seq);
+        if (seq > last_seq_) last_seq_ = seq;  // dropped is handled (see attach)
+      }
     unattached_.clear();
     maybe_ack();
   }
@@ -518,6 +561,7 @@ class AgentClientImpl final : public AgentClient {
     if (m.type == MsgType::kReady) {
       if (!ready_) {
         ready_ = true;
+        features_ = m.u64(Tag::kFeatures, 0);
         ids_above(m.u64(Tag::kHighId, 0));
         if (!unattached_.empty()) {
           attach_timer_.expires_after(kAttachWait);
@@ -614,6 +658,7 @@ class AgentClientImpl final : public AgentClient {
   bool closed_ = false;
   bool closed_notified_ = false;
   bool ready_ = false;
+  uint64_t features_ = 0;  // kReady FEATURES
   Error close_reason_;
   std::function<void(Result<void>)> on_ready_;
   std::function<void(const Error&)> on_closed_;

@@ -48,6 +48,17 @@ struct ExecRequest {
   // Opaque to the agent: kept with the command and handed back when a new
   // session resumes (the node's note of what the command is for).
   std::string meta;
+  // > 0: the agent reads at most this many output bytes (stdout and stderr
+  // together) until credit() grants more, so a consumer that forwards output
+  // to a slow client holds a bounded amount. Ignored by an agent that does not
+  // announce flow control (kFeatureCredit); a new session lifts it.
+  uint64_t window = 0;
+};
+
+// One piece of a file (read_chunk).
+struct FileChunk {
+  std::string data;
+  uint64_t size = 0;  // the file's size (st_size: apparent, holes included) when read
 };
 
 // A command the agent still held when a session resumed: running, or ended
@@ -109,6 +120,10 @@ class AgentClient : public std::enable_shared_from_this<AgentClient> {
   virtual uint32_t exec(const ExecRequest& req, ExecHandlers handlers) = 0;
   virtual void send_stdin(uint32_t exec_id, std::string data, bool eof) = 0;
   virtual void signal(uint32_t exec_id, int signo) = 0;
+  // Lets a command started with a window read `bytes` more of its output (the
+  // consumer has passed that much on). Ignored for other ids, and when the
+  // agent has no flow control.
+  virtual void credit(uint32_t exec_id, uint64_t bytes) = 0;
 
   // Files. Paths are absolute inside the sandbox. write_file moves data in
   // chunks of kMaxChunk (first truncates, then appends) and answers the final size.
@@ -117,6 +132,11 @@ class AgentClient : public std::enable_shared_from_this<AgentClient> {
   // Reads a whole file, failing with kPayloadTooLarge beyond max_bytes.
   virtual void read_file(std::string path, uint64_t max_bytes,
                          std::function<void(Result<std::string>)> cb) = 0;
+  // Reads up to `length` bytes (at most kMaxChunk) at `offset`; fewer at the
+  // end of the file. Each call opens the file anew (a streaming reader pulls
+  // the next piece only when it has room for it).
+  virtual void read_chunk(std::string path, uint64_t offset, uint64_t length,
+                          std::function<void(Result<FileChunk>)> cb) = 0;
   virtual void stat(std::string path, std::function<void(Result<FileEntry>)> cb) = 0;
   virtual void list(std::string path, std::function<void(Result<std::vector<FileEntry>>)> cb) = 0;
   virtual void remove(std::string path, bool recursive, std::function<void(Result<void>)> cb) = 0;

@@ -18,6 +18,7 @@ Result<std::vector<std::string>> exec_frames(const ExecRequest& req, uint32_t id
   if (req.timeout_ms) m.add_u64(Tag::kTimeoutMs, req.timeout_ms);
   m.add_u64(Tag::kOutputLimit, req.output_limit);
   if (!req.meta.empty()) m.add(Tag::kMeta, req.meta);
+  if (req.window) m.add_u64(Tag::kWindow, req.window);
   std::string_view in = req.stdin_data;
   std::string_view first = in.substr(0, std::min<size_t>(in.size(), proto::kMaxChunk));
   std::string_view rest = in.substr(first.size());

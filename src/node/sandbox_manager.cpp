@@ -1002,6 +1002,7 @@ Result<uint32_t> SandboxManager::start_exec(const std::shared_ptr<Sandbox>& sb, 
   req.output_limit = p.output_limit;
   req.stdin_data = std::move(p.stdin_data);
   req.stdin_open = p.stdin_open;
+  req.window = p.window;
   req.meta = std::move(meta);
   uint64_t oom_before = 0;
   if (auto k = sb->inst->oom_kills()) oom_before = *k;
@@ -1050,6 +1051,16 @@ void SandboxManager::signal_exec(const std::string& id, uint32_t exec_id, int si
     if (sb->state != State::kRunning && sb->state != State::kStopping) return;
   }
   if (sb->agent) sb->agent->signal(exec_id, signo);
+}
+
+void SandboxManager::credit_exec(const std::string& id, uint32_t exec_id, uint64_t bytes) {
+  auto sb = find_live(id);
+  if (!sb) return;
+  {
+    std::lock_guard lk(sb->mu);
+    if (sb->state != State::kRunning && sb->state != State::kStopping) return;
+  }
+  if (sb->agent) sb->agent->credit(exec_id, bytes);
 }
 
 // ---- background processes ----------------------------------------------------------

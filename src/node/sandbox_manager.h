@@ -114,6 +114,7 @@ class SandboxManager : public Service {
                std::function<void(Result<control::SandboxRecord>)> cb) override;
   Result<uint32_t> exec(const std::string& id, ExecParams p, ExecCallbacks cb) override;
   void signal_exec(const std::string& id, uint32_t exec_id, int signo) override;
+  void credit_exec(const std::string& id, uint32_t exec_id, uint64_t bytes) override;
   Result<ProcessInfo> start_process(const std::string& id, ExecParams p) override;
   Result<std::vector<ProcessInfo>> list_processes(const std::string& id) override;
   Result<ProcessInfo> get_process(const std::string& id, uint32_t pid) override;

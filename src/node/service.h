@@ -49,6 +49,8 @@ struct ExecParams {
   uint64_t output_limit = 16ull << 20;
   std::string stdin_data;
   bool stdin_open = false;  // background processes: keep stdin open for process_stdin()
+  // > 0: output is paced by credit_exec() (ExecRequest::window).
+  uint64_t window = 0;
 };
 
 // What an exec reports at its end (agent result plus what the node adds).
@@ -103,6 +105,8 @@ class Service {
   // Returns the exec id, usable with signal_exec().
   virtual Result<uint32_t> exec(const std::string& id, ExecParams p, ExecCallbacks cb) = 0;
   virtual void signal_exec(const std::string& id, uint32_t exec_id, int signo) = 0;
+  // An exec started with a window may read `bytes` more of its output.
+  virtual void credit_exec(const std::string& id, uint32_t exec_id, uint64_t bytes) = 0;
   // Background processes: they outlive the request that started them (and a
   // restart of the daemon) and keep their output (capped per stream by
   // output_limit) in files until the sandbox ends.

@@ -31,7 +31,8 @@
 //   kFileRemove-> kOk or kError
 //   kMkdir     -> kOk or kError
 //   kPing      -> kOk
-// The agent sends kReady (id 0, VERSION, PID, HIGH_ID, SESSION) at the start
+//   kCredit    -> no answer (LENGTH more output bytes for a kExec with WINDOW)
+// The agent sends kReady (id 0, VERSION, PID, HIGH_ID, SESSION, FEATURES) at the start
 // of every session, when it is ready to serve.
 // Sessions (README.md): the node's first frame is kHello (EPOCH). Answers of
 // kExec carry SEQ and are kept by the agent until kAck (SEQ, cumulative); a
@@ -81,8 +82,9 @@ enum class MsgType : uint8_t {
   kExec = 1,
   kStdin = 2,
   kSignal = 3,
-  kHello = 4,  // first frame of a node's session: EPOCH. No answer.
-  kAck = 5,    // SEQ: every held frame up to SEQ was handled. No answer.
+  kHello = 4,   // first frame of a node's session: EPOCH. No answer.
+  kAck = 5,     // SEQ: every held frame up to SEQ was handled. No answer.
+  kCredit = 6,  // id = a kExec with WINDOW: LENGTH more output bytes may be read. No answer.
   kFileWrite = 10,
   kFileRead = 11,
   kFileStat = 12,
@@ -113,6 +115,8 @@ enum class Tag : uint16_t {
   kStdinOpen = 8,    // u64 bool; 1 = stdin stays open for kStdin frames, else it is
                      //      closed right after the initial DATA (if any)
   kMeta = 9,         // bytes, at most kMaxMeta; opaque to the agent, listed back in kResumed
+  kWindow = 10,      // u64; >0: at most this many output bytes are read before kCredit
+                     //      grants more (flow control to the node's consumer). 0 = none.
   // generic
   kData = 20,     // bytes
   kEof = 21,      // u64 bool
@@ -156,7 +160,13 @@ enum class Tag : uint16_t {
   kSession = 84,       // u64: kReady, 1 for the agent's first session, then 2, 3...
   kPrevEpoch = 85,     // u64: kReady, EPOCH of the last kHello of an earlier session (0: none)
   kResumedCount = 86,  // u64: kReady, how many kResumed frames preceded it
+  kFeatures = 87,      // u64: kReady, bit set of kFeature* this agent understands
 };
+
+// kReady FEATURES bits. A node uses a feature only when the agent announced it
+// (an agent restored from an older build ignores unknown fields but answers an
+// unknown message type with kError, which would end the command it names).
+inline constexpr uint64_t kFeatureCredit = 1;  // kExec WINDOW and kCredit
 
 inline constexpr size_t kMaxMeta = 16u << 10;  // kExec META; larger is invalid_argument
 
@@ -171,6 +181,8 @@ struct Message {
 
   // Builders (chainable).
   Message& add(Tag t, std::string_view bytes);
+  // Takes `bytes` without copying (bulk data: a file piece).
+  Message& add_moved(Tag t, std::string bytes);
   Message& add_u64(Tag t, uint64_t v);
   Message& add_i64(Tag t, int64_t v);
   Message& add_bool(Tag t, bool v) { return add_u64(t, v ? 1 : 0); }

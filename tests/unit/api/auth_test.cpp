@@ -22,6 +22,7 @@ struct Answer : Responder {
   void start_stream(int s, std::string) override { status = s; }
   void write_chunk(std::string) override {}
   void end_stream() override {}
+  void abort_stream() override {}
   void set_on_abort(std::function<void()>) override {}
   void add_header(std::string n, std::string v) override { headers += n + ": " + v + "\n"; }
 };

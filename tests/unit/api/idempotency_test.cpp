@@ -35,6 +35,13 @@ struct FakeResponder : Responder {
     sends++;
     cv.notify_all();
   }
+  void abort_stream() override {
+    std::lock_guard lk(mu);
+    aborted = true;
+    sends++;
+    cv.notify_all();
+  }
+  bool aborted = false;
   void set_on_abort(std::function<void()>) override {}
   void add_header(std::string n, std::string v) override { headers += n + ": " + v + "\n"; }
   // Waits for the answer (it is sent once recorded).
@@ -119,6 +126,26 @@ TEST_F(Idempotency, ServerErrorsAreRecordedSoARetryDoesNotRunAgain) {
   EXPECT_EQ(cache->begin(post("/v1/x"), "k", retry), nullptr);
   EXPECT_EQ(retry->wait(), 503);
   EXPECT_EQ(retry->body, "busy");
+}
+
+// A download-like stream (flow-controlled chunks) that fails after its head is
+// aborted for the client; a repeat must not get it as a complete answer.
+TEST_F(Idempotency, AnAbortedStreamIsRecordedAsIncomplete) {
+  auto first = std::make_shared<FakeResponder>();
+  auto rec = cache->begin(post("/v1/x"), "k", first);
+  ASSERT_NE(rec, nullptr);
+  rec->start_stream(200, "application/octet-stream");
+  bool written = false;
+  rec->write_chunk("part", [&](bool ok) { written = ok; });
+  EXPECT_TRUE(written);
+  rec->abort_stream();
+  first->wait();
+  EXPECT_TRUE(first->aborted);
+  rec.reset();
+  auto retry = std::make_shared<FakeResponder>();
+  EXPECT_EQ(cache->begin(post("/v1/x"), "k", retry), nullptr);
+  EXPECT_EQ(retry->wait(), 503);
+  EXPECT_NE(retry->body.find("did not complete"), std::string::npos) << retry->body;
 }
 
 TEST_F(Idempotency, AnAnswerThatNeverCameIsRecordedAs503) {

@@ -55,6 +55,7 @@ class Capture : public api::Responder {
   void start_stream(int, std::string) override {}
   void write_chunk(std::string) override {}
   void end_stream() override {}
+  void abort_stream() override {}
   void set_on_abort(std::function<void()>) override {}
   void add_header(std::string, std::string) override {}
   int status = 0;

@@ -2,10 +2,13 @@
 // scripted fake agent on a socketpair (error mapping, chunking, protocol errors).
 #include "node/agent_client.h"
 
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 
+#include <boost/asio/steady_timer.hpp>
+#include <cstdio>
 #include <thread>
 
 #include "../agent/agent_harness.h"
@@ -213,6 +216,162 @@ TEST_F(AgentClientTest, ReplayedAnswersWaitForAttach) {
   io_.run();
 }
 
+// Answers replayed to a new session wait for attach(); once attach() has
+// handled them they must be acknowledged. A command at the agent's cap of
+// unacknowledged output (256 KiB) sends nothing more that could carry the ack,
+// so without it the command would wait forever.
+TEST_F(AgentClientTest, AttachAcknowledgesTheReplayedBacklog) {
+  AgentOptions o;
+  o.listen = true;
+  start(o);
+  const std::string progress = host_path("/progress");
+  uint32_t pid = 0;
+  node::ExecHandlers h;
+  h.on_started = [&](uint32_t p) {
+    pid = p;
+    client_->close();  // nothing after this is acknowledged
+  };
+  h.on_done = [](Result<node::ExecResult>) {};
+  client_->exec(
+      sh("for i in 1 2 3 4 5 6 7 8; do head -c 65536 /dev/zero; echo $i > " + progress + "; done"),
+      std::move(h));
+  ASSERT_TRUE(run_until([&] { return pid != 0; }));
+  io_.restart();
+  io_.run();
+  agent_->close_fd();
+  // Piece 5 written means the agent read 4 (its pipe holds one): 256 KiB held, at the cap.
+  auto pieces = [&] {
+    FILE* f = std::fopen(progress.c_str(), "r");
+    int n = 0;
+    if (f) {
+      if (std::fscanf(f, "%d", &n) != 1) n = 0;
+      std::fclose(f);
+    }
+    return n;
+  };
+  for (int i = 0; i < 3000 && pieces() < 5; ++i) ::usleep(10000);
+  ASSERT_GE(pieces(), 5);
+  EXPECT_LT(pieces(), 8);
+  auto c2 = node::AgentClient::connect(io_, agent_->socket_path(), "sb-test");
+  ASSERT_TRUE(c2.has_value());
+  auto client2 = *c2;
+  ASSERT_TRUE(await<void>([&](auto cb) { client2->start(cb); }).has_value());
+  ASSERT_EQ(client2->resumed().size(), 1u);
+  // Round trips: the replay has arrived (and waits for attach) by now.
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(await<void>([&](auto cb) { client2->ping(cb); }));
+  uint64_t got = 0;
+  std::optional<Result<node::ExecResult>> done;
+  node::ExecHandlers h2;
+  h2.on_output = [&](int, std::string_view d) { got += d.size(); };
+  h2.on_done = [&](Result<node::ExecResult> r) { done.emplace(std::move(r)); };
+  ASSERT_TRUE(client2->attach(client2->resumed()[0].id, std::move(h2)).has_value());
+  // A hang guard, not a time limit on a working client.
+  bool stuck = false;
+  boost::asio::steady_timer guard(io_, std::chrono::seconds(60));
+  guard.async_wait([&](boost::system::error_code ec) { stuck = !ec; });
+  ASSERT_TRUE(run_until([&] { return done.has_value() || stuck; }));
+  guard.cancel();
+  ASSERT_FALSE(stuck) << "the command never finished: its replayed output was not acknowledged";
+  ASSERT_TRUE(done->has_value()) << done->error().message();
+  EXPECT_EQ(got, 8u * 65536u);
+  client2->close();
+  io_.restart();
+  io_.run();
+}
+
+// Flow control (kExec WINDOW, kCredit): the agent reads no more of a
+// command's output than it was granted, exactly, and goes on when credited.
+TEST_F(AgentClientTest, WindowPacesOutputUntilCredited) {
+  start();
+  node::ExecRequest req = sh("head -c 4194304 /dev/zero");
+  req.window = 100000;  // not a multiple of the agent's reads
+  uint64_t got = 0;
+  std::optional<Result<node::ExecResult>> done;
+  node::ExecHandlers h;
+  h.on_output = [&](int, std::string_view d) { got += d.size(); };
+  h.on_done = [&](Result<node::ExecResult> r) { done.emplace(std::move(r)); };
+  uint32_t id = client_->exec(req, std::move(h));
+  ASSERT_TRUE(run_until([&] { return got >= 100000; }));
+  // Round trips through the agent's loop: output beyond the window would have come by now.
+  for (int i = 0; i < 5; ++i) ASSERT_TRUE(await<void>([&](auto cb) { client_->ping(cb); }));
+  EXPECT_EQ(got, 100000u);
+  EXPECT_FALSE(done.has_value());
+  client_->credit(id, 50000);
+  ASSERT_TRUE(run_until([&] { return got >= 150000; }));
+  for (int i = 0; i < 5; ++i) ASSERT_TRUE(await<void>([&](auto cb) { client_->ping(cb); }));
+  EXPECT_EQ(got, 150000u);
+  client_->credit(id, 1ull << 40);
+  ASSERT_TRUE(run_until([&] { return done.has_value(); }));
+  ASSERT_TRUE(done->has_value()) << done->error().message();
+  EXPECT_EQ((*done)->exit_code, 0);
+  EXPECT_EQ(got, 4194304u);
+}
+
+// A window belongs to the session that set it: a node that reconnects knows
+// nothing of it and gets the rest of the output without credit, exactly once.
+TEST_F(AgentClientTest, NewSessionLiftsTheWindow) {
+  AgentOptions o;
+  o.listen = true;
+  start(o);
+  node::ExecRequest req = sh("head -c 1048576 /dev/zero");
+  req.window = 65536;
+  uint64_t first = 0;
+  node::ExecHandlers h;
+  h.on_output = [&](int, std::string_view d) { first += d.size(); };
+  h.on_done = [](Result<node::ExecResult>) {};
+  client_->exec(req, std::move(h));
+  ASSERT_TRUE(run_until([&] { return first >= 65536; }));
+  ASSERT_TRUE(await<void>([&](auto cb) { client_->ping(cb); }));  // the ack went out
+  EXPECT_EQ(first, 65536u);
+  client_->close();
+  io_.restart();
+  io_.run();
+  agent_->close_fd();
+  auto c2 = node::AgentClient::connect(io_, agent_->socket_path(), "sb-test");
+  ASSERT_TRUE(c2.has_value());
+  auto client2 = *c2;
+  ASSERT_TRUE(await<void>([&](auto cb) { client2->start(cb); }).has_value());
+  ASSERT_EQ(client2->resumed().size(), 1u);
+  uint64_t second = 0;
+  std::optional<Result<node::ExecResult>> done;
+  node::ExecHandlers h2;
+  h2.on_output = [&](int, std::string_view d) { second += d.size(); };
+  h2.on_done = [&](Result<node::ExecResult> r) { done.emplace(std::move(r)); };
+  ASSERT_TRUE(client2->attach(client2->resumed()[0].id, std::move(h2)).has_value());
+  ASSERT_TRUE(run_until([&] { return done.has_value(); }));
+  ASSERT_TRUE(done->has_value()) << done->error().message();
+  EXPECT_EQ(first + second, 1048576u);
+  client2->close();
+  io_.restart();
+  io_.run();
+}
+
+// A sparse file reads as zeros at any offset; SIZE is its apparent size.
+TEST_F(AgentClientTest, ReadChunkOfASparseFile) {
+  start();
+  const uint64_t size = 10ull << 30;
+  {
+    int fd = ::open(host_path("/sparse").c_str(), O_CREAT | O_WRONLY | O_CLOEXEC, 0644);
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(::ftruncate(fd, static_cast<off_t>(size)), 0);
+    ASSERT_EQ(::pwrite(fd, "END", 3, static_cast<off_t>(size - 3)), 3);
+    ::close(fd);
+  }
+  auto r = await<node::FileChunk>(
+      [&](auto cb) { client_->read_chunk("/sparse", size - proto::kMaxChunk, 8ull << 20, cb); });
+  ASSERT_TRUE(r.has_value()) << r.error().message();
+  EXPECT_EQ(r->size, size);
+  ASSERT_EQ(r->data.size(), proto::kMaxChunk);  // LENGTH is capped at one chunk
+  EXPECT_EQ(r->data.substr(r->data.size() - 3), "END");
+  EXPECT_EQ(r->data.find_first_not_of('\0'), r->data.size() - 3);
+  auto end = await<node::FileChunk>([&](auto cb) { client_->read_chunk("/sparse", size, 10, cb); });
+  ASSERT_TRUE(end.has_value());
+  EXPECT_TRUE(end->data.empty());
+  auto none = await<node::FileChunk>([&](auto cb) { client_->read_chunk("/none", 0, 10, cb); });
+  ASSERT_FALSE(none.has_value());
+  EXPECT_EQ(none.error().code, Code::kNotFound);
+}
+
 TEST_F(AgentClientTest, ConnectWithoutAgentIsNotFound) {
   auto c = node::AgentClient::connect(io_, root_.path() + "/no-such.sock", "sb-none");
   ASSERT_FALSE(c.has_value());
@@ -321,6 +480,57 @@ TEST_F(AgentClientFakeTest, WriteFileSendsTruncateThenAppendChunks) {
   EXPECT_EQ(chunks[0], std::make_pair(size_t{proto::kMaxChunk}, false));
   EXPECT_EQ(chunks[1], std::make_pair(size_t{proto::kMaxChunk}, true));
   EXPECT_EQ(chunks[2], std::make_pair(size_t{10}, true));
+}
+
+// kCredit is sent only to an agent that announced it: an older agent answers
+// an unknown message type with kError under the command's id, which would end
+// the command. WINDOW is then not asked for either.
+TEST_F(AgentClientFakeTest, WindowAndCreditOnlyWithTheFeature) {
+  for (bool feature : {false, true}) {
+    SCOPED_TRACE(feature ? "with FEATURES credit" : "without");
+    std::optional<Message> exec, after;
+    {
+      FakeAgent fake([&](FakeAgent& f) {
+        Message ready(MsgType::kReady, 0);
+        ready.add_u64(Tag::kVersion, proto::kVersion);
+        if (feature) ready.add_u64(Tag::kFeatures, proto::kFeatureCredit);
+        f.send(ready);
+        exec = f.recv();
+        after = f.recv();  // kCredit, or (without the feature) the ping
+        if (after && after->type == MsgType::kCredit) {
+          auto ping = f.recv();
+          if (ping) f.send(Message(MsgType::kOk, ping->id));
+        } else if (after) {
+          f.send(Message(MsgType::kOk, after->id));
+        }
+        if (exec) f.send(Message(MsgType::kExit, exec->id).add_i64(Tag::kExitCode, 0));
+        f.recv();  // until the client closes
+      });
+      connect(fake);
+      node::ExecRequest req;
+      req.argv = {"true"};
+      req.window = 1000;
+      bool done = false;
+      node::ExecHandlers h;
+      h.on_done = [&](Result<node::ExecResult>) { done = true; };
+      uint32_t id = client_->exec(req, std::move(h));
+      client_->credit(id, 500);
+      ASSERT_TRUE(await<void>([&](auto cb) { client_->ping(cb); }).has_value());
+      ASSERT_TRUE(run_until([&] { return done; }));
+      stop();
+    }
+    ASSERT_TRUE(exec && after);
+    EXPECT_EQ(exec->type, MsgType::kExec);
+    if (feature) {
+      EXPECT_EQ(exec->u64(Tag::kWindow), 1000u);
+      EXPECT_EQ(after->type, MsgType::kCredit);
+      EXPECT_EQ(after->id, exec->id);
+      EXPECT_EQ(after->u64(Tag::kLength), 500u);
+    } else {
+      EXPECT_FALSE(exec->has(Tag::kWindow));
+      EXPECT_EQ(after->type, MsgType::kPing);
+    }
+  }
 }
 
 TEST_F(AgentClientFakeTest, MalformedFrameFromAgentClosesTheClient) {

@@ -174,6 +174,7 @@ class FakeAgent : public AgentClient {
     std::lock_guard lk(mu_);
     uint32_t id = next_++;
     metas_[id] = req.meta;
+    windows_[id] = req.window;
     if (closed_) {
       boost::asio::post(io_, [h] { h.on_done(fail(Code::kUnavailable, "closed")); });
     } else {
@@ -186,12 +187,20 @@ class FakeAgent : public AgentClient {
     std::lock_guard lk(mu_);
     signalled_.push_back(id);
   }
+  void credit(uint32_t id, uint64_t bytes) override {
+    std::lock_guard lk(mu_);
+    credited_[id] += bytes;
+  }
   void write_file(std::string, std::string, uint32_t, bool,
                   std::function<void(Result<uint64_t>)> cb) override {
     boost::asio::post(io_, [cb] { cb(uint64_t{0}); });
   }
   void read_file(std::string, uint64_t, std::function<void(Result<std::string>)> cb) override {
     boost::asio::post(io_, [cb] { cb(std::string()); });
+  }
+  void read_chunk(std::string, uint64_t, uint64_t,
+                  std::function<void(Result<FileChunk>)> cb) override {
+    boost::asio::post(io_, [cb] { cb(FileChunk{}); });
   }
   void stat(std::string, std::function<void(Result<FileEntry>)> cb) override {
     boost::asio::post(io_, [cb] { cb(FileEntry{}); });
@@ -255,6 +264,14 @@ class FakeAgent : public AgentClient {
     std::lock_guard lk(mu_);
     return signalled_;
   }
+  uint64_t credited(uint32_t id) {
+    std::lock_guard lk(mu_);
+    return credited_[id];
+  }
+  uint64_t window_of(uint32_t id) {
+    std::lock_guard lk(mu_);
+    return windows_[id];
+  }
 
   std::vector<ResumedCommand> resumed_;
 
@@ -282,6 +299,7 @@ class FakeAgent : public AgentClient {
   std::map<uint32_t, ExecHandlers> pending_;
   std::map<uint32_t, std::string> metas_;
   std::vector<uint32_t> signalled_;
+  std::map<uint32_t, uint64_t> credited_, windows_;
   std::function<void(const Error&)> on_closed_;
 };
 
