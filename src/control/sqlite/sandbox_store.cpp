@@ -68,15 +68,16 @@ SandboxRecord row_to_record(sqlite3_stmt* s) {
   r.ended_at_ms = sqlite3_column_int64(s, 15);
   r.end_reason = text(16);
   r.version = sqlite3_column_int64(s, 17);
+  r.uid_base = static_cast<uint32_t>(sqlite3_column_int64(s, 18));
   return r;
 }
 
 constexpr const char* kColumns =
     "id, state, tier, image, node, memory_mb, cpus, pids, disk_mb, ttl_seconds, "
     "idle_timeout_seconds, labels, env, created_at_ms, expires_at_ms, ended_at_ms, end_reason, "
-    "version";
+    "version, uid_base";
 
-// Binds the 17 record columns (all but version) at 1..17.
+// Binds the 17 record columns before version at 1..17 and uid_base at 19.
 void bind_record(sqlite3_stmt* s, const SandboxRecord& r, const std::string& labels,
                  const std::string& env) {
   sqlite3_bind_text(s, 1, r.id.c_str(), -1, SQLITE_TRANSIENT);
@@ -96,6 +97,7 @@ void bind_record(sqlite3_stmt* s, const SandboxRecord& r, const std::string& lab
   sqlite3_bind_int64(s, 15, r.expires_at_ms);
   sqlite3_bind_int64(s, 16, r.ended_at_ms);
   sqlite3_bind_text(s, 17, r.end_reason.c_str(), -1, SQLITE_TRANSIENT);
+  sqlite3_bind_int64(s, 19, r.uid_base);
 }
 
 }  // namespace
@@ -141,8 +143,8 @@ Result<void> SqliteSandboxStore::migrate() {
         " memory_mb INTEGER, cpus REAL, pids INTEGER, disk_mb INTEGER, ttl_seconds INTEGER,"
         " idle_timeout_seconds INTEGER, labels TEXT, env TEXT, created_at_ms INTEGER,"
         " expires_at_ms INTEGER, ended_at_ms INTEGER, end_reason TEXT,"
-        " version INTEGER NOT NULL DEFAULT 1) WITHOUT ROWID"));
-    bool has_version = false;
+        " version INTEGER NOT NULL DEFAULT 1, uid_base INTEGER NOT NULL DEFAULT 0) WITHOUT ROWID"));
+    bool has_version = false, has_uid_base = false;
     {
       Stmt cols;
       if (sqlite3_prepare_v2(db_, "PRAGMA table_info(sandboxes)", -1, &cols.s, nullptr) !=
@@ -150,11 +152,17 @@ Result<void> SqliteSandboxStore::migrate() {
         return std::unexpected(db_error(db_, "table_info"));
       while (sqlite3_step(cols.s) == SQLITE_ROW) {
         const unsigned char* n = sqlite3_column_text(cols.s, 1);
-        if (n && std::string(reinterpret_cast<const char*>(n)) == "version") has_version = true;
+        std::string name = n ? reinterpret_cast<const char*>(n) : "";
+        has_version = has_version || name == "version";
+        has_uid_base = has_uid_base || name == "uid_base";
       }
     }
     if (!has_version)
       TP_TRY(exec_sql("ALTER TABLE sandboxes ADD COLUMN version INTEGER NOT NULL DEFAULT 1"));
+    // Schema 2. Rows from before it hold no range of their own (0): their
+    // sandboxes run in the shared range of the daemon that made them.
+    if (!has_uid_base)
+      TP_TRY(exec_sql("ALTER TABLE sandboxes ADD COLUMN uid_base INTEGER NOT NULL DEFAULT 0"));
     TP_TRY(
         exec_sql("CREATE TABLE IF NOT EXISTS sandbox_labels ("
                  " sandbox_id TEXT NOT NULL, key TEXT NOT NULL, value TEXT NOT NULL,"
@@ -167,7 +175,7 @@ Result<void> SqliteSandboxStore::migrate() {
         "INSERT OR IGNORE INTO sandbox_labels (sandbox_id, key, value)"
         " SELECT s.id, j.key, j.value FROM sandboxes s, json_each(s.labels) j"
         " WHERE json_valid(s.labels) AND json_type(s.labels) = 'object' AND j.type = 'text'"));
-    TP_TRY(exec_sql("PRAGMA user_version = 1"));
+    TP_TRY(exec_sql("PRAGMA user_version = 2"));
     return {};
   };
   if (auto r = body(); !r) {
@@ -202,8 +210,9 @@ Result<sqlite3_stmt*> SqliteSandboxStore::prepared(sqlite3_stmt** slot, const ch
 
 Result<uint64_t> SqliteSandboxStore::insert(const SandboxRecord& r) {
   std::lock_guard lk(mu_);
-  static const std::string kInsert = std::string("INSERT INTO sandboxes (") + kColumns +
-                                     ") VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,1)";
+  static const std::string kInsert =
+      std::string("INSERT INTO sandboxes (") + kColumns +
+      ") VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15,?16,?17,1,?19)";
   auto ins = prepared(&insert_stmt_, kInsert.c_str());
   if (!ins) return std::unexpected(ins.error());
   auto lab =
@@ -240,12 +249,12 @@ Result<uint64_t> SqliteSandboxStore::insert(const SandboxRecord& r) {
 Result<uint64_t> SqliteSandboxStore::update(const SandboxRecord& r) {
   std::lock_guard lk(mu_);
   // Labels are fixed at insert: not rewritten here.
-  auto up =
-      prepared(&update_stmt_,
-               "UPDATE sandboxes SET state=?2, tier=?3, image=?4, node=?5, memory_mb=?6, cpus=?7,"
-               " pids=?8, disk_mb=?9, ttl_seconds=?10, idle_timeout_seconds=?11, env=?13,"
-               " created_at_ms=?14, expires_at_ms=?15, ended_at_ms=?16, end_reason=?17,"
-               " version=version+1 WHERE id=?1 AND version=?18");
+  auto up = prepared(
+      &update_stmt_,
+      "UPDATE sandboxes SET state=?2, tier=?3, image=?4, node=?5, memory_mb=?6, cpus=?7,"
+      " pids=?8, disk_mb=?9, ttl_seconds=?10, idle_timeout_seconds=?11, env=?13,"
+      " created_at_ms=?14, expires_at_ms=?15, ended_at_ms=?16, end_reason=?17, uid_base=?19,"
+      " version=version+1 WHERE id=?1 AND version=?18");
   if (!up) return std::unexpected(up.error());
   {
     Reset reset{*up};

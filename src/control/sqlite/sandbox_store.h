@@ -10,7 +10,8 @@
 // Schema (PRAGMA user_version): 0 = the first table (no version column, labels
 // only as JSON); 1 = a `version` column for compare-and-set updates, labels
 // also in their own indexed table `sandbox_labels`, indexes on state and
-// ended_at_ms. open() migrates an older database in one transaction.
+// ended_at_ms; 2 = a `uid_base` column (the sandbox's host uid range, 0 on
+// rows from before). open() migrates an older database in one transaction.
 //
 // Thread rules: any thread; calls are serialised inside.
 #pragma once
@@ -28,7 +29,7 @@ namespace tp::control::sqlite {
 
 class SqliteSandboxStore : public SandboxStore {
  public:
-  static constexpr int kSchemaVersion = 1;
+  static constexpr int kSchemaVersion = 2;
   // Opens (creating or migrating if needed) the database file at `path`.
   static Result<std::unique_ptr<SqliteSandboxStore>> open(const std::string& path);
   ~SqliteSandboxStore() override;
