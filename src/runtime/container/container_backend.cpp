@@ -24,6 +24,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <map>
+#include <mutex>
 #include <set>
 #include <sstream>
 
@@ -354,9 +356,126 @@ class ThreadEuid {
   long rc_ = -1;
 };
 
+// Idmapped layers. Image files are stored once, owned by ContainerOptions::uid_base
+// + N; each sandbox sees them through a detached clone of the layer's mount
+// that maps those ids to its own range (mount_setattr(MOUNT_ATTR_IDMAP)). The
+// map comes from a user namespace made only for that ("uid_base base 65536"):
+// a multi-threaded process cannot unshare one, so a child that waits on a pipe
+// is born in it while we write its maps, and exits once we hold an fd of it.
+struct IdmapChildArg {
+  int rd, wr;
+};
+
+int idmap_child(void* a) {
+  const auto* arg = static_cast<const IdmapChildArg*>(a);
+  sys::raw::call(SYS_close, arg->wr);
+  char b;
+  sys::raw::call(SYS_read, arg->rd, &b, 1);
+  sys::raw::exit_now(0);
+}
+
+Result<UniqueFd> make_idmap_userns(uint32_t storage_base, uint32_t base) {
+  int p[2];
+  if (::pipe2(p, O_CLOEXEC) != 0) return sys_fail("pipe2(idmap)");
+  UniqueFd rd(p[0]), wr(p[1]);
+  IdmapChildArg arg{rd.get(), wr.get()};
+  constexpr size_t kStack = 64 << 10;
+  void* stack = ::mmap(nullptr, kStack, PROT_READ | PROT_WRITE,
+                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK | MAP_NORESERVE, -1, 0);
+  if (stack == MAP_FAILED) return sys_fail("mmap(idmap child stack)");
+  struct StackOwner {
+    void* p;
+    ~StackOwner() { ::munmap(p, kStack); }
+  } stack_owner{stack};
+  pid_t pid;
+  {
+    SignalBlock block;
+    pid = TP_CLONE(idmap_child, static_cast<char*>(stack) + kStack,
+                   CLONE_VM | CLONE_NEWUSER | SIGCHLD, &arg);
+  }
+  if (pid < 0) return sys_fail("clone(CLONE_NEWUSER) for an idmap");
+  const std::string map = std::to_string(storage_base) + " " + std::to_string(base) + " " +
+                          std::to_string(sys::kIdMapCount) + "\n";
+  const std::string proc = "/proc/" + std::to_string(pid);
+  Result<void> r;
+  for (const char* f : {"/uid_map", "/gid_map"}) {
+    UniqueFd fd(::open((proc + f).c_str(), O_WRONLY | O_CLOEXEC));
+    if (!fd || ::write(fd.get(), map.data(), map.size()) != static_cast<ssize_t>(map.size())) {
+      r = sys_fail("write(" + proc + f + ", \"" + map.substr(0, map.size() - 1) + "\")");
+      break;
+    }
+  }
+  UniqueFd ns;
+  if (r) {
+    ns.reset(::open((proc + "/ns/user").c_str(), O_RDONLY | O_CLOEXEC));
+    if (!ns) r = sys_fail("open(" + proc + "/ns/user)");
+  }
+  wr.reset();  // the child exits on EOF
+  int status;
+  while (::waitpid(pid, &status, __WALL) < 0 && errno == EINTR) {
+  }
+  if (!r) return std::unexpected(r.error());
+  return ns;
+}
+
+// A detached, read-only clone of `dir`'s mount with ids mapped through `userns`.
+Result<UniqueFd> idmapped_clone(const std::string& dir, int userns) {
+  UniqueFd fd(static_cast<int>(
+      ::syscall(SYS_open_tree, AT_FDCWD, dir.c_str(), OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC)));
+  if (!fd) return sys_fail("open_tree(" + dir + ", OPEN_TREE_CLONE)");
+  mount_attr attr{};
+  attr.attr_set = MOUNT_ATTR_IDMAP | MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV;
+  attr.userns_fd = static_cast<uint64_t>(userns);
+  if (::syscall(SYS_mount_setattr, fd.get(), "", AT_EMPTY_PATH, &attr, sizeof attr) != 0)
+    return sys_fail("mount_setattr(" + dir + ", MOUNT_ATTR_IDMAP)");
+  return fd;
+}
+
+// The idmap user namespaces by sandbox range. Making one costs a clone and an
+// exit (~0.4 ms); ranges are handed out lowest first, so the ranges in use are
+// few and keep being reused. Bounded: the oldest-used entry goes first.
+class IdmapCache {
+ public:
+  explicit IdmapCache(uint32_t storage_base) : storage_base_(storage_base) {}
+  Result<std::shared_ptr<UniqueFd>> get(uint32_t base) {
+    {
+      std::lock_guard lk(mu_);
+      if (auto it = by_base_.find(base); it != by_base_.end()) {
+        it->second.used = ++clock_;
+        return it->second.ns;
+      }
+    }
+    auto made = make_idmap_userns(storage_base_, base);  // outside the lock: it is slow
+    if (!made) return std::unexpected(made.error());
+    auto ns = std::make_shared<UniqueFd>(std::move(*made));
+    std::lock_guard lk(mu_);
+    auto [it, fresh] = by_base_.try_emplace(base, Entry{ns, 0});
+    it->second.used = ++clock_;
+    if (fresh && by_base_.size() > kMax) {
+      auto oldest = by_base_.begin();
+      for (auto i = by_base_.begin(); i != by_base_.end(); ++i)
+        if (i->second.used < oldest->second.used) oldest = i;
+      by_base_.erase(oldest);  // users of it hold their own reference
+    }
+    return it->second.ns;
+  }
+
+ private:
+  static constexpr size_t kMax = 256;
+  struct Entry {
+    std::shared_ptr<UniqueFd> ns;
+    uint64_t used;
+  };
+  const uint32_t storage_base_;
+  std::mutex mu_;
+  std::map<uint32_t, Entry> by_base_;
+  uint64_t clock_ = 0;
+};
+
 class ContainerBackend final : public Backend {
  public:
-  explicit ContainerBackend(std::shared_ptr<Shared> sh) : sh_(std::move(sh)) {}
+  ContainerBackend(std::shared_ptr<Shared> sh, std::unique_ptr<IdmapCache> idmaps)
+      : sh_(std::move(sh)), idmaps_(std::move(idmaps)) {}
   ~ContainerBackend() override { sh_->cgroups->remove_parent_if_empty(); }
   std::string tier() const override { return "container"; }
 
@@ -405,6 +524,7 @@ class ContainerBackend final : public Backend {
   Result<std::unique_ptr<SandboxInstance>> adopt_impl(const SandboxSpec& spec);
 
   std::shared_ptr<Shared> sh_;
+  std::unique_ptr<IdmapCache> idmaps_;
 };
 
 Result<std::unique_ptr<SandboxInstance>> ContainerBackend::create_impl(const SandboxSpec& spec) {
@@ -441,10 +561,26 @@ Result<std::unique_ptr<SandboxInstance>> ContainerBackend::create_impl(const San
     recipe.lowers = spec.layers;
   }
 
+  // The sandbox's own range (or the shared default); its layers are idmapped to
+  // it unless it is the range the files are stored in.
+  const uint32_t base = spec.uid_base ? spec.uid_base : sh_->opts.uid_base;
+  TP_TRY(sys::validate_id_base(base));
+  std::vector<UniqueFd> lower_fds;
+  if (base != sh_->opts.uid_base) {
+    auto ns = idmaps_->get(base);
+    if (!ns) return std::unexpected(ns.error());
+    for (const auto& l : recipe.lowers) {
+      auto fd = idmapped_clone(l, (*ns)->get());
+      if (!fd) return std::unexpected(fd.error());
+      recipe.lower_fds.push_back(fd->get());
+      lower_fds.push_back(std::move(*fd));
+    }
+  }
+
   ChildPlan plan;
   container::build_root_ops(recipe, &plan);
   // Set by the child itself: the parent's prlimit() would need CAP_SYS_RESOURCE
-  // now that the child's euid (uid_base) differs from ours.
+  // now that the child's euid (the sandbox's root) differs from ours.
   plan.set_rlimit(RLIMIT_NOFILE, "RLIMIT_NOFILE", spec.nofile);
   plan.set_rlimit(RLIMIT_CORE, "RLIMIT_CORE", 0);
   plan.finish();
@@ -508,16 +644,14 @@ Result<std::unique_ptr<SandboxInstance>> ContainerBackend::create_impl(const San
     if (auto r = sh_->cgroups->remove(spec.id); !r)
       TP_SB_ERROR(spec.id, "unwind: {}", r.error().message());
   };
-  // Delegation: the sandbox's root (uid_base) owns its cgroup directory (v2;
+  // Delegation: the sandbox's root (`base`) owns its cgroup directory (v2;
   // v1: the freezer one) and the files a delegatee writes, so that its agent
   // can make, join, kill and remove one cgroup per command. The agent gets the
   // directory as an fd: the sandbox has no cgroupfs (no /sys, mount denied).
   UniqueFd cg_fd;
   if (!cg_dir.empty()) {
     auto own = [&](const std::string& p, bool must) -> Result<void> {
-      if (::chown(p.c_str(), sh_->opts.uid_base, sh_->opts.uid_base) == 0 ||
-          (!must && errno == ENOENT))
-        return {};
+      if (::chown(p.c_str(), base, base) == 0 || (!must && errno == ENOENT)) return {};
       return sys_fail("chown(" + p + ")");
     };
     Result<void> d = own(cg_dir, true);
@@ -567,9 +701,9 @@ Result<std::unique_ptr<SandboxInstance>> ContainerBackend::create_impl(const San
     // of the namespace in the parent namespace too, and the owner is the
     // creator's euid. Created as root, every sandbox drew on host root's budget:
     // one sandbox holding 128 inotify instances left systemd and the daemon with
-    // none. So the namespace is created as uid_base, the host uid that is root
-    // inside anyway.
-    ThreadEuid as_sandbox_root(sh_->opts.uid_base, sh_->dumpable);
+    // none. So the namespace is created as `base`, the host uid that is root
+    // inside anyway; with a range per sandbox, each sandbox's counters are its own.
+    ThreadEuid as_sandbox_root(base, sh_->dumpable);
     if (as_sandbox_root.result() != 0) {
       pid = -1;
       clone_errno = static_cast<int>(-as_sandbox_root.result());
@@ -599,6 +733,7 @@ Result<std::unique_ptr<SandboxInstance>> ContainerBackend::create_impl(const San
   err_wr.reset();
   agent_child.reset();
   cg_fd.reset();
+  lower_fds.clear();
 
   auto abort_child = [&](Error err) -> Result<std::unique_ptr<SandboxInstance>> {
     sync_wr.reset();  // child blocked on the sync pipe exits on EOF
@@ -608,7 +743,7 @@ Result<std::unique_ptr<SandboxInstance>> ContainerBackend::create_impl(const San
     return std::unexpected(std::move(err));
   };
 
-  if (auto r = sys::write_id_maps(pid, sh_->opts.uid_base); !r) return abort_child(r.error());
+  if (auto r = sys::write_id_maps(pid, base); !r) return abort_child(r.error());
   if (!born_in_cgroup) {
     if (auto r = sh_->cgroups->attach(spec.id, pid); !r) return abort_child(r.error());
   }
@@ -647,7 +782,7 @@ Result<std::unique_ptr<SandboxInstance>> ContainerBackend::create_impl(const San
   if (auto r = write_state(run_dir, pid); !r) return abort_child(r.error());
   run_dir_owner.owned = false;
   cgroup_owned = false;
-  TP_SB_DEBUG(spec.id, "started, pid {}", pid);
+  TP_SB_DEBUG(spec.id, "started, pid {}, host uids {}..{}", pid, base, base + sys::kIdMapCount - 1);
   auto inst =
       std::make_unique<ContainerInstance>(sh_, spec.id, std::move(proc), std::move(agent_host));
   inst->set_restore(true, false);
@@ -825,7 +960,8 @@ Result<std::unique_ptr<Backend>> make_container_backend(const ContainerOptions& 
       const std::string p = std::string("/dev/") + container::kDevices[i].name;
       struct stat ds {};
       auto in_range = [&](uint32_t id) {
-        return id >= opts.uid_base && id - opts.uid_base < sys::kIdMapCount;
+        return (id >= opts.uid_base && id - opts.uid_base < sys::kIdMapCount) ||
+               (id >= opts.ranges_first && id - opts.ranges_first < opts.ranges_ids);
       };
       if (::stat(p.c_str(), &ds) == 0 && (in_range(ds.st_uid) || in_range(ds.st_gid)))
         spdlog::error(
@@ -848,11 +984,30 @@ Result<std::unique_ptr<Backend>> make_container_backend(const ContainerOptions& 
   if (!host) return std::unexpected(host.error());
   sh->host = *host;
   for (const auto& b : sh->host.ro_binds) sh->host_binds.emplace_back(b, locked_flags(b));
+  auto idmaps = std::make_unique<IdmapCache>(opts.uid_base);
+  if (opts.ranges_ids > 0) {
+    // Per-sandbox ranges need idmapped mounts of the data dir's file system
+    // (Linux >= 5.12; overlayfs over idmapped layers >= 5.19): say so now rather
+    // than at the first create.
+    TP_TRY(sys::validate_id_base(opts.ranges_first));
+    auto ns = idmaps->get(opts.ranges_first);
+    if (!ns) return std::unexpected(ns.error());
+    if (auto fd = idmapped_clone(sh->host.rootfs, (*ns)->get()); !fd)
+      return fail(Code::kInvalidArgument, "per-sandbox uid ranges need idmapped mounts on " + dd +
+                                              ": " + fd.error().message() +
+                                              " (--uid-ranges 0 shares one range instead)");
+  }
   spdlog::info(
-      "container backend: data_dir {}, cgroup {} ({}), uid_base {}", dd, opts.cgroup_name,
+      "container backend: data_dir {}, cgroup {} ({}), image files at uid {}, sandbox ranges {}",
+      dd, opts.cgroup_name,
       layout->version == sys::CgroupVersion::kV2 ? "v2 " + layout->v2_root : std::string("v1"),
-      opts.uid_base);
-  return std::unique_ptr<Backend>(std::make_unique<ContainerBackend>(std::move(sh)));
+      opts.uid_base,
+      opts.ranges_ids
+          ? fmt::format("{}..{} ({} of 65536 ids)", opts.ranges_first,
+                        opts.ranges_first + opts.ranges_ids - 1, opts.ranges_ids / sys::kIdMapCount)
+          : std::string("none (one shared range)"));
+  return std::unique_ptr<Backend>(
+      std::make_unique<ContainerBackend>(std::move(sh), std::move(idmaps)));
 }
 
 }  // namespace tp::runtime
