@@ -285,7 +285,9 @@ TEST_F(ContainerBackendTest, OwnRangeMapsRootAndIdmapsTheLayers) {
     EXPECT_NE(slurp(proc + "/status").find("Gid:\t" + b + "\t" + b), std::string::npos);
     const std::string dir = cg_->delegated_dir(sb.id());
     struct stat st {};
-    if (!dir.empty() && stat(dir.c_str(), &st) == 0) EXPECT_EQ(st.st_uid, bases[i]);
+    if (!dir.empty() && stat(dir.c_str(), &st) == 0) {
+      EXPECT_EQ(st.st_uid, bases[i]);
+    }
     // The skeleton's files are root's inside, and copy-up writes them.
     EXPECT_EQ(status_of(sb,
                         "test \"$(stat -c %u:%g /etc/passwd /etc /root)\" = "
