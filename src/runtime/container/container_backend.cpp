@@ -26,8 +26,10 @@
 #include <fstream>
 #include <map>
 #include <mutex>
+#include <new>
 #include <set>
 #include <sstream>
+#include <utility>
 
 #include "common/log.h"
 #include "image/host_image.h"
@@ -370,52 +372,79 @@ int idmap_child(void* a) {
   const auto* arg = static_cast<const IdmapChildArg*>(a);
   sys::raw::call(SYS_close, arg->wr);
   char b;
-  sys::raw::call(SYS_read, arg->rd, &b, 1);
+  sys::raw::call(SYS_read, arg->rd, &b, 1);  // EOF: the parent holds the namespace (or died)
   sys::raw::exit_now(0);
 }
 
-Result<UniqueFd> make_idmap_userns(uint32_t storage_base, uint32_t base) {
+// The child an idmap namespace was made through: reaped, and its stack freed, on
+// destruction. create() keeps it until the sandbox is set up, so that waiting for
+// its exit (a reschedule on a busy host) is off the critical path.
+class IdmapChild {
+ public:
+  static constexpr size_t kStack = 64 << 10;
+  IdmapChild() = default;
+  IdmapChild(const IdmapChild&) = delete;
+  IdmapChild& operator=(const IdmapChild&) = delete;
+  IdmapChild(IdmapChild&& o) noexcept
+      : pid_(std::exchange(o.pid_, -1)), stack_(std::exchange(o.stack_, nullptr)) {}
+  IdmapChild& operator=(IdmapChild&& o) noexcept {
+    if (this != &o) {
+      reap();
+      pid_ = std::exchange(o.pid_, -1);
+      stack_ = std::exchange(o.stack_, nullptr);
+    }
+    return *this;
+  }
+  ~IdmapChild() { reap(); }
+  void reap() {
+    int status;
+    if (pid_ > 0)
+      while (::waitpid(pid_, &status, __WALL) < 0 && errno == EINTR) {
+      }
+    pid_ = -1;
+    if (stack_) ::munmap(stack_, kStack);  // the child ran on it (CLONE_VM)
+    stack_ = nullptr;
+  }
+  pid_t pid_ = -1;
+  void* stack_ = nullptr;
+};
+
+struct Idmap {
+  UniqueFd ns;  // the user namespace whose map is the idmap
+  IdmapChild child;
+};
+
+Result<Idmap> make_idmap_userns(uint32_t storage_base, uint32_t base) {
+  Idmap out;
+  out.child.stack_ = ::mmap(nullptr, IdmapChild::kStack, PROT_READ | PROT_WRITE,
+                            MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK | MAP_NORESERVE, -1, 0);
+  if (out.child.stack_ == MAP_FAILED) {
+    out.child.stack_ = nullptr;
+    return sys_fail("mmap(idmap child stack)");
+  }
   int p[2];
   if (::pipe2(p, O_CLOEXEC) != 0) return sys_fail("pipe2(idmap)");
   UniqueFd rd(p[0]), wr(p[1]);
-  IdmapChildArg arg{rd.get(), wr.get()};
-  constexpr size_t kStack = 64 << 10;
-  void* stack = ::mmap(nullptr, kStack, PROT_READ | PROT_WRITE,
-                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK | MAP_NORESERVE, -1, 0);
-  if (stack == MAP_FAILED) return sys_fail("mmap(idmap child stack)");
-  struct StackOwner {
-    void* p;
-    ~StackOwner() { ::munmap(p, kStack); }
-  } stack_owner{stack};
-  pid_t pid;
+  // The child's argument lives at the bottom of its stack: it may first run after we returned.
+  auto* arg = new (out.child.stack_) IdmapChildArg{rd.get(), wr.get()};
   {
     SignalBlock block;
-    pid = TP_CLONE(idmap_child, static_cast<char*>(stack) + kStack,
-                   CLONE_VM | CLONE_NEWUSER | SIGCHLD, &arg);
+    out.child.pid_ =
+        TP_CLONE(idmap_child, static_cast<char*>(out.child.stack_) + IdmapChild::kStack,
+                 CLONE_VM | CLONE_NEWUSER | SIGCHLD, arg);
   }
-  if (pid < 0) return sys_fail("clone(CLONE_NEWUSER) for an idmap");
+  if (out.child.pid_ < 0) return sys_fail("clone(CLONE_NEWUSER) for an idmap");
   const std::string map = std::to_string(storage_base) + " " + std::to_string(base) + " " +
                           std::to_string(sys::kIdMapCount) + "\n";
-  const std::string proc = "/proc/" + std::to_string(pid);
-  Result<void> r;
+  const std::string proc = "/proc/" + std::to_string(out.child.pid_);
   for (const char* f : {"/uid_map", "/gid_map"}) {
     UniqueFd fd(::open((proc + f).c_str(), O_WRONLY | O_CLOEXEC));
-    if (!fd || ::write(fd.get(), map.data(), map.size()) != static_cast<ssize_t>(map.size())) {
-      r = sys_fail("write(" + proc + f + ", \"" + map.substr(0, map.size() - 1) + "\")");
-      break;
-    }
+    if (!fd || ::write(fd.get(), map.data(), map.size()) != static_cast<ssize_t>(map.size()))
+      return sys_fail("write(" + proc + f + ", \"" + map.substr(0, map.size() - 1) + "\")");
   }
-  UniqueFd ns;
-  if (r) {
-    ns.reset(::open((proc + "/ns/user").c_str(), O_RDONLY | O_CLOEXEC));
-    if (!ns) r = sys_fail("open(" + proc + "/ns/user)");
-  }
-  wr.reset();  // the child exits on EOF
-  int status;
-  while (::waitpid(pid, &status, __WALL) < 0 && errno == EINTR) {
-  }
-  if (!r) return std::unexpected(r.error());
-  return ns;
+  out.ns.reset(::open((proc + "/ns/user").c_str(), O_RDONLY | O_CLOEXEC));
+  if (!out.ns) return sys_fail("open(" + proc + "/ns/user)");
+  return out;  // rd, wr close here: the child exits on EOF
 }
 
 // A detached, read-only clone of `dir`'s mount with ids mapped through `userns`.
@@ -431,51 +460,9 @@ Result<UniqueFd> idmapped_clone(const std::string& dir, int userns) {
   return fd;
 }
 
-// The idmap user namespaces by sandbox range. Making one costs a clone and an
-// exit (~0.4 ms); ranges are handed out lowest first, so the ranges in use are
-// few and keep being reused. Bounded: the oldest-used entry goes first.
-class IdmapCache {
- public:
-  explicit IdmapCache(uint32_t storage_base) : storage_base_(storage_base) {}
-  Result<std::shared_ptr<UniqueFd>> get(uint32_t base) {
-    {
-      std::lock_guard lk(mu_);
-      if (auto it = by_base_.find(base); it != by_base_.end()) {
-        it->second.used = ++clock_;
-        return it->second.ns;
-      }
-    }
-    auto made = make_idmap_userns(storage_base_, base);  // outside the lock: it is slow
-    if (!made) return std::unexpected(made.error());
-    auto ns = std::make_shared<UniqueFd>(std::move(*made));
-    std::lock_guard lk(mu_);
-    auto [it, fresh] = by_base_.try_emplace(base, Entry{ns, 0});
-    it->second.used = ++clock_;
-    if (fresh && by_base_.size() > kMax) {
-      auto oldest = by_base_.begin();
-      for (auto i = by_base_.begin(); i != by_base_.end(); ++i)
-        if (i->second.used < oldest->second.used) oldest = i;
-      by_base_.erase(oldest);  // users of it hold their own reference
-    }
-    return it->second.ns;
-  }
-
- private:
-  static constexpr size_t kMax = 256;
-  struct Entry {
-    std::shared_ptr<UniqueFd> ns;
-    uint64_t used;
-  };
-  const uint32_t storage_base_;
-  std::mutex mu_;
-  std::map<uint32_t, Entry> by_base_;
-  uint64_t clock_ = 0;
-};
-
 class ContainerBackend final : public Backend {
  public:
-  ContainerBackend(std::shared_ptr<Shared> sh, std::unique_ptr<IdmapCache> idmaps)
-      : sh_(std::move(sh)), idmaps_(std::move(idmaps)) {}
+  explicit ContainerBackend(std::shared_ptr<Shared> sh) : sh_(std::move(sh)) {}
   ~ContainerBackend() override { sh_->cgroups->remove_parent_if_empty(); }
   std::string tier() const override { return "container"; }
 
@@ -524,7 +511,6 @@ class ContainerBackend final : public Backend {
   Result<std::unique_ptr<SandboxInstance>> adopt_impl(const SandboxSpec& spec);
 
   std::shared_ptr<Shared> sh_;
-  std::unique_ptr<IdmapCache> idmaps_;
 };
 
 Result<std::unique_ptr<SandboxInstance>> ContainerBackend::create_impl(const SandboxSpec& spec) {
@@ -566,15 +552,20 @@ Result<std::unique_ptr<SandboxInstance>> ContainerBackend::create_impl(const San
   const uint32_t base = spec.uid_base ? spec.uid_base : sh_->opts.uid_base;
   TP_TRY(sys::validate_id_base(base));
   std::vector<UniqueFd> lower_fds;
+  Idmap idmap;  // destroyed after the child's owners: reaped once it has long exited
   if (base != sh_->opts.uid_base) {
-    auto ns = idmaps_->get(base);
-    if (!ns) return std::unexpected(ns.error());
+    // Made per create, not cached: a range serves one sandbox at a time, and a
+    // cache would keep a user namespace (an fd) per range ever used.
+    auto made = make_idmap_userns(sh_->opts.uid_base, base);
+    if (!made) return std::unexpected(made.error());
+    idmap = std::move(*made);
     for (const auto& l : recipe.lowers) {
-      auto fd = idmapped_clone(l, (*ns)->get());
+      auto fd = idmapped_clone(l, idmap.ns.get());
       if (!fd) return std::unexpected(fd.error());
       recipe.lower_fds.push_back(fd->get());
       lower_fds.push_back(std::move(*fd));
     }
+    idmap.ns.reset();  // the mounts keep the map
   }
 
   ChildPlan plan;
@@ -984,15 +975,14 @@ Result<std::unique_ptr<Backend>> make_container_backend(const ContainerOptions& 
   if (!host) return std::unexpected(host.error());
   sh->host = *host;
   for (const auto& b : sh->host.ro_binds) sh->host_binds.emplace_back(b, locked_flags(b));
-  auto idmaps = std::make_unique<IdmapCache>(opts.uid_base);
   if (opts.ranges_ids > 0) {
     // Per-sandbox ranges need idmapped mounts of the data dir's file system
     // (Linux >= 5.12; overlayfs over idmapped layers >= 5.19): say so now rather
     // than at the first create.
     TP_TRY(sys::validate_id_base(opts.ranges_first));
-    auto ns = idmaps->get(opts.ranges_first);
-    if (!ns) return std::unexpected(ns.error());
-    if (auto fd = idmapped_clone(sh->host.rootfs, (*ns)->get()); !fd)
+    auto idmap = make_idmap_userns(opts.uid_base, opts.ranges_first);
+    if (!idmap) return std::unexpected(idmap.error());
+    if (auto fd = idmapped_clone(sh->host.rootfs, idmap->ns.get()); !fd)
       return fail(Code::kInvalidArgument, "per-sandbox uid ranges need idmapped mounts on " + dd +
                                               ": " + fd.error().message() +
                                               " (--uid-ranges 0 shares one range instead)");
@@ -1006,8 +996,7 @@ Result<std::unique_ptr<Backend>> make_container_backend(const ContainerOptions& 
           ? fmt::format("{}..{} ({} of 65536 ids)", opts.ranges_first,
                         opts.ranges_first + opts.ranges_ids - 1, opts.ranges_ids / sys::kIdMapCount)
           : std::string("none (one shared range)"));
-  return std::unique_ptr<Backend>(
-      std::make_unique<ContainerBackend>(std::move(sh), std::move(idmaps)));
+  return std::unique_ptr<Backend>(std::make_unique<ContainerBackend>(std::move(sh)));
 }
 
 }  // namespace tp::runtime

@@ -59,7 +59,9 @@
 // the clone, each lower layer gets a detached clone of its mount
 // (open_tree(OPEN_TREE_CLONE)) idmapped (mount_setattr(MOUNT_ATTR_IDMAP),
 // read-only, nosuid, nodev) through a user namespace whose map is
-// "uid_base <sandbox root> 65536", made once per range and cached; the child
+// "uid_base <sandbox root> 65536", made for the create (~0.4 ms: a clone whose
+// exit is reaped at the end of create; not cached, so the daemon holds no fd
+// per range once its sandbox is gone); the child
 // attaches them with move_mount (it cannot idmap: that needs CAP_SYS_ADMIN over
 // the layers' file system). So a stored uid_base + N is N inside every sandbox.
 // A sandbox created without a range (uid_base 0) runs in the storage ids and
