@@ -370,7 +370,11 @@ struct IdmapChildArg {
 
 int idmap_child(void* a) {
   const auto* arg = static_cast<const IdmapChildArg*>(a);
-  sys::raw::call(SYS_close, arg->wr);
+  // Our copy of the daemon's fd table holds other creates' pipes too (this one's
+  // write end included): keep only our read end, or two helpers made at once would
+  // each keep the other from seeing EOF, forever.
+  if (arg->rd > 0) sys::raw::call(SYS_close_range, 0, arg->rd - 1, 0);
+  sys::raw::call(SYS_close_range, arg->rd + 1, ~0U, 0);
   char b;
   sys::raw::call(SYS_read, arg->rd, &b, 1);  // EOF: the parent holds the namespace (or died)
   sys::raw::exit_now(0);

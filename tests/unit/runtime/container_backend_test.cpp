@@ -15,6 +15,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <sstream>
 #include <thread>
 
@@ -323,6 +324,32 @@ TEST_F(ContainerBackendTest, OwnRangeMapsRootAndIdmapsTheLayers) {
     ASSERT_TRUE((*r)->destroy());
   }
   EXPECT_EQ(count_fds(), fds);
+}
+
+// Creates in their own ranges at once: each makes an idmap namespace through a
+// helper child, and no helper may keep another's pipe open (they waited for each
+// other forever once).
+TEST_F(ContainerBackendTest, ConcurrentCreatesInOwnRangesAllStart) {
+  constexpr int kN = 8;
+  std::vector<std::future<Result<std::unique_ptr<SandboxInstance>>>> made;
+  for (int i = 0; i < kN; ++i) {
+    auto s = spec();
+    s.uid_base = (1u << 20) + static_cast<uint32_t>(20 + i) * 65536;
+    made.push_back(std::async(std::launch::async, [this, s] { return backend_->create(s); }));
+  }
+  std::vector<std::unique_ptr<SandboxInstance>> sbs;
+  for (auto& f : made) {
+    // A deadlock guard, not a timing threshold.
+    if (f.wait_for(std::chrono::seconds(120)) != std::future_status::ready) {
+      ADD_FAILURE() << "a create never returned";
+      std::abort();
+    }
+    auto r = f.get();
+    ASSERT_TRUE(r) << r.error().message();
+    sbs.push_back(std::move(*r));
+  }
+  for (auto& sb : sbs) EXPECT_TRUE(wait_ready(sb->agent_fd()));
+  for (auto& sb : sbs) EXPECT_TRUE(sb->destroy());
 }
 
 // The sandbox's cgroup directory (v2; v1: the freezer's) is delegated to the
