@@ -24,6 +24,7 @@
 #include "common/log.h"
 #include "control/sqlite/image_record_store.h"
 #include "control/sqlite/sandbox_store.h"
+#include "image/builder.h"
 #include "image/image_store.h"
 #include "image/image_user.h"
 #include "node/sandbox_manager.h"
@@ -108,6 +109,8 @@ int daemon_main(int argc, char** argv) {
   std::string socket_path = "/run/tidepool/tidepool.sock";
   bool insecure_tcp = false;
   std::vector<std::string> import_roots;
+  uint32_t uid_first = node::UidRanges::kDefaultFirst;
+  uint32_t uid_ranges = node::UidRanges::kDefaultCount;
   app.add_option("--listen", listen, "HOST:PORT to serve HTTP on (API keys required; '' = no TCP)")
       ->capture_default_str();
   app.add_option("--socket", socket_path,
@@ -138,6 +141,14 @@ int daemon_main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--step-retention", step_retention,
                  "how long a sandbox's step log (and its Idempotency-Keys) outlives the sandbox")
+      ->capture_default_str();
+  app.add_option("--uid-base", uid_first,
+                 "first host uid/gid of the sandboxes' ranges: sandbox k maps root to "
+                 "uid-base + k*65536 (keep these ids unused on the host)")
+      ->capture_default_str();
+  app.add_option("--uid-ranges", uid_ranges,
+                 "how many 65536-id ranges (so how many sandboxes at once); 0 = every sandbox "
+                 "shares one range (per-user kernel limits are then shared)")
       ->capture_default_str();
   app.add_flag(
       "--stop-sandboxes-on-exit", stop_sandboxes_on_exit,
@@ -257,6 +268,15 @@ int daemon_main(int argc, char** argv) {
       sopts, std::shared_ptr<control::ImageRecordStore>(std::move(*image_records)));
   if (!images) return die("image store: " + images.error().message());
   copts.layers = *images;
+  if (uid_ranges > 0) {
+    // Apart from the ids image files are stored as and from the builds' ids.
+    auto v = node::UidRanges::validate(
+        uid_first, uid_ranges,
+        {{copts.uid_base, node::UidRanges::kSize}, {image::kBuildIdBase, image::kBuildIdCount}});
+    if (!v) return die(v.error().message());
+    copts.ranges_first = uid_first;
+    copts.ranges_ids = uint64_t{uid_ranges} * node::UidRanges::kSize;
+  }
   auto backend = runtime::make_container_backend(copts);
   if (!backend) return die("container runtime: " + backend.error().message());
 
@@ -270,6 +290,7 @@ int daemon_main(int argc, char** argv) {
   mopts.data_dir = data_dir;
   mopts.stop_on_exit = stop_sandboxes_on_exit;
   mopts.agent_connect = node::AgentClient::connect;
+  if (uid_ranges > 0) mopts.uid_ranges = std::make_shared<node::UidRanges>(uid_first, uid_ranges);
   // The step log is opened after the manager (it asks the manager what is live);
   // ended sandboxes reach it through this pointer while it exists.
   std::atomic<node::StepLog*> ended_log{nullptr};

@@ -50,7 +50,10 @@ struct SandboxRecord {
   int64_t expires_at_ms = 0;
   int64_t ended_at_ms = 0;  // 0 while live
   std::string end_reason;   // see node::EndReason; "" while live
-  uint64_t version = 0;     // the store's row version (0 = never stored)
+  // First host uid/gid of the sandbox's own 65536-id range (node/uid_ranges.h);
+  // 0 = none recorded (a sandbox of a daemon from before per-sandbox ranges).
+  uint32_t uid_base = 0;
+  uint64_t version = 0;  // the store's row version (0 = never stored)
 };
 
 struct SandboxQuery {

@@ -130,6 +130,7 @@ runtime::SandboxSpec spec_of(const SandboxRecord& r, const ResolvedImage& img) {
   spec.cpus = r.cpus;
   spec.pids_max = static_cast<uint32_t>(r.pids);
   spec.disk_bytes = r.disk_mb << 20;
+  spec.uid_base = r.uid_base;
   for (const auto& [k, v] : img.env) spec.env.emplace(k, v);
   for (const auto& [k, v] : r.env) spec.env[k] = v;
   return spec;
@@ -175,6 +176,12 @@ Result<void> SandboxManager::recover() {
   std::thread runner([this] { io_.run(); });
   std::vector<std::string> keep;
   std::optional<Error> unrecorded;
+  // Their uid ranges are held before anything could hand one out again.
+  if (opts_.uid_ranges)
+    for (const auto& r : *recs)
+      if (r.uid_base)
+        if (auto h = opts_.uid_ranges->hold(r.uid_base, r.id); !h)
+          TP_SB_ERROR(r.id, "uid range: {}", h.error().message());
   for (auto& r : *recs) {
     auto kept = adopt_one(r);
     if (!kept) {
@@ -190,6 +197,25 @@ Result<void> SandboxManager::recover() {
   for (auto* b : registry_.all())
     for (const auto& id : b->cleanup_orphans(keep))
       TP_SB_WARN(id, "removed leftovers of a previous run");
+  if (opts_.uid_ranges) {
+    // The ranges of sandboxes not kept are free now that their leftovers are gone...
+    for (const auto& r : *recs)
+      if (r.uid_base && std::find(keep.begin(), keep.end(), r.id) == keep.end())
+        opts_.uid_ranges->release(r.uid_base, r.id);
+    // ...unless something still runs as one of their ids (leftovers that could not
+    // be removed, or another daemon's sandboxes on the same ids): those stay held.
+    UidRanges& u = *opts_.uid_ranges;
+    const uint64_t end = u.first() + uint64_t{u.count()} * UidRanges::kSize;
+    for (uint32_t id : host_uids_in_use(u.first(), end)) {
+      const uint32_t base = u.first() + (id - u.first()) / UidRanges::kSize * UidRanges::kSize;
+      if (u.holder(base)) continue;
+      if (u.hold(base, "in use on the host"))
+        spdlog::warn(
+            "uid range {} is not handed out: host id {} is in use (left by an earlier run, or "
+            "another daemon uses the same --uid-base)",
+            base, id);
+    }
+  }
   // Output directories of sandboxes that are no more.
   if (!opts_.data_dir.empty()) {
     std::error_code ec;
@@ -542,16 +568,29 @@ void SandboxManager::create_op(std::shared_ptr<Sandbox> sb, RecordCb cb, Sandbox
         unresolved = r.error();
     }
   }
+  Result<uint64_t> ins = fail(Code::kInternal, "not stored");
+  if (opts_.uid_ranges) {
+    // Recorded with the sandbox from the start: a daemon that crashes from here
+    // on finds the range in the record.
+    auto base = opts_.uid_ranges->allocate(sb->id());
+    if (base) {
+      std::lock_guard lk(sb->mu);
+      sb->rec.uid_base = *base;
+    } else {
+      ins = std::unexpected(base.error());
+    }
+  }
   SandboxRecord snap;
   {
     std::lock_guard lk(sb->mu);
     sb->rec.layers = img.layers;
     snap = sb->rec;
   }
-  auto ins = store_.insert(snap);
+  if (!opts_.uid_ranges || snap.uid_base) ins = store_.insert(snap);
   if (!ins) {
     // Nothing was created or stored: it never existed.
-    TP_SB_ERROR(sb->id(), "store: {}", ins.error().message());
+    release_range(sb);
+    TP_SB_ERROR(sb->id(), "create: {}", ins.error().message());
     metrics_.creation_failures++;
     std::vector<RecordCb> waiters;
     {
@@ -593,6 +632,7 @@ void SandboxManager::create_op(std::shared_ptr<Sandbox> sb, RecordCb cb, Sandbox
   }
   if (!inst) {
     TP_SB_ERROR(sb->id(), "create failed: {}", inst.error().message());
+    release_range(sb);  // a failed create leaves nothing of the sandbox
     metrics_.creation_failures++;
     {
       std::lock_guard lk(sb->mu);
@@ -742,7 +782,10 @@ void SandboxManager::stop_now(const std::shared_ptr<Sandbox>& sb) {
   }
   if (sb->agent) sb->agent->close();
   Result<void> d = sb->inst ? sb->inst->destroy() : Result<void>{};
-  if (!d) TP_SB_ERROR(sb->id(), "destroy: {}", d.error().message());
+  if (d)
+    release_range(sb);  // nothing of it is left: its ids may serve another sandbox
+  else
+    TP_SB_ERROR(sb->id(), "destroy: {}; its uid range stays held", d.error().message());
   for (auto& bg : procs) {
     std::lock_guard lk(bg->mu);
     bg->close_files();
@@ -795,6 +838,16 @@ void SandboxManager::store_final(const std::shared_ptr<Sandbox>& sb, std::option
       else
         w(snap);
     });
+}
+
+void SandboxManager::release_range(const std::shared_ptr<Sandbox>& sb) {
+  if (!opts_.uid_ranges) return;
+  uint32_t base;
+  {
+    std::lock_guard lk(sb->mu);
+    base = sb->rec.uid_base;
+  }
+  if (base) opts_.uid_ranges->release(base, sb->id());
 }
 
 void SandboxManager::request_release(std::shared_ptr<Sandbox> sb, std::function<void()> done_cb) {

@@ -24,7 +24,10 @@
 // re-attaches its background processes; one that cannot be adopted is stored
 // stopped with end reason daemon_restart (gone) or agent_lost (its agent does
 // not answer), and cleanup_orphans removes what is left of it. TTLs and
-// records stay as they were.
+// records stay as they were. Uid ranges: recover() holds the range of every
+// live record, frees those of sandboxes it did not keep once cleanup_orphans
+// removed what was left of them, and holds (never hands out) any range that
+// a process on the host still runs in.
 //
 // Images: a record keeps the layer digests its sandbox was created with
 // (resolved before the record is first stored), and the backend gets those
@@ -61,6 +64,7 @@
 #include "node/agent_client.h"
 #include "node/sandbox.h"
 #include "node/service.h"
+#include "node/uid_ranges.h"
 #include "runtime/registry.h"
 
 namespace tp::node {
@@ -86,6 +90,11 @@ struct ManagerOptions {
   // Called once a sandbox's final record is stored (the step log starts its
   // retention clock then). Any thread.
   std::function<void(const std::string& id)> on_ended;
+  // One host uid range per sandbox (node/uid_ranges.h): allocated before the
+  // record is stored, recorded in it, held again for adopted sandboxes, freed
+  // once the sandbox is destroyed. Unset = every sandbox gets the backend's
+  // shared range (SandboxSpec::uid_base 0).
+  std::shared_ptr<UidRanges> uid_ranges;
   std::chrono::milliseconds agent_ready_timeout{15000};
   std::chrono::milliseconds tick{500};
   size_t blocking_threads = 2;
@@ -159,6 +168,8 @@ class SandboxManager : public Service {
   Result<ResolvedImage> adopted_image(const control::SandboxRecord& r);
   // Stores its final record, forgets it (unless the store fails) and answers its stop waiters.
   void store_final(const std::shared_ptr<Sandbox>& sb, std::optional<Error> err);
+  // Frees the sandbox's uid range: call only once nothing of it is left.
+  void release_range(const std::shared_ptr<Sandbox>& sb);
   void on_tick();
 
   boost::asio::io_context& io_;

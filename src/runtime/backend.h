@@ -44,6 +44,10 @@ struct SandboxSpec {
   uint64_t tmp_bytes = 256ull << 20;     // /tmp tmpfs size limit
   uint64_t nofile = 4096;                // RLIMIT_NOFILE for everything inside
   std::map<std::string, std::string> env;  // default environment of commands
+  // First host uid/gid of the sandbox's own 65536-id range (root inside = this
+  // id), allocated by the node (node/uid_ranges.h) so that per-user kernel
+  // limits are the sandbox's own. 0 = the backend's shared default range.
+  uint32_t uid_base = 0;
 };
 
 struct Usage {

@@ -11,6 +11,8 @@ What a crash must not break (live restore: sandbox_manager.h):
   - the restarted daemon serves new sandboxes, and deleting the adopted ones leaves
     nothing behind.
 """
+import os
+import sqlite3
 import threading
 import time
 import uuid
@@ -19,7 +21,7 @@ import pytest
 
 import tidepool
 from faultlib import cgroup_processes, netns_of, no_retry_client, store_rows, wait_no_host_leaks
-from tp_testlib import processes_of, wait_until
+from tp_testlib import processes_of, sandbox_root_on_host, wait_until
 
 
 def _pids_in_tree(data_dir):
@@ -124,3 +126,44 @@ def test_kill9_twice_in_a_row(daemon, client):
     daemon.stop(9)
     daemon.start()
     _check_after_restart(daemon, [sb.id for sb in sandboxes], netns, must_adopt={sb.id for sb in sandboxes})
+
+
+def _uid_bases(data_dir):
+    db = sqlite3.connect(f"file:{os.path.join(data_dir, 'state.db')}?mode=ro", uri=True, timeout=10)
+    try:
+        return dict(db.execute("SELECT id, uid_base FROM sandboxes").fetchall())
+    finally:
+        db.close()
+
+
+def test_kill9_keeps_each_sandboxs_uid_range(daemon, client):
+    """Each sandbox's host uid range is recorded with it: after kill -9 and a restart the
+    adopted sandboxes keep theirs (recorded, and what their processes run as), and a new
+    sandbox never gets the range of a live one, before or after one of them is deleted."""
+    sandboxes = [client.create(ttl=600) for _ in range(3)]
+    roots = {sb.id: sandbox_root_on_host(sb.id) for sb in sandboxes}
+    assert len(set(roots.values())) == 3, roots
+    bases = _uid_bases(daemon.data_dir)
+    assert {sid: bases[sid] for sid in roots} == roots
+    netns = netns_of(p for sb in sandboxes for p in processes_of(sb.id))
+    daemon.stop(9)
+    daemon.start()
+    with no_retry_client(daemon.url) as c:
+        for sid, root in roots.items():
+            assert c.get(sid).exec("echo adopted").stdout == "adopted\n"
+            assert sandbox_root_on_host(sid) == root
+        assert {sid: _uid_bases(daemon.data_dir)[sid] for sid in roots} == roots
+        fresh = [c.create(ttl=120) for _ in range(2)]
+        fresh_roots = [sandbox_root_on_host(sb.id) for sb in fresh]
+        assert not set(fresh_roots) & set(roots.values()), (fresh_roots, roots)
+        assert len(set(fresh_roots)) == 2
+        # Deleting an adopted sandbox frees its range (once nothing of it is left).
+        gone = sandboxes[0].id
+        c.kill(gone)
+        again = c.create(ttl=120)
+        assert sandbox_root_on_host(again.id) not in set(roots.values()) - {roots[gone]}
+        for sb in fresh + [again]:
+            sb.kill()
+        for sid in roots:
+            c.kill(sid)
+    wait_no_host_leaks(daemon.data_dir, netns)

@@ -8,9 +8,7 @@ import stat
 import subprocess
 import sys
 
-from tp_testlib import leaks_of, wait_until
-
-SANDBOX_ROOT_UID = 100000  # the daemon's default uid_base: root inside is this uid outside
+from tp_testlib import leaks_of, sandbox_root_on_host, wait_until
 
 
 def run_dir(daemon, sid):
@@ -39,10 +37,13 @@ def test_run_dir_holds_the_agent_socket_and_state(client, daemon):
 def test_sandbox_uid_cannot_reach_the_agent_socket(client, daemon):
     sb = client.create(ttl=600)
     path = os.path.join(run_dir(daemon, sb.id), "agent.sock")
-    # The sandbox's root is an unprivileged host uid; from the host it still cannot connect.
+    # The sandbox's root is an unprivileged host uid (its own range's first id); from the
+    # host it still cannot connect.
+    root = sandbox_root_on_host(sb.id)
+    assert root != 0
     probe = (
         "import os, socket, sys\n"
-        f"os.setgid({SANDBOX_ROOT_UID}); os.setuid({SANDBOX_ROOT_UID})\n"
+        f"os.setgid({root}); os.setuid({root})\n"
         "s = socket.socket(socket.AF_UNIX)\n"
         "try:\n"
         f"    s.connect({path!r})\n"

@@ -17,7 +17,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Dict, Iterable, List, Optional, Set
+from typing import Dict, Iterable, List, Optional, Set, Tuple
 
 import pytest
 
@@ -204,6 +204,29 @@ def host_uid_of(pid: int) -> int:
     raise AssertionError(f"no Uid line for pid {pid}")
 
 
+def host_ids_of(pid: int) -> Tuple[List[int], List[int]]:
+    """Host uids and gids (real, effective, saved, filesystem) of a process."""
+    uids, gids = [], []
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("Uid:"):
+                uids = [int(x) for x in line.split()[1:]]
+            elif line.startswith("Gid:"):
+                gids = [int(x) for x in line.split()[1:]]
+    return uids, gids
+
+
+def sandbox_root_on_host(sandbox_id: str) -> int:
+    """The host uid that is root inside the sandbox: that of its init (the agent), whose
+    uids and gids, all four of each, are that one id."""
+    pids = processes_of(sandbox_id)
+    assert pids, f"no process of sandbox {sandbox_id}"
+    init = min(pids, key=lambda p: int(open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()[19]))
+    uids, gids = host_ids_of(init)
+    assert len(set(uids)) == 1 and uids == gids, (sandbox_id, init, uids, gids)
+    return uids[0]
+
+
 # -- the daemon -------------------------------------------------------------------
 
 
@@ -219,7 +242,9 @@ class Daemon:
         # A clean stop leaves sandboxes running for the next daemon (live restore);
         # test daemons stop them unless a test is about that hand-over.
         self.keep_sandboxes = keep_sandboxes
-        self.extra_args = list(extra_args or [])
+        # TIDEPOOL_DAEMON_ARGS: flags for every test daemon (e.g. "--uid-ranges 0" runs a
+        # suite with the one shared uid range of daemons before per-sandbox ranges).
+        self.extra_args = os.environ.get("TIDEPOOL_DAEMON_ARGS", "").split() + list(extra_args or [])
         self.tmp = tempfile.mkdtemp(prefix="tidepool-it-")
         # Sandboxes run as an unprivileged host uid that must be able to traverse the data dir.
         os.chmod(self.tmp, 0o711)

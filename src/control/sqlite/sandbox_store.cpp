@@ -41,15 +41,16 @@ SandboxRecord sandbox_from_row(sqlite3_stmt* s) {
   r.end_reason = text(16);
   r.version = sqlite3_column_int64(s, 17);
   r.layers = list_from_json(sqlite3_column_text(s, 18));
+  r.uid_base = static_cast<uint32_t>(sqlite3_column_int64(s, 19));
   return r;
 }
 
 constexpr const char* kSandboxColumns =
     "id, state, tier, image, node, memory_mb, cpus, pids, disk_mb, ttl_seconds, "
     "idle_timeout_seconds, labels, env, created_at_ms, expires_at_ms, ended_at_ms, end_reason, "
-    "version, layers";
+    "version, layers, uid_base";
 
-// Binds the 17 record columns before version at 1..17, layers at 18.
+// Binds the 17 record columns before version at 1..17, layers at 18, uid_base at 20.
 void bind_record(sqlite3_stmt* s, const SandboxRecord& r, const std::string& labels,
                  const std::string& env) {
   sqlite3_bind_text(s, 1, r.id.c_str(), -1, SQLITE_TRANSIENT);
@@ -70,6 +71,7 @@ void bind_record(sqlite3_stmt* s, const SandboxRecord& r, const std::string& lab
   sqlite3_bind_int64(s, 16, r.ended_at_ms);
   sqlite3_bind_text(s, 17, r.end_reason.c_str(), -1, SQLITE_TRANSIENT);
   sqlite3_bind_text(s, 18, list_to_json(r.layers).c_str(), -1, SQLITE_TRANSIENT);
+  sqlite3_bind_int64(s, 20, r.uid_base);
 }
 
 }  // namespace
@@ -99,7 +101,7 @@ Result<uint64_t> SqliteSandboxStore::insert(const SandboxRecord& r) {
   std::lock_guard lk(mu_);
   static const std::string kInsert =
       std::string("INSERT INTO sandboxes (") + kSandboxColumns +
-      ") VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15,?16,?17,1,?18)";
+      ") VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15,?16,?17,1,?18,?20)";
   auto ins = prepared(&insert_stmt_, kInsert.c_str());
   if (!ins) return std::unexpected(ins.error());
   auto lab =
@@ -141,7 +143,7 @@ Result<uint64_t> SqliteSandboxStore::update(const SandboxRecord& r) {
                "UPDATE sandboxes SET state=?2, tier=?3, image=?4, node=?5, memory_mb=?6, cpus=?7,"
                " pids=?8, disk_mb=?9, ttl_seconds=?10, idle_timeout_seconds=?11, env=?13,"
                " created_at_ms=?14, expires_at_ms=?15, ended_at_ms=?16, end_reason=?17,"
-               " layers=?18, version=version+1 WHERE id=?1 AND version=?19");
+               " layers=?18, uid_base=?20, version=version+1 WHERE id=?1 AND version=?19");
   if (!up) return std::unexpected(up.error());
   {
     Reset reset{*up};

@@ -84,6 +84,16 @@ Result<void> to_v2(sqlite3* db) {
   return {};
 }
 
+// 2 -> 3. Rows from before it hold no uid range of their own (0): their
+// sandboxes run in the shared range of the daemon that made them.
+Result<void> to_v3(sqlite3* db) {
+  auto has_uid_base = has_column(db, "sandboxes", "uid_base");
+  if (!has_uid_base) return std::unexpected(has_uid_base.error());
+  if (!*has_uid_base)
+    TP_TRY(exec_sql(db, "ALTER TABLE sandboxes ADD COLUMN uid_base INTEGER NOT NULL DEFAULT 0"));
+  return {};
+}
+
 Result<void> migrate(sqlite3* db) {
   auto v = user_version(db);
   if (!v) return std::unexpected(v.error());
@@ -99,6 +109,7 @@ Result<void> migrate(sqlite3* db) {
                                        std::to_string(kSchemaVersion));
     if (*cur < 1) TP_TRY(to_v1(db));
     if (*cur < 2) TP_TRY(to_v2(db));
+    if (*cur < 3) TP_TRY(to_v3(db));
     return exec_sql(db, ("PRAGMA user_version = " + std::to_string(kSchemaVersion)).c_str());
   };
   if (auto r = body(); !r) {

@@ -11,6 +11,8 @@
 //      restarted daemon pins exactly those); image records in `images` and
 //      `image_parts` (indexed by part), until then in images/images.json
 //      (image::ImageStore imports that file once)
+//   3  sandboxes.uid_base (the sandbox's own host uid range; 0 on rows from
+//      before, whose sandboxes share the daemon's range)
 // A file newer than this daemon is refused (no downgrade).
 //
 // Thread rules: call from one thread per connection (the stores serialise).
@@ -27,7 +29,7 @@ struct sqlite3_stmt;
 
 namespace tp::control::sqlite {
 
-constexpr int kSchemaVersion = 2;
+constexpr int kSchemaVersion = 3;
 
 // Opens (creating if needed) the database at `path` with the pragmas every
 // store relies on (WAL, synchronous=NORMAL, a busy timeout) and migrates it to

@@ -133,6 +133,14 @@ void ChildPlan::set_rlimit(int resource, const std::string& name, uint64_t value
   ops.push_back(op);
 }
 
+void ChildPlan::move_mount(int fd, const std::string& what, const std::string& target) {
+  Op op{OpKind::kMoveMount};
+  op.fd = fd;
+  op.a = keep(target);
+  op.step = step("move_mount(" + what + ", " + target + ")");
+  ops.push_back(op);
+}
+
 void ChildPlan::simple(OpKind k, const std::string& desc, const std::string& a,
                        unsigned long flags) {
   Op op{k};
@@ -174,7 +182,19 @@ void build_root_ops(const RootRecipe& r, ChildPlan* p) {
   p->mkdir(m + "/work", 0700);
   p->mkdir(root, 0755);
   std::string lower;
-  for (const auto& l : r.lowers) lower += (lower.empty() ? "" : ":") + l;
+  if (!r.lower_fds.empty()) {
+    // Idmapped layers: files stored as ids uid_base.. appear as the sandbox's own
+    // range (so as 0.. inside) without a copy per sandbox.
+    p->mkdir(m + "/lower", 0700);
+    for (size_t i = 0; i < r.lower_fds.size(); ++i) {
+      const std::string at = m + "/lower/" + std::to_string(i);
+      p->mkdir(at, 0700);
+      p->move_mount(r.lower_fds[i], "idmapped " + r.lowers[i], at);
+      lower += (lower.empty() ? "" : ":") + at;
+    }
+  } else {
+    for (const auto& l : r.lowers) lower += (lower.empty() ? "" : ":") + l;
+  }
   // userxattr: in a user namespace overlayfs cannot read trusted.overlay.*, so
   // opaque directories in image layers are marked with user.overlay.opaque
   // (src/image/layer_unpack.h); whiteouts are 0/0 character devices either way.
@@ -311,6 +331,8 @@ long run_op(const Op& op, const ChildPlan& p) {
       } lim{op.flags, op.flags};
       return raw::call(SYS_prlimit64, 0, op.mode, &lim, nullptr);
     }
+    case OpKind::kMoveMount:
+      return raw::call(SYS_move_mount, op.fd, "", AT_FDCWD, op.a, MOVE_MOUNT_F_EMPTY_PATH);
     case OpKind::kWriteFile: {
       long fd = raw::call(SYS_openat, AT_FDCWD, op.a, O_WRONLY | O_CLOEXEC);
       if (fd < 0) return fd;

@@ -35,6 +35,7 @@ enum class OpKind : uint8_t {
   kUmountDetach,  // umount2(a, MNT_DETACH)
   kWriteFile,     // open(a, O_WRONLY) and write the string b (sysctls of the sandbox's namespaces)
   kSetRlimit,     // prlimit64(0, resource=mode, {flags, flags}): soft = hard = flags
+  kMoveMount,  // move_mount(fd, "", AT_FDCWD, a, MOVE_MOUNT_F_EMPTY_PATH): attach a detached mount
 };
 
 struct Op {
@@ -47,6 +48,7 @@ struct Op {
   const char* c = nullptr;
   const char* d = nullptr;
   uint32_t step = 0;  // index into ChildPlan::steps
+  int fd = -1;        // kMoveMount: the detached mount (an fd the child inherited)
 };
 
 // What the child writes on the error pipe when a step fails.
@@ -82,6 +84,7 @@ struct ChildPlan {
   void symlink(const std::string& target, const std::string& path);
   void write_file(const std::string& path, const std::string& data, bool ignore_missing);
   void set_rlimit(int resource, const std::string& name, uint64_t value);
+  void move_mount(int fd, const std::string& what, const std::string& target);
   void simple(OpKind k, const std::string& desc, const std::string& a = {},
               unsigned long flags = 0);
   // Appends the fixed step descriptions of the exec sequence; call last.
@@ -93,6 +96,10 @@ struct RootRecipe {
   std::string id;       // hostname
   std::string mnt_dir;  // empty host dir the sandbox tmpfs is mounted on (inside the child's ns)
   std::vector<std::string> lowers;  // overlay lower dirs, top first
+  // When not empty (one per lower): detached idmapped mounts of the lowers
+  // (made by the parent, which alone may idmap them), attached by the child
+  // at <mnt_dir>/lower/<i> and used as the overlay's lower layers instead.
+  std::vector<int> lower_fds;
   std::vector<std::pair<std::string, unsigned long>>
       ro_binds;  // host path (bound at same path), locked flags to keep
   uint64_t disk_bytes = 0;
@@ -114,8 +121,8 @@ struct RootRecipe {
 
 // Per-sandbox limits written into the sandbox's own user namespace
 // (/proc/sys/user/*, which the kernel also enforces up the namespace tree).
-// inotify: the counters are shared by every sandbox (one host uid owns all the
-// namespaces), so one sandbox may take only a slice. No nested user namespaces,
+// inotify: a quota of the sandbox's own, below the host's per-user limit that
+// its namespace's owner (the sandbox's own root uid) is also held to. No nested user namespaces,
 // even through a path seccomp does not know about.
 struct UserNsLimit {
   const char* name;

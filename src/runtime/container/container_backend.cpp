@@ -24,8 +24,12 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <map>
+#include <mutex>
+#include <new>
 #include <set>
 #include <sstream>
+#include <utility>
 
 #include "common/log.h"
 #include "image/host_image.h"
@@ -355,6 +359,112 @@ class ThreadEuid {
   long rc_ = -1;
 };
 
+// Idmapped layers. Image files are stored once, owned by ContainerOptions::uid_base
+// + N; each sandbox sees them through a detached clone of the layer's mount
+// that maps those ids to its own range (mount_setattr(MOUNT_ATTR_IDMAP)). The
+// map comes from a user namespace made only for that ("uid_base base 65536"):
+// a multi-threaded process cannot unshare one, so a child that waits on a pipe
+// is born in it while we write its maps, and exits once we hold an fd of it.
+struct IdmapChildArg {
+  int rd, wr;
+};
+
+int idmap_child(void* a) {
+  const auto* arg = static_cast<const IdmapChildArg*>(a);
+  // Our copy of the daemon's fd table holds other creates' pipes too (this one's
+  // write end included): keep only our read end, or two helpers made at once would
+  // each keep the other from seeing EOF, forever.
+  if (arg->rd > 0) sys::raw::call(SYS_close_range, 0, arg->rd - 1, 0);
+  sys::raw::call(SYS_close_range, arg->rd + 1, ~0U, 0);
+  char b;
+  sys::raw::call(SYS_read, arg->rd, &b, 1);  // EOF: the parent holds the namespace (or died)
+  sys::raw::exit_now(0);
+}
+
+// The child an idmap namespace was made through: reaped, and its stack freed, on
+// destruction. create() keeps it until the sandbox is set up, so that waiting for
+// its exit (a reschedule on a busy host) is off the critical path.
+class IdmapChild {
+ public:
+  static constexpr size_t kStack = 64 << 10;
+  IdmapChild() = default;
+  IdmapChild(const IdmapChild&) = delete;
+  IdmapChild& operator=(const IdmapChild&) = delete;
+  IdmapChild(IdmapChild&& o) noexcept
+      : pid_(std::exchange(o.pid_, -1)), stack_(std::exchange(o.stack_, nullptr)) {}
+  IdmapChild& operator=(IdmapChild&& o) noexcept {
+    if (this != &o) {
+      reap();
+      pid_ = std::exchange(o.pid_, -1);
+      stack_ = std::exchange(o.stack_, nullptr);
+    }
+    return *this;
+  }
+  ~IdmapChild() { reap(); }
+  void reap() {
+    int status;
+    if (pid_ > 0)
+      while (::waitpid(pid_, &status, __WALL) < 0 && errno == EINTR) {
+      }
+    pid_ = -1;
+    if (stack_) ::munmap(stack_, kStack);  // the child ran on it (CLONE_VM)
+    stack_ = nullptr;
+  }
+  pid_t pid_ = -1;
+  void* stack_ = nullptr;
+};
+
+struct Idmap {
+  UniqueFd ns;  // the user namespace whose map is the idmap
+  IdmapChild child;
+};
+
+Result<Idmap> make_idmap_userns(uint32_t storage_base, uint32_t base) {
+  Idmap out;
+  out.child.stack_ = ::mmap(nullptr, IdmapChild::kStack, PROT_READ | PROT_WRITE,
+                            MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK | MAP_NORESERVE, -1, 0);
+  if (out.child.stack_ == MAP_FAILED) {
+    out.child.stack_ = nullptr;
+    return sys_fail("mmap(idmap child stack)");
+  }
+  int p[2];
+  if (::pipe2(p, O_CLOEXEC) != 0) return sys_fail("pipe2(idmap)");
+  UniqueFd rd(p[0]), wr(p[1]);
+  // The child's argument lives at the bottom of its stack: it may first run after we returned.
+  auto* arg = new (out.child.stack_) IdmapChildArg{rd.get(), wr.get()};
+  {
+    SignalBlock block;
+    out.child.pid_ =
+        TP_CLONE(idmap_child, static_cast<char*>(out.child.stack_) + IdmapChild::kStack,
+                 CLONE_VM | CLONE_NEWUSER | SIGCHLD, arg);
+  }
+  if (out.child.pid_ < 0) return sys_fail("clone(CLONE_NEWUSER) for an idmap");
+  const std::string map = std::to_string(storage_base) + " " + std::to_string(base) + " " +
+                          std::to_string(sys::kIdMapCount) + "\n";
+  const std::string proc = "/proc/" + std::to_string(out.child.pid_);
+  for (const char* f : {"/uid_map", "/gid_map"}) {
+    UniqueFd fd(::open((proc + f).c_str(), O_WRONLY | O_CLOEXEC));
+    if (!fd || ::write(fd.get(), map.data(), map.size()) != static_cast<ssize_t>(map.size()))
+      return sys_fail("write(" + proc + f + ", \"" + map.substr(0, map.size() - 1) + "\")");
+  }
+  out.ns.reset(::open((proc + "/ns/user").c_str(), O_RDONLY | O_CLOEXEC));
+  if (!out.ns) return sys_fail("open(" + proc + "/ns/user)");
+  return out;  // rd, wr close here: the child exits on EOF
+}
+
+// A detached, read-only clone of `dir`'s mount with ids mapped through `userns`.
+Result<UniqueFd> idmapped_clone(const std::string& dir, int userns) {
+  UniqueFd fd(static_cast<int>(
+      ::syscall(SYS_open_tree, AT_FDCWD, dir.c_str(), OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC)));
+  if (!fd) return sys_fail("open_tree(" + dir + ", OPEN_TREE_CLONE)");
+  mount_attr attr{};
+  attr.attr_set = MOUNT_ATTR_IDMAP | MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV;
+  attr.userns_fd = static_cast<uint64_t>(userns);
+  if (::syscall(SYS_mount_setattr, fd.get(), "", AT_EMPTY_PATH, &attr, sizeof attr) != 0)
+    return sys_fail("mount_setattr(" + dir + ", MOUNT_ATTR_IDMAP)");
+  return fd;
+}
+
 class ContainerBackend final : public Backend {
  public:
   explicit ContainerBackend(std::shared_ptr<Shared> sh) : sh_(std::move(sh)) {}
@@ -450,10 +560,31 @@ Result<std::unique_ptr<SandboxInstance>> ContainerBackend::create_impl(const San
     }
   }
 
+  // The sandbox's own range (or the shared default); its layers are idmapped to
+  // it unless it is the range the files are stored in.
+  const uint32_t base = spec.uid_base ? spec.uid_base : sh_->opts.uid_base;
+  TP_TRY(sys::validate_id_base(base));
+  std::vector<UniqueFd> lower_fds;
+  Idmap idmap;  // destroyed after the child's owners: reaped once it has long exited
+  if (base != sh_->opts.uid_base) {
+    // Made per create, not cached: a range serves one sandbox at a time, and a
+    // cache would keep a user namespace (an fd) per range ever used.
+    auto made = make_idmap_userns(sh_->opts.uid_base, base);
+    if (!made) return std::unexpected(made.error());
+    idmap = std::move(*made);
+    for (const auto& l : recipe.lowers) {
+      auto fd = idmapped_clone(l, idmap.ns.get());
+      if (!fd) return std::unexpected(fd.error());
+      recipe.lower_fds.push_back(fd->get());
+      lower_fds.push_back(std::move(*fd));
+    }
+    idmap.ns.reset();  // the mounts keep the map
+  }
+
   ChildPlan plan;
   container::build_root_ops(recipe, &plan);
   // Set by the child itself: the parent's prlimit() would need CAP_SYS_RESOURCE
-  // now that the child's euid (uid_base) differs from ours.
+  // now that the child's euid (the sandbox's root) differs from ours.
   plan.set_rlimit(RLIMIT_NOFILE, "RLIMIT_NOFILE", spec.nofile);
   plan.set_rlimit(RLIMIT_CORE, "RLIMIT_CORE", 0);
   plan.finish();
@@ -517,16 +648,14 @@ Result<std::unique_ptr<SandboxInstance>> ContainerBackend::create_impl(const San
     if (auto r = sh_->cgroups->remove(spec.id); !r)
       TP_SB_ERROR(spec.id, "unwind: {}", r.error().message());
   };
-  // Delegation: the sandbox's root (uid_base) owns its cgroup directory (v2;
+  // Delegation: the sandbox's root (`base`) owns its cgroup directory (v2;
   // v1: the freezer one) and the files a delegatee writes, so that its agent
   // can make, join, kill and remove one cgroup per command. The agent gets the
   // directory as an fd: the sandbox has no cgroupfs (no /sys, mount denied).
   UniqueFd cg_fd;
   if (!cg_dir.empty()) {
     auto own = [&](const std::string& p, bool must) -> Result<void> {
-      if (::chown(p.c_str(), sh_->opts.uid_base, sh_->opts.uid_base) == 0 ||
-          (!must && errno == ENOENT))
-        return {};
+      if (::chown(p.c_str(), base, base) == 0 || (!must && errno == ENOENT)) return {};
       return sys_fail("chown(" + p + ")");
     };
     Result<void> d = own(cg_dir, true);
@@ -576,9 +705,9 @@ Result<std::unique_ptr<SandboxInstance>> ContainerBackend::create_impl(const San
     // of the namespace in the parent namespace too, and the owner is the
     // creator's euid. Created as root, every sandbox drew on host root's budget:
     // one sandbox holding 128 inotify instances left systemd and the daemon with
-    // none. So the namespace is created as uid_base, the host uid that is root
-    // inside anyway.
-    ThreadEuid as_sandbox_root(sh_->opts.uid_base, sh_->dumpable);
+    // none. So the namespace is created as `base`, the host uid that is root
+    // inside anyway; with a range per sandbox, each sandbox's counters are its own.
+    ThreadEuid as_sandbox_root(base, sh_->dumpable);
     if (as_sandbox_root.result() != 0) {
       pid = -1;
       clone_errno = static_cast<int>(-as_sandbox_root.result());
@@ -608,6 +737,7 @@ Result<std::unique_ptr<SandboxInstance>> ContainerBackend::create_impl(const San
   err_wr.reset();
   agent_child.reset();
   cg_fd.reset();
+  lower_fds.clear();
 
   auto abort_child = [&](Error err) -> Result<std::unique_ptr<SandboxInstance>> {
     sync_wr.reset();  // child blocked on the sync pipe exits on EOF
@@ -617,7 +747,7 @@ Result<std::unique_ptr<SandboxInstance>> ContainerBackend::create_impl(const San
     return std::unexpected(std::move(err));
   };
 
-  if (auto r = sys::write_id_maps(pid, sh_->opts.uid_base); !r) return abort_child(r.error());
+  if (auto r = sys::write_id_maps(pid, base); !r) return abort_child(r.error());
   // The agent is not the OOM victim: the sandbox's memory limit kills its commands (which
   // start at oom_score_adj 500, src/agent/command.cpp), not the process that reports on
   // them. Lowering a score needs CAP_SYS_RESOURCE, which some hosts' root lacks: the
@@ -665,7 +795,7 @@ Result<std::unique_ptr<SandboxInstance>> ContainerBackend::create_impl(const San
   if (auto r = write_state(run_dir, pid); !r) return abort_child(r.error());
   run_dir_owner.owned = false;
   cgroup_owned = false;
-  TP_SB_DEBUG(spec.id, "started, pid {}", pid);
+  TP_SB_DEBUG(spec.id, "started, pid {}, host uids {}..{}", pid, base, base + sys::kIdMapCount - 1);
   auto inst =
       std::make_unique<ContainerInstance>(sh_, spec.id, std::move(proc), std::move(agent_host));
   inst->set_restore(true, false);
@@ -843,7 +973,8 @@ Result<std::unique_ptr<Backend>> make_container_backend(const ContainerOptions& 
       const std::string p = std::string("/dev/") + container::kDevices[i].name;
       struct stat ds {};
       auto in_range = [&](uint32_t id) {
-        return id >= opts.uid_base && id - opts.uid_base < sys::kIdMapCount;
+        return (id >= opts.uid_base && id - opts.uid_base < sys::kIdMapCount) ||
+               (id >= opts.ranges_first && id - opts.ranges_first < opts.ranges_ids);
       };
       if (::stat(p.c_str(), &ds) == 0 && (in_range(ds.st_uid) || in_range(ds.st_gid)))
         spdlog::error(
@@ -866,10 +997,27 @@ Result<std::unique_ptr<Backend>> make_container_backend(const ContainerOptions& 
   if (!host) return std::unexpected(host.error());
   sh->host = *host;
   for (const auto& b : sh->host.ro_binds) sh->host_binds.emplace_back(b, locked_flags(b));
+  if (opts.ranges_ids > 0) {
+    // Per-sandbox ranges need idmapped mounts of the data dir's file system
+    // (Linux >= 5.12; overlayfs over idmapped layers >= 5.19): say so now rather
+    // than at the first create.
+    TP_TRY(sys::validate_id_base(opts.ranges_first));
+    auto idmap = make_idmap_userns(opts.uid_base, opts.ranges_first);
+    if (!idmap) return std::unexpected(idmap.error());
+    if (auto fd = idmapped_clone(sh->host.rootfs, idmap->ns.get()); !fd)
+      return fail(Code::kInvalidArgument, "per-sandbox uid ranges need idmapped mounts on " + dd +
+                                              ": " + fd.error().message() +
+                                              " (--uid-ranges 0 shares one range instead)");
+  }
   spdlog::info(
-      "container backend: data_dir {}, cgroup {} ({}), uid_base {}", dd, opts.cgroup_name,
+      "container backend: data_dir {}, cgroup {} ({}), image files at uid {}, sandbox ranges {}",
+      dd, opts.cgroup_name,
       layout->version == sys::CgroupVersion::kV2 ? "v2 " + layout->v2_root : std::string("v1"),
-      opts.uid_base);
+      opts.uid_base,
+      opts.ranges_ids
+          ? fmt::format("{}..{} ({} of 65536 ids)", opts.ranges_first,
+                        opts.ranges_first + opts.ranges_ids - 1, opts.ranges_ids / sys::kIdMapCount)
+          : std::string("none (one shared range)"));
   return std::unique_ptr<Backend>(std::make_unique<ContainerBackend>(std::move(sh)));
 }
 

@@ -6,7 +6,8 @@
 // string, the id maps and the seccomp program, then clone(CLONE_VM | new
 // namespaces) runs a child on its own mmap'd stack that makes only raw
 // syscalls (src/sys/raw_syscall.h). The child waits on a pipe while the parent
-// writes uid_map/gid_map (sandbox root = uid_base on the host, 65536 ids) and
+// writes uid_map/gid_map (sandbox root = the first id of the sandbox's own
+// 65536-id host range, SandboxSpec::uid_base; see "Ids" below) and
 // attaches it to its cgroups; then it sets its rlimits and the per-sandbox
 // limits of its user namespace (/proc/sys/user: inotify quota, no nested user
 // namespaces) and builds the root inside
@@ -14,8 +15,9 @@
 // mount vanishes with the namespace:
 //   / made rprivate; a tmpfs of spec.disk_bytes on <data_dir>/containers/mnt
 //   (one empty host dir serves every sandbox, each mounts it in its own ns)
-//   holding upper/, work/ and root/; overlay(lower layers, upper) on root/
-//   (spec.layers are digests, resolved to directories through opts.layers);
+//   holding upper/, work/, lower/<i> and root/; the lower layers (spec.layers
+//   are digests, resolved to directories through opts.layers) attached at
+//   lower/<i> as idmapped mounts; overlay(lower/<i>..., upper) on root/;
 //   read-only binds of host /usr for the `host` image; /proc with /proc/sys
 //   read-only and sensitive files masked (binds of the null device and of an
 //   empty read-only directory); a minimal /dev: one read-only bind of
@@ -38,22 +40,40 @@
 // errno), so create() returns e.g. "mount(overlay, .../root, lowerdir=...): ..." after unwinding
 // everything. Cgroup delegation: the sandbox's cgroup directory (v2; v1: the freezer one,
 // CgroupManager::delegated_dir) and the files a delegatee writes are chowned to
-// uid_base, and the agent gets an O_DIRECTORY fd of it as fd 4 with
+// the sandbox's root, and the agent gets an O_DIRECTORY fd of it as fd 4 with
 // `--cgroup-fd 4`: it makes one cgroup per command there (src/agent/
 // command_cgroup.h). The sandbox has no cgroupfs of its own (no /sys, mount is
 // denied by seccomp), so only the agent reaches it. destroy() removes those
 // sub-cgroups with the sandbox's, thawing (v1) any its agent left frozen.
 //
-// The clone runs with the calling thread's effective uid switched to uid_base
-// (raw setresuid, this thread only), so the user namespace is owned by
-// uid_base: the kernel charges a namespace's per-user counters (inotify,
-// mqueue, pending signals, processes) to its owner up the tree, and a
+// The clone runs with the calling thread's effective uid switched to the
+// sandbox's root (raw setresuid, this thread only), so the user namespace is
+// owned by it: the kernel charges a namespace's per-user counters (inotify,
+// fanotify, mqueue, pending signals, processes) to its owner up the tree, and a
 // root-owned namespace would let a sandbox drain host root's budgets.
-// In the nodev fallback, a host device node owned by an id in the sandboxes'
-// range is logged as an error at start (every sandbox could chmod it).
+//
+// Ids. Each sandbox gets its own host range (the node allocates it:
+// node/uid_ranges.h), so that per-user kernel limits (pipe buffer pages,
+// fanotify groups, inotify, keys, mqueue, epoll watches, processes) are the
+// sandbox's own and not shared by every sandbox. Image files are stored once,
+// owned by ContainerOptions::uid_base + N (the "storage" ids, 100000..). Before
+// the clone, each lower layer gets a detached clone of its mount
+// (open_tree(OPEN_TREE_CLONE)) idmapped (mount_setattr(MOUNT_ATTR_IDMAP),
+// read-only, nosuid, nodev) through a user namespace whose map is
+// "uid_base <sandbox root> 65536", made for the create (~0.4 ms: a clone whose
+// exit is reaped at the end of create; not cached, so the daemon holds no fd
+// per range once its sandbox is gone); the child
+// attaches them with move_mount (it cannot idmap: that needs CAP_SYS_ADMIN over
+// the layers' file system). So a stored uid_base + N is N inside every sandbox.
+// A sandbox created without a range (uid_base 0) runs in the storage ids and
+// uses the layers as they are. At start, with ranges configured, the backend
+// checks that idmapped mounts work on data_dir.
+// In the nodev fallback, a host device node owned by an id in the storage ids
+// or in any sandbox range is logged as an error at start (a sandbox could chmod it).
 //
 // Kernel: >= 5.11 (overlayfs in a user namespace; also uses CLONE_PIDFD,
-// waitid(P_PIDFD), close_range). Needs root (CAP_SYS_ADMIN, CAP_SETUID/GID to
+// waitid(P_PIDFD), close_range); >= 5.19 for per-sandbox ranges (overlayfs over
+// idmapped lower layers). Needs root (CAP_SYS_ADMIN, CAP_SETUID/GID to
 // write the id maps, cgroup writes).
 //
 // Thread rules: create() and cleanup_orphans() may run concurrently from any
@@ -78,7 +98,16 @@ struct ContainerOptions {
   std::string agent_path;  // host path of the static tp-agent binary (build/bin/tp-agent)
   std::string cgroup_name =
       "tidepool";  // parent cgroup: <ctrl mount>/tidepool/<id> (v1) or <v2root>/tidepool/<id>
-  uint32_t uid_base = 100000;  // root inside every sandbox = this host uid; 65536 ids mapped
+  // Owner of image files on disk (layers, the host skeleton): host id
+  // uid_base + N is id N inside, through an idmapped mount per sandbox. Also
+  // root of a sandbox created without a range of its own (SandboxSpec::uid_base 0).
+  uint32_t uid_base = 100000;
+  // Where every per-sandbox range lies (node/uid_ranges.h): host ids
+  // [ranges_first, ranges_first + ranges_ids); 0 ids = no per-sandbox ranges.
+  // Checked at start: idmapped mounts must work on data_dir, and no /dev node
+  // may be owned by an id there.
+  uint32_t ranges_first = 0;
+  uint64_t ranges_ids = 0;
   // Layer digest -> lower directory (the image store); unset = only the `host` image.
   std::shared_ptr<image::LayerResolver> layers;
 };

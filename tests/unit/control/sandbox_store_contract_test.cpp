@@ -261,6 +261,58 @@ TEST_F(SqliteStoreTest, MigratesASchemaZeroDatabase) {
   }
 }
 
+TEST_P(SandboxStoreContract, KeepsTheUidRangeThroughInsertUpdateAndList) {
+  auto r = rec("n0-u", "creating", 1);
+  r.uid_base = 2u << 20;
+  ASSERT_TRUE(st_->insert(r));
+  auto got = st_->get("n0-u");
+  ASSERT_TRUE(got && *got);
+  EXPECT_EQ((*got)->uid_base, 2u << 20);
+  auto up = **got;
+  up.state = "running";
+  up.uid_base = 0x7fff0000u;  // the highest base below 2^31
+  ASSERT_TRUE(st_->update(up));
+  auto l = st_->list(query("running", {}, true));
+  ASSERT_TRUE(l);
+  ASSERT_EQ(l->size(), 1u);
+  EXPECT_EQ((*l)[0].uid_base, 0x7fff0000u);
+}
+
+TEST_F(SqliteStoreTest, MigratesASchemaOneDatabaseWithoutUidRanges) {
+  {
+    auto st = sqlite::SqliteSandboxStore::open(dir_ + "/s.db");
+    ASSERT_TRUE(st);
+  }
+  // Schema 1 as it was: the same table without the uid_base column.
+  {
+    sqlite3* db = nullptr;
+    ASSERT_EQ(sqlite3_open((dir_ + "/s.db").c_str(), &db), SQLITE_OK);
+    const char* sql =
+        "DROP TABLE sandboxes;"
+        "CREATE TABLE sandboxes ("
+        " id TEXT PRIMARY KEY, state TEXT NOT NULL, tier TEXT, image TEXT, node TEXT,"
+        " memory_mb INTEGER, cpus REAL, pids INTEGER, disk_mb INTEGER, ttl_seconds INTEGER,"
+        " idle_timeout_seconds INTEGER, labels TEXT, env TEXT, created_at_ms INTEGER,"
+        " expires_at_ms INTEGER, ended_at_ms INTEGER, end_reason TEXT,"
+        " version INTEGER NOT NULL DEFAULT 1) WITHOUT ROWID;"
+        "INSERT INTO sandboxes VALUES ('n0-old','running','container','host','n0',512,1.0,512,"
+        " 1024,600,0,'{}','{}',7,607,0,'',3);"
+        "PRAGMA user_version = 1;";
+    ASSERT_EQ(sqlite3_exec(db, sql, nullptr, nullptr, nullptr), SQLITE_OK);
+    sqlite3_close(db);
+  }
+  auto st = sqlite::SqliteSandboxStore::open(dir_ + "/s.db");
+  ASSERT_TRUE(st) << st.error().message();
+  auto old = (*st)->get("n0-old");
+  ASSERT_TRUE(old && *old);
+  EXPECT_EQ((*old)->uid_base, 0u);  // made before per-sandbox ranges
+  EXPECT_EQ((*old)->version, 3u);
+  auto r = **old;
+  r.uid_base = 1u << 20;
+  ASSERT_TRUE((*st)->update(r));
+  EXPECT_EQ((*(*st)->get("n0-old"))->uid_base, 1u << 20);
+}
+
 TEST_F(SqliteStoreTest, OpenFailsCleanlyOnBadPath) {
   auto st = sqlite::SqliteSandboxStore::open(dir_ + "/no/such/dir/s.db");
   ASSERT_FALSE(st);

@@ -83,6 +83,7 @@ class FakeBackend : public runtime::Backend {
     std::lock_guard lk(mu);
     if (fail_creates) return fail(Code::kInternal, "fake create failure");
     live.insert(spec.id);
+    uid_bases[spec.id] = spec.uid_base;
     return std::unique_ptr<runtime::SandboxInstance>(new FakeInstance(this, spec.id, address));
   }
   Result<std::unique_ptr<runtime::SandboxInstance>> adopt(
@@ -92,6 +93,7 @@ class FakeBackend : public runtime::Backend {
     if (!adoptable.count(spec.id)) return fail(Code::kNotFound, "gone");
     adopted.insert(spec.id);
     live.insert(spec.id);
+    uid_bases[spec.id] = spec.uid_base;
     return std::unique_ptr<runtime::SandboxInstance>(new FakeInstance(this, spec.id, address));
   }
   std::vector<std::string> cleanup_orphans(const std::vector<std::string>& keep) override {
@@ -134,13 +136,16 @@ class FakeBackend : public runtime::Backend {
   std::map<std::string, runtime::SandboxSpec> specs;  // the last create's or adopt's, by id
   std::vector<std::string> kept;
   int cleanup_calls = 0;
+  std::map<std::string, uint32_t> uid_bases;  // SandboxSpec::uid_base of each create/adopt
+  std::set<std::string> failing_destroys;     // destroy() fails and the instance lives on
 };
 
 inline FakeInstance::~FakeInstance() { (void)destroy(); }
 inline Result<void> FakeInstance::destroy() {
   if (destroyed_ || released_) return {};
-  destroyed_ = true;
   std::lock_guard lk(b_->mu);
+  if (b_->failing_destroys.count(id_)) return fail(Code::kInternal, "fake destroy failure");
+  destroyed_ = true;
   b_->live.erase(id_);
   b_->destroyed.insert(id_);
   return {};

@@ -4,6 +4,8 @@
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <boost/asio/executor_work_guard.hpp>
@@ -619,6 +621,144 @@ TEST_F(ManagerTest, AdoptionPinsTheRecordedLayersEvenWhenTheImageMoved) {
   }
   EXPECT_EQ(imgs.pinned(digest('a')), 0);
   EXPECT_EQ(imgs.pinned(digest('b')), 0);
+}
+
+// Uid ranges: one per sandbox, recorded, passed to the backend, freed only once
+// the sandbox is destroyed; exhaustion answers 503 and stores nothing.
+TEST_F(ManagerTest, UidRangesAreAllocatedRecordedAndFreedAfterDestroy) {
+  constexpr uint32_t kFirst = 1u << 20, S = UidRanges::kSize;
+  auto ranges = std::make_shared<UidRanges>(kFirst, 2);
+  ManagerOptions o;
+  o.uid_ranges = ranges;
+  make(o);
+  auto a = create_sync();
+  auto b = create_sync();
+  ASSERT_TRUE(a && b);
+  EXPECT_EQ(stored(a->id).uid_base, kFirst);
+  EXPECT_EQ(stored(b->id).uid_base, kFirst + S);
+  EXPECT_EQ(backend_->uid_bases[a->id], kFirst);
+  EXPECT_EQ(backend_->uid_bases[b->id], kFirst + S);
+  auto [cid, cf] = create_async();
+  auto c = get_or_fail(cf);
+  ASSERT_FALSE(c);
+  EXPECT_EQ(c.error().code, Code::kUnavailable);
+  EXPECT_NE(c.error().message().find("no free uid range"), std::string::npos);
+  EXPECT_FALSE(*store_.get(cid));  // it never existed
+  auto d = destroy_async(a->id);
+  ASSERT_TRUE(get_or_fail(d));
+  EXPECT_FALSE(ranges->holder(kFirst));
+  auto e = create_sync();
+  ASSERT_TRUE(e) << e.error().message();
+  EXPECT_EQ(stored(e->id).uid_base, kFirst);
+  EXPECT_EQ(ranges->holder(kFirst), e->id);
+}
+
+TEST_F(ManagerTest, FailedCreateFreesItsRangeAndFailedDestroyKeepsIt) {
+  auto ranges = std::make_shared<UidRanges>(1u << 20, 4);
+  ManagerOptions o;
+  o.uid_ranges = ranges;
+  backend_->fail_creates = true;
+  make(o);
+  auto [id, created] = create_async();
+  ASSERT_FALSE(get_or_fail(created));
+  EXPECT_EQ(stored(id).state, "stopped");
+  EXPECT_EQ(ranges->held(), 0u);
+  backend_->fail_creates = false;
+  auto r = create_sync();
+  ASSERT_TRUE(r);
+  backend_->failing_destroys.insert(r->id);
+  auto d = destroy_async(r->id);
+  (void)get_or_fail(d);
+  // Something of it may still run: its ids are not handed out again.
+  EXPECT_EQ(ranges->holder(stored(r->id).uid_base), r->id);
+  auto n = create_sync();
+  ASSERT_TRUE(n);
+  EXPECT_NE(stored(n->id).uid_base, stored(r->id).uid_base);
+  backend_->failing_destroys.clear();
+}
+
+TEST_F(ManagerTest, RecoverHoldsTheRangesOfAdoptedSandboxesAndFreesTheOthers) {
+  // Far from any daemon's ranges: recover() also holds ranges that host processes run in.
+  constexpr uint32_t kFirst = 0x70000000u, S = UidRanges::kSize;
+  auto rec = [](const std::string& id, uint32_t base) {
+    SandboxRecord r;
+    r.id = id;
+    r.state = "running";
+    r.tier = "container";
+    r.image = "host";
+    r.node = "n0";
+    r.created_at_ms = 1;
+    r.expires_at_ms = now_ms() + 3600 * 1000;
+    r.uid_base = base;
+    return r;
+  };
+  ASSERT_TRUE(store_.insert(rec("n0-kept", kFirst + 2 * S)));
+  ASSERT_TRUE(store_.insert(rec("n0-gone", kFirst)));
+  ASSERT_TRUE(store_.insert(rec("n0-legacy", 0)));  // from before per-sandbox ranges
+  backend_->adoptable = {"n0-kept", "n0-legacy"};
+  auto ranges = std::make_shared<UidRanges>(kFirst, 3);
+  ManagerOptions o;
+  o.uid_ranges = ranges;
+  o.agent_connect = [&](asio::io_context& io, const std::string&,
+                        std::string) -> Result<std::shared_ptr<AgentClient>> {
+    return std::make_shared<FakeAgent>(io);
+  };
+  stop_runners();
+  make(o);
+  ASSERT_TRUE(mgr_->recover());
+  guard_.emplace(asio::make_work_guard(io_));
+  for (int i = 0; i < 2; ++i) threads_.emplace_back([this] { io_.run(); });
+
+  EXPECT_EQ(backend_->uid_bases["n0-kept"], kFirst + 2 * S);  // adopted with its own range
+  EXPECT_EQ(backend_->uid_bases["n0-legacy"], 0u);            // in the shared one, as before
+  EXPECT_EQ(ranges->holder(kFirst + 2 * S), "n0-kept");
+  EXPECT_FALSE(ranges->holder(kFirst));  // n0-gone's, freed after cleanup
+  auto a = create_sync();
+  auto b = create_sync();
+  ASSERT_TRUE(a && b);
+  EXPECT_EQ(stored(a->id).uid_base, kFirst);
+  EXPECT_EQ(stored(b->id).uid_base, kFirst + S);
+  auto c = create_sync();
+  EXPECT_FALSE(c);  // the adopted sandbox's range is never handed out
+  for (const auto& id : {a->id, b->id, std::string("n0-kept"), std::string("n0-legacy")}) {
+    auto d = destroy_async(id);
+    ASSERT_TRUE(get_or_fail(d));
+  }
+  EXPECT_EQ(ranges->held(), 0u);
+}
+
+// A range some host process runs in (left by an earlier run, or another daemon's)
+// is never handed out.
+TEST_F(ManagerTest, RecoverHoldsRangesThatHostProcessesRunIn) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root (a process running as another uid)";
+  constexpr uint32_t kFirst = 0x70100000u, S = UidRanges::kSize;
+  pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    if (setresgid(kFirst + S + 5, kFirst + S + 5, kFirst + S + 5) == 0 &&
+        setresuid(kFirst + S + 5, kFirst + S + 5, kFirst + S + 5) == 0)
+      pause();
+    _exit(1);
+  }
+  while (!host_uids_in_use(kFirst + S, kFirst + 2 * S).count(kFirst + S + 5)) ::usleep(1000);
+  auto ranges = std::make_shared<UidRanges>(kFirst, 2);
+  ManagerOptions o;
+  o.uid_ranges = ranges;
+  stop_runners();
+  make(o);
+  auto rec = mgr_->recover();
+  kill(pid, SIGKILL);
+  waitpid(pid, nullptr, 0);
+  ASSERT_TRUE(rec);
+  guard_.emplace(asio::make_work_guard(io_));
+  for (int i = 0; i < 2; ++i) threads_.emplace_back([this] { io_.run(); });
+  EXPECT_TRUE(ranges->holder(kFirst + S));
+  auto a = create_sync();
+  ASSERT_TRUE(a);
+  EXPECT_EQ(stored(a->id).uid_base, kFirst);
+  EXPECT_FALSE(create_sync());
+  auto d = destroy_async(a->id);
+  ASSERT_TRUE(get_or_fail(d));
 }
 
 // Random interleavings of create, delete, exec, ttl expiry, agent death and

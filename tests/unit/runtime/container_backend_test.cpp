@@ -15,6 +15,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <map>
 #include <mutex>
 #include <sstream>
@@ -285,6 +286,100 @@ TEST_F(ContainerBackendTest, CreateIsolatesAndDestroyLeavesNothing) {
   expect_gone(s.id, pid);
   r->reset();
   EXPECT_EQ(count_fds(), fds_before_);
+}
+
+// A sandbox with a uid range of its own (SandboxSpec::uid_base) runs as that
+// range on the host, owns its namespace and cgroup as that range's root, and sees
+// the image files (stored as opts_.uid_base + N) through idmapped layers as N.
+TEST_F(ContainerBackendTest, OwnRangeMapsRootAndIdmapsTheLayers) {
+  const uint32_t bases[] = {(1u << 20) + 7 * 65536, (1u << 20) + 9 * 65536};
+  std::vector<std::unique_ptr<SandboxInstance>> sbs;
+  for (uint32_t base : bases) {
+    auto s = spec();
+    s.uid_base = base;
+    auto r = backend_->create(s);
+    ASSERT_TRUE(r) << r.error().message();
+    ASSERT_TRUE(wait_ready((*r)->agent_fd()));
+    sbs.push_back(std::move(*r));
+  }
+  for (size_t i = 0; i < sbs.size(); ++i) {
+    auto& sb = *sbs[i];
+    const std::string b = std::to_string(bases[i]);
+    const std::string proc = "/proc/" + std::to_string(sb.pid());
+    std::istringstream ms(slurp(proc + "/uid_map"));
+    uint64_t in = 9, out = 0, count = 0;
+    ms >> in >> out >> count;
+    EXPECT_EQ(out, bases[i]);
+    EXPECT_EQ(count, 65536u);
+    EXPECT_NE(slurp(proc + "/status").find("Uid:\t" + b + "\t" + b + "\t" + b + "\t" + b),
+              std::string::npos);
+    EXPECT_NE(slurp(proc + "/status").find("Gid:\t" + b + "\t" + b), std::string::npos);
+    const std::string dir = cg_->delegated_dir(sb.id());
+    struct stat st {};
+    if (!dir.empty() && stat(dir.c_str(), &st) == 0) {
+      EXPECT_EQ(st.st_uid, bases[i]);
+    }
+    // The skeleton's files are root's inside, and copy-up writes them.
+    EXPECT_EQ(status_of(sb,
+                        "test \"$(stat -c %u:%g /etc/passwd /etc /root)\" = "
+                        "\"$(printf '0:0\\n0:0\\n0:0')\""),
+              0);
+    EXPECT_EQ(
+        status_of(sb, "echo 127.0.0.3 y >> /etc/hosts && test \"$(stat -c %u /etc/hosts)\" = 0"),
+        0);
+    EXPECT_EQ(status_of(sb,
+                        "echo z > /root/own && chown 1000:1000 /root/own && test \"$(stat -c "
+                        "%u /root/own)\" = 1000"),
+              0);
+  }
+  // The stored files stay the store's: owner and content.
+  struct stat st {};
+  ASSERT_EQ(stat((dir_ + "/images/host/rootfs/etc/passwd").c_str(), &st), 0);
+  EXPECT_EQ(st.st_uid, opts_.uid_base);
+  EXPECT_EQ(slurp(dir_ + "/images/host/rootfs/etc/hosts").find("127.0.0.3"), std::string::npos);
+  for (auto& sb : sbs) {
+    pid_t pid = sb->pid();
+    std::string id = sb->id();
+    ASSERT_TRUE(sb->destroy());
+    expect_gone(id, pid);
+  }
+  sbs.clear();
+  // The idmap of a range is made once: creating in it again leaks no fd.
+  const int fds = count_fds();
+  for (int i = 0; i < 2; ++i) {
+    auto s = spec();
+    s.uid_base = bases[0];
+    auto r = backend_->create(s);
+    ASSERT_TRUE(r) << r.error().message();
+    ASSERT_TRUE((*r)->destroy());
+  }
+  EXPECT_EQ(count_fds(), fds);
+}
+
+// Creates in their own ranges at once: each makes an idmap namespace through a
+// helper child, and no helper may keep another's pipe open (they waited for each
+// other forever once).
+TEST_F(ContainerBackendTest, ConcurrentCreatesInOwnRangesAllStart) {
+  constexpr int kN = 8;
+  std::vector<std::future<Result<std::unique_ptr<SandboxInstance>>>> made;
+  for (int i = 0; i < kN; ++i) {
+    auto s = spec();
+    s.uid_base = (1u << 20) + static_cast<uint32_t>(20 + i) * 65536;
+    made.push_back(std::async(std::launch::async, [this, s] { return backend_->create(s); }));
+  }
+  std::vector<std::unique_ptr<SandboxInstance>> sbs;
+  for (auto& f : made) {
+    // A deadlock guard, not a timing threshold.
+    if (f.wait_for(std::chrono::seconds(120)) != std::future_status::ready) {
+      ADD_FAILURE() << "a create never returned";
+      std::abort();
+    }
+    auto r = f.get();
+    ASSERT_TRUE(r) << r.error().message();
+    sbs.push_back(std::move(*r));
+  }
+  for (auto& sb : sbs) EXPECT_TRUE(wait_ready(sb->agent_fd()));
+  for (auto& sb : sbs) EXPECT_TRUE(sb->destroy());
 }
 
 // The sandbox's cgroup directory (v2; v1: the freezer's) is delegated to the

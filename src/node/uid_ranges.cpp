@@ -1,0 +1,116 @@
+#include "node/uid_ranges.h"
+
+#include <dirent.h>
+
+#include <cstdlib>
+#include <fstream>
+
+namespace tp::node {
+
+namespace {
+constexpr uint64_t kIdLimit = 1ull << 31;
+}
+
+uint32_t UidRanges::max_count(uint32_t first) {
+  return first >= kIdLimit ? 0 : static_cast<uint32_t>((kIdLimit - first) / kSize);
+}
+
+Result<void> UidRanges::validate(uint32_t first, uint32_t count,
+                                 const std::vector<Span>& reserved) {
+  if (first == 0) return fail(Code::kInvalidArgument, "--uid-base 0 would include host root");
+  if (count == 0) return fail(Code::kInvalidArgument, "--uid-ranges must be at least 1");
+  if (count > max_count(first))
+    return fail(Code::kInvalidArgument, "--uid-base " + std::to_string(first) +
+                                            " with --uid-ranges " + std::to_string(count) +
+                                            " reaches past 2^31; at most " +
+                                            std::to_string(max_count(first)) + " ranges fit");
+  const uint64_t end = first + uint64_t{count} * kSize;
+  for (const auto& r : reserved) {
+    const uint64_t rend = uint64_t{r.first} + r.count;
+    if (first < rend && r.first < end)
+      return fail(Code::kInvalidArgument,
+                  "sandbox uid ranges [" + std::to_string(first) + ", " + std::to_string(end) +
+                      ") overlap host ids [" + std::to_string(r.first) + ", " +
+                      std::to_string(rend) + ") used for image files or builds");
+  }
+  return {};
+}
+
+bool UidRanges::overlaps_held(uint32_t base) const {
+  // Held ranges are kSize long: only the last one starting below base + kSize can overlap.
+  auto it = held_.lower_bound(base + uint64_t{kSize} > UINT32_MAX ? UINT32_MAX : base + kSize);
+  if (it == held_.begin()) return false;
+  --it;
+  return uint64_t{it->first} + kSize > base;
+}
+
+Result<uint32_t> UidRanges::allocate(const std::string& owner) {
+  std::lock_guard lk(mu_);
+  for (uint32_t k = 0; k < count_; ++k) {
+    const uint32_t base = first_ + k * kSize;
+    if (overlaps_held(base)) continue;
+    held_.emplace(base, owner);
+    return base;
+  }
+  return fail(Code::kUnavailable, "no free uid range: all " + std::to_string(count_) +
+                                      " sandbox uid ranges are in use (--uid-ranges)");
+}
+
+Result<void> UidRanges::hold(uint32_t base, const std::string& owner) {
+  if (base == 0 || uint64_t{base} + kSize > kIdLimit)
+    return fail(Code::kInvalidArgument, "uid range " + std::to_string(base) + " is not usable");
+  std::lock_guard lk(mu_);
+  if (auto it = held_.find(base); it != held_.end()) {
+    if (it->second == owner) return {};
+    return fail(Code::kConflict, "uid range " + std::to_string(base) + " is held by " + it->second);
+  }
+  if (overlaps_held(base))
+    return fail(Code::kConflict,
+                "uid range " + std::to_string(base) + " overlaps one that is already held");
+  held_.emplace(base, owner);
+  return {};
+}
+
+void UidRanges::release(uint32_t base, const std::string& owner) {
+  std::lock_guard lk(mu_);
+  auto it = held_.find(base);
+  if (it != held_.end() && it->second == owner) held_.erase(it);
+}
+
+std::optional<std::string> UidRanges::holder(uint32_t base) {
+  std::lock_guard lk(mu_);
+  auto it = held_.find(base);
+  if (it == held_.end()) return std::nullopt;
+  return it->second;
+}
+
+size_t UidRanges::held() {
+  std::lock_guard lk(mu_);
+  return held_.size();
+}
+
+std::set<uint32_t> host_uids_in_use(uint32_t lo, uint64_t hi) {
+  std::set<uint32_t> out;
+  DIR* d = ::opendir("/proc");
+  if (!d) return out;
+  while (dirent* e = ::readdir(d)) {
+    if (e->d_name[0] < '0' || e->d_name[0] > '9') continue;
+    std::ifstream f(std::string("/proc/") + e->d_name + "/status");
+    std::string line;
+    while (std::getline(f, line)) {
+      if (!line.starts_with("Uid:") && !line.starts_with("Gid:")) continue;
+      const char* p = line.c_str() + 4;
+      for (int i = 0; i < 4; ++i) {
+        char* next = nullptr;
+        unsigned long v = std::strtoul(p, &next, 10);
+        if (next == p) break;
+        if (v >= lo && v < hi) out.insert(static_cast<uint32_t>(v));
+        p = next;
+      }
+    }
+  }
+  ::closedir(d);
+  return out;
+}
+
+}  // namespace tp::node
