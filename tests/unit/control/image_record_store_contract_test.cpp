@@ -18,12 +18,12 @@
 namespace tp::control {
 namespace {
 
-struct StoreMaker {
+struct ImageStoreMaker {
   std::string name;
   std::function<std::unique_ptr<ImageRecordStore>(const std::string& dir)> make;
 };
 
-std::ostream& operator<<(std::ostream& os, const StoreMaker& m) { return os << m.name; }
+std::ostream& operator<<(std::ostream& os, const ImageStoreMaker& m) { return os << m.name; }
 
 ImageRecord rec(const std::string& name, const std::string& version, int64_t created,
                 std::vector<std::string> parts) {
@@ -38,7 +38,7 @@ ImageRecord rec(const std::string& name, const std::string& version, int64_t cre
 const std::string kA = "sha256:" + std::string(64, 'a');
 const std::string kB = "sha256:" + std::string(64, 'b');
 
-class ImageRecordStoreContract : public ::testing::TestWithParam<StoreMaker> {
+class ImageRecordStoreContract : public ::testing::TestWithParam<ImageStoreMaker> {
  protected:
   void SetUp() override {
     char tmpl[] = "/tmp/tp-imgrec-XXXXXX";
@@ -176,13 +176,13 @@ TEST_P(ImageRecordStoreContract, PartCountsCountRecordsNotMentions) {
 
 INSTANTIATE_TEST_SUITE_P(
     Stores, ImageRecordStoreContract,
-    ::testing::Values(StoreMaker{"sqlite",
+    ::testing::Values(ImageStoreMaker{"sqlite",
                                  [](const std::string& dir) -> std::unique_ptr<ImageRecordStore> {
                                    auto s = sqlite::SqliteImageRecordStore::open(dir + "/state.db");
                                    if (!s) return nullptr;
                                    return std::unique_ptr<ImageRecordStore>(std::move(*s));
                                  }},
-                      StoreMaker{"memory",
+                      ImageStoreMaker{"memory",
                                  [](const std::string&) -> std::unique_ptr<ImageRecordStore> {
                                    return std::make_unique<MemoryImageRecordStore>();
                                  }}),
