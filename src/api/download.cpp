@@ -178,39 +178,6 @@ node::ExecCallbacks CommandDownload::callbacks() {
   return cb;
 }
 
-void CommandDownload::attach(uint32_t exec_id) {
-  uint64_t credit;
-  bool kill;
-  {
-    std::lock_guard lk(mu_);
-    exec_id_ = exec_id;
-    credit = std::exchange(owed_credit_, 0);
-    kill = std::exchange(kill_wanted_, false);
-  }
-  if (kill)
-    ctl_.kill(exec_id);
-  else if (credit)
-    ctl_.credit(exec_id, credit);
-}
-
-void CommandDownload::apply(const Actions& a) {
-  if (!a.kill && !a.credit) return;
-  uint32_t id;
-  {
-    std::lock_guard lk(mu_);
-    if (!exec_id_) {
-      owed_credit_ += a.credit;
-      kill_wanted_ = kill_wanted_ || a.kill;
-      return;
-    }
-    id = *exec_id_;
-  }
-  if (a.kill)
-    ctl_.kill(id);
-  else
-    ctl_.credit(id, a.credit);
-}
-
 void CommandDownload::stop(Actions& a) {
   stopped_ = true;
   a.kill = true;

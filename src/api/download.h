@@ -32,6 +32,7 @@
 #include <optional>
 #include <string>
 
+#include "api/exec_control.h"
 #include "api/http_server.h"
 #include "common/result.h"
 #include "node/service.h"
@@ -103,10 +104,7 @@ class CommandDownload : public std::enable_shared_from_this<CommandDownload> {
     // The error for a command that failed (exit code != 0) before the stream started.
     std::function<Error(const node::ExecOutcome&, const std::string& stderr_head)> failure;
   };
-  struct Control {
-    std::function<void(uint32_t exec_id, uint64_t bytes)> credit;
-    std::function<void(uint32_t exec_id)> kill;
-  };
+  using Control = ExecControl::Fns;
 
   CommandDownload(std::shared_ptr<Responder> res, Options opts, Control ctl)
       : res_(std::move(res)), opts_(std::move(opts)), ctl_(std::move(ctl)) {}
@@ -115,7 +113,7 @@ class CommandDownload : public std::enable_shared_from_this<CommandDownload> {
   node::ExecCallbacks callbacks();
   // The exec started: credits and a kill wanted before are sent now; a client
   // that goes away from now on kills the command.
-  void attach(uint32_t exec_id);
+  void attach(uint32_t exec_id) { ctl_.attach(exec_id); }
 
   // For tests and metrics: bytes handed to the responder not yet written.
   uint64_t unwritten() {
@@ -137,15 +135,17 @@ class CommandDownload : public std::enable_shared_from_this<CommandDownload> {
   // Under mu_: ends the download early (the command is killed).
   void stop(Actions& a);
   // Outside mu_: sends what `a` asks for (or keeps it until attach()).
-  void apply(const Actions& a);
+  void apply(const Actions& a) {
+    if (a.kill)
+      ctl_.kill();
+    else
+      ctl_.credit(a.credit);
+  }
 
   std::shared_ptr<Responder> res_;
   const Options opts_;
-  const Control ctl_;
+  ExecControl ctl_;
   std::mutex mu_;
-  std::optional<uint32_t> exec_id_;
-  uint64_t owed_credit_ = 0;  // granted before attach()
-  bool kill_wanted_ = false;  // asked for before attach()
   std::string head_;          // stdout held before the stream started
   std::string err_;           // the first 4 KiB of stderr
   uint64_t total_ = 0;        // stdout bytes seen

@@ -6,6 +6,7 @@
 #include <set>
 
 #include "api/download.h"
+#include "api/exec_stream.h"
 #include "common/json_util.h"
 #include "common/log.h"
 
@@ -71,20 +72,6 @@ json::object to_json(const SandboxRecord& r) {
     o["end_reason"] = r.end_reason;
   }
   return o;
-}
-
-json::object exec_json(const node::ExecOutcome& o) {
-  json::object j;
-  const auto& r = o.result;
-  j["exit_code"] = r.exit_code;
-  j["signal"] = r.signal;
-  j["duration"] = static_cast<double>(r.wall_us) / 1e6;
-  j["max_rss_kb"] = r.max_rss_kb;
-  j["timed_out"] = r.timed_out;
-  j["oom_killed"] = o.oom_killed;
-  j["stdout_truncated"] = r.stdout_truncated;
-  j["stderr_truncated"] = r.stderr_truncated;
-  return j;
 }
 
 json::object entry_json(const node::FileEntry& e) {
@@ -357,7 +344,7 @@ json::object process_json(const node::ProcessInfo& i, bool with_output) {
     j["stdout"] = base64_encode(i.out);
     j["stderr"] = base64_encode(i.err);
   }
-  if (i.outcome) j["result"] = exec_json(*i.outcome);
+  if (i.outcome) j["result"] = exec_outcome_json(*i.outcome);
   if (i.error) {
     j["error"] = json::object{{"code", std::string(code_name(i.error->code))},
                               {"message", i.error->message()}};
@@ -467,40 +454,14 @@ void Api::exec(Request& req, const Params& p, std::shared_ptr<Responder> res) {
   auto stream = &spec->stream;
   std::string id = p[0];
   node::ExecCallbacks cb;
+  std::shared_ptr<ExecStream> paced;
   if (*stream) {
-    auto started = std::make_shared<bool>(false);
-    // The stream opens on the first event so that an immediate failure can still be a
-    // plain JSON error with its status.
-    auto open = [res, started] {
-      if (!*started) {
-        *started = true;
-        res->start_stream(200, "application/x-ndjson");
-      }
-    };
-    cb.on_started = [res, open](uint32_t pid) {
-      open();
-      res->write_chunk(json::serialize(json::object{{"type", "started"}, {"pid", pid}}) + "\n");
-    };
-    cb.on_output = [res, open](int stream, std::string_view data) {
-      open();
-      json::object j{{"type", stream == 2 ? "stderr" : "stdout"}, {"data", base64_encode(data)}};
-      res->write_chunk(json::serialize(j) + "\n");
-    };
-    cb.on_done = [res, open, started](Result<node::ExecOutcome> r) {
-      if (!r && !*started) return res->send_error(r.error());
-      open();
-      json::object j;
-      if (r) {
-        j = exec_json(*r);
-        j["type"] = "exit";
-      } else {
-        j = json::object{{"type", "error"},
-                         {"code", std::string(code_name(r.error().code))},
-                         {"message", r.error().message()}};
-      }
-      res->write_chunk(json_util::serialize_utf8(j) + "\n");
-      res->end_stream();
-    };
+    ExecControl::Fns ctl;
+    ctl.credit = [this, id](uint32_t eid, uint64_t n) { mgr_.credit_exec(id, eid, n); };
+    ctl.kill = [this, id](uint32_t eid) { mgr_.signal_exec(id, eid, 9); };
+    paced = std::make_shared<ExecStream>(res, std::move(ctl));
+    ep.window = ExecStream::kWindow;
+    cb = paced->callbacks();
   } else {
     struct Acc {
       std::string out, err;
@@ -511,7 +472,7 @@ void Api::exec(Request& req, const Params& p, std::shared_ptr<Responder> res) {
     };
     cb.on_done = [res, acc](Result<node::ExecOutcome> r) {
       if (!r) return res->send_error(r.error());
-      json::object j = exec_json(*r);
+      json::object j = exec_outcome_json(*r);
       // The raw output goes as soon as it is encoded: a big answer is held once, not twice.
       j["stdout"] = base64_encode(std::exchange(acc->out, {}));
       j["stderr"] = base64_encode(std::exchange(acc->err, {}));
@@ -520,6 +481,7 @@ void Api::exec(Request& req, const Params& p, std::shared_ptr<Responder> res) {
   }
   auto exec_id = mgr_.exec(id, std::move(ep), std::move(cb));
   if (!exec_id) return res->send_error(exec_id.error());
+  if (paced) paced->attach(*exec_id);
   // A client that goes away mid-command must not leave the command running. With
   // an Idempotency-Key the client may be retrying after a network fault: the
   // command keeps running for a grace period and is killed only if no repeat of

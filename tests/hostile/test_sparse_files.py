@@ -10,15 +10,18 @@ sampled throughout, and its peak VmHWM, reset before each case) grows by less th
 MEM_BOUND however large the file; a file over the download limit is refused (413) before
 a byte is sent, its apparent size counting; a tar download the client walks away from
 stops (tar is killed) and leaves the daemon healthy, with nothing behind; past the limit a
-tar is cut off (an incomplete chunked answer).
+tar is cut off (an incomplete chunked answer). The same bound holds for an exec stream
+whose client stops reading: the command blocks instead of filling the daemon.
 """
 from __future__ import annotations
 
 import contextlib
 import hashlib
 import http.client
+import json
 import socket
 import threading
+import time
 from typing import Dict, Optional
 from urllib.parse import quote
 
@@ -262,3 +265,61 @@ def test_download_limit_and_stream_shapes(small_limit):
             wait_until(lambda: not tar_running(), timeout=60, what="tar to be killed")
         finally:
             sb.kill()
+
+
+def test_exec_stream_is_paced_by_a_client_that_stops_reading(daemon, hostile):
+    """An exec with "stream": true writes zeros without end (64 KiB at a time, counting
+    its writes in a file), with max_output_bytes at its 1 GiB maximum. The client reads
+    the first events, then stops reading. Expected: the command blocks on its output pipe
+    (its count stops moving while the client does not read), the daemon's memory grows by
+    less than MEM_BOUND, reading again resumes the output, and closing the connection kills
+    the command. (Before: output the client had not read piled up in the daemon, up to
+    max_output_bytes per stream, and the command ran on.)"""
+    script = ("i=0; while :; do head -c 65536 /dev/zero || exit; i=$((i+1));"
+              " echo $i > /tmp/count; done")
+    body = json.dumps({"cmd": ["sh", "-c", script], "stream": True,
+                       "max_output_bytes": 1 << 30}).encode()
+
+    def count() -> int:
+        r = hostile.exec("cat /tmp/count 2>/dev/null || echo 0")
+        return int(r.stdout.strip() or 0)
+
+    with watched(daemon, "an exec stream its client stopped reading") as watch:
+        conn = http.client.HTTPConnection("127.0.0.1", daemon.port, timeout=120)
+        try:
+            conn.request("POST", f"/v1/sandboxes/{hostile.id}/exec", body=body,
+                         headers={"Content-Type": "application/json"})
+            watch.sock = conn.sock
+            resp = conn.getresponse()
+            assert resp.status == 200, resp.read(2000)
+            assert json.loads(resp.readline())["type"] == "started"
+            assert json.loads(resp.readline())["type"] == "stdout"
+            # The client stops reading. What is in flight fills the socket buffers and
+            # the window; then the command must stop.
+            wait_until(lambda: count() > 0, timeout=30, what="the command to write")
+            stalled = None
+            for _ in range(60):
+                before = count()
+                time.sleep(1.0)
+                if count() == before:
+                    stalled = before
+                    break
+            assert stalled is not None, f"the command ran on while nobody read ({count()} writes)"
+            # 64 KiB per write: what the kernel's socket buffers, the daemon and the
+            # agent hold between them, well below the 1 GiB the command could send.
+            assert stalled * 64 * 1024 < 256 * MiB, stalled
+            # Reading resumes the output.
+            got = 0
+            while got < 32 * MiB:
+                line = resp.readline()
+                assert line, "the stream ended"
+                got += len(line)
+            wait_until(lambda: count() > stalled, timeout=30, what="the command to resume")
+        finally:
+            conn.close()  # the client leaves: the command is killed
+
+    def running() -> bool:
+        ps = hostile.exec("cat /proc/[0-9]*/cmdline 2>/dev/null | tr '\\0' ' '")
+        return "/tmp/count" in ps.stdout
+
+    wait_until(lambda: not running(), timeout=60, what="the command to be killed")

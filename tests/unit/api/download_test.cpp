@@ -10,72 +10,13 @@
 #include <deque>
 
 #include "protocol/wire.h"
+#include "slow_responder.h"
 
 namespace tp::api {
 namespace {
 
-// Records the answer; chunks wait in `queue` until the test writes them.
-struct SlowResponder : Responder {
-  int status = 0;
-  std::string content_type, body;
-  bool streaming = false, ended = false, aborted = false, sent = false;
-  std::function<void()> on_abort;
-  struct Pending {
-    std::string data;
-    std::function<void(bool)> written;
-  };
-  std::deque<Pending> queue;
-  uint64_t queued_bytes = 0, max_queued_bytes = 0;
-  bool keep_body = true;  // false: the "client" discards what it reads
-
-  void send(int s, std::string ct, std::string b) override {
-    ASSERT_FALSE(sent || streaming);
-    sent = true;
-    status = s;
-    content_type = std::move(ct);
-    body = std::move(b);
-  }
-  void start_stream(int s, std::string ct) override {
-    ASSERT_FALSE(sent || streaming);
-    streaming = true;
-    status = s;
-    content_type = std::move(ct);
-  }
-  void write_chunk(std::string d) override { write_chunk(std::move(d), nullptr); }
-  void write_chunk(std::string d, std::function<void(bool)> w) override {
-    ASSERT_TRUE(streaming);
-    ASSERT_FALSE(ended || aborted);
-    queued_bytes += d.size();
-    max_queued_bytes = std::max(max_queued_bytes, queued_bytes);
-    queue.push_back({std::move(d), std::move(w)});
-  }
-  void end_stream() override {
-    ASSERT_TRUE(streaming);
-    ended = true;
-  }
-  void abort_stream() override {
-    ASSERT_TRUE(streaming);
-    aborted = true;
-  }
-  void set_on_abort(std::function<void()> cb) override { on_abort = std::move(cb); }
-  void add_header(std::string, std::string) override {}
-
-  // Writes the oldest queued chunk to "the socket" (ok) or fails it (client gone).
-  bool drain_one(bool ok = true) {
-    if (queue.empty()) return false;
-    auto p = std::move(queue.front());
-    queue.pop_front();
-    queued_bytes -= p.data.size();
-    if (ok && keep_body) body += p.data;
-    if (p.written) p.written(ok);
-    return true;
-  }
-  void drain_all() {
-    while (drain_one()) {
-    }
-  }
-  int error_status() const { return sent ? status : 0; }
-};
+using testing::exited;
+using testing::SlowResponder;
 
 // A file of `size` bytes: zeros (a hole) except `tail` at its end. Reads wait
 // in `reads` until the test answers them (in any order).
@@ -311,12 +252,6 @@ CommandDownload::Options opts(uint64_t window, uint64_t max) {
   o.failure = [](const node::ExecOutcome&, const std::string& err) {
     return Error{Code::kNotFound, 0, "tar: " + err};
   };
-  return o;
-}
-
-node::ExecOutcome exited(int64_t code) {
-  node::ExecOutcome o;
-  o.result.exit_code = code;
   return o;
 }
 

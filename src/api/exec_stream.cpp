@@ -1,0 +1,100 @@
+#include "api/exec_stream.h"
+
+#include "common/json_util.h"
+#include "common/log.h"
+
+namespace tp::api {
+
+namespace json = boost::json;
+
+json::object exec_outcome_json(const node::ExecOutcome& o) {
+  json::object j;
+  const auto& r = o.result;
+  j["exit_code"] = r.exit_code;
+  j["signal"] = r.signal;
+  j["duration"] = static_cast<double>(r.wall_us) / 1e6;
+  j["max_rss_kb"] = r.max_rss_kb;
+  j["timed_out"] = r.timed_out;
+  j["oom_killed"] = o.oom_killed;
+  j["stdout_truncated"] = r.stdout_truncated;
+  j["stderr_truncated"] = r.stderr_truncated;
+  return j;
+}
+
+// The agent's strand calls on_started, on_output and on_done one at a time, so
+// the responder is called in order outside mu_: a responder may report a chunk
+// written (false) inline.
+node::ExecCallbacks ExecStream::callbacks() {
+  node::ExecCallbacks cb;
+  cb.on_started = [self = shared_from_this()](uint32_t pid) {
+    self->send(json::serialize(json::object{{"type", "started"}, {"pid", pid}}) + "\n", 0);
+  };
+  cb.on_output = [self = shared_from_this()](int stream, std::string_view data) {
+    json::object j{{"type", stream == 2 ? "stderr" : "stdout"},
+                   {"data", json_util::base64_encode(data)}};
+    self->send(json::serialize(j) + "\n", data.size());
+  };
+  cb.on_done = [self = shared_from_this()](Result<node::ExecOutcome> r) {
+    bool open;
+    {
+      std::lock_guard lk(self->mu_);
+      if (self->stopped_) return;
+      self->stopped_ = true;
+      open = !std::exchange(self->started_, true);
+    }
+    if (!r && open) return self->res_->send_error(r.error());
+    if (open) self->res_->start_stream(200, kContentType);
+    json::object j;
+    if (r) {
+      j = exec_outcome_json(*r);
+      j["type"] = "exit";
+    } else {
+      j = json::object{{"type", "error"},
+                       {"code", std::string(code_name(r.error().code))},
+                       {"message", r.error().message()}};
+    }
+    // Without flow control: an idempotent request's recorder holds the last
+    // event until its record is stored.
+    self->res_->write_chunk(json_util::serialize_utf8(j) + "\n");
+    self->res_->end_stream();
+  };
+  return cb;
+}
+
+void ExecStream::send(std::string line, uint64_t credit) {
+  uint64_t n = line.size();
+  bool open, cut = false;
+  uint64_t waiting;
+  {
+    std::lock_guard lk(mu_);
+    if (stopped_) return;  // nobody reads it: its window is not given back
+    open = !std::exchange(started_, true);
+    waiting = unwritten_ += n;
+    if (waiting > kMaxUnwritten) stopped_ = cut = true;
+  }
+  if (open) res_->start_stream(200, kContentType);
+  if (cut) {
+    spdlog::warn(
+        "exec stream cut off: {} bytes wait for the client, more than the window allows "
+        "(an agent without flow control?)",
+        waiting);
+    res_->abort_stream();
+    ctl_.kill();
+    return;
+  }
+  res_->write_chunk(std::move(line), [w = weak_from_this(), n, credit](bool ok) {
+    if (auto s = w.lock()) s->on_written(n, credit, ok);
+  });
+}
+
+void ExecStream::on_written(uint64_t n, uint64_t credit, bool ok) {
+  {
+    std::lock_guard lk(mu_);
+    unwritten_ -= n;
+    if (!ok) stopped_ = true;  // the client is gone (its abort ends the command)
+    if (stopped_) return;
+  }
+  ctl_.credit(credit);
+}
+
+}  // namespace tp::api
