@@ -146,9 +146,9 @@ class CommandDownload : public std::enable_shared_from_this<CommandDownload> {
   const Options opts_;
   ExecControl ctl_;
   std::mutex mu_;
-  std::string head_;          // stdout held before the stream started
-  std::string err_;           // the first 4 KiB of stderr
-  uint64_t total_ = 0;        // stdout bytes seen
+  std::string head_;    // stdout held before the stream started
+  std::string err_;     // the first 4 KiB of stderr
+  uint64_t total_ = 0;  // stdout bytes seen
   uint64_t unwritten_ = 0;
   bool started_ = false;  // the stream's head was sent
   bool stopped_ = false;  // answered, aborted or the client is gone: output is dropped

@@ -16,13 +16,12 @@
 // Thread rules: the callbacks may come from any thread; state is serialised inside.
 #pragma once
 
+#include <boost/json.hpp>
 #include <cstdint>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <utility>
-
-#include <boost/json.hpp>
 
 #include "api/exec_control.h"
 #include "api/http_server.h"

@@ -1,5 +1,5 @@
-// Helpers for the api unit tests. SlowResponder: a Responder for unit tests whose "socket" the test drains by
-// hand, so that a producer's flow control can be observed chunk by chunk.
+// Helpers for the api unit tests. SlowResponder: a Responder for unit tests whose "socket" the test
+// drains by hand, so that a producer's flow control can be observed chunk by chunk.
 #pragma once
 
 #include <gtest/gtest.h>

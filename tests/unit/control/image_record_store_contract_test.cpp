@@ -176,16 +176,17 @@ TEST_P(ImageRecordStoreContract, PartCountsCountRecordsNotMentions) {
 
 INSTANTIATE_TEST_SUITE_P(
     Stores, ImageRecordStoreContract,
-    ::testing::Values(ImageStoreMaker{"sqlite",
-                                 [](const std::string& dir) -> std::unique_ptr<ImageRecordStore> {
-                                   auto s = sqlite::SqliteImageRecordStore::open(dir + "/state.db");
-                                   if (!s) return nullptr;
-                                   return std::unique_ptr<ImageRecordStore>(std::move(*s));
-                                 }},
-                      ImageStoreMaker{"memory",
-                                 [](const std::string&) -> std::unique_ptr<ImageRecordStore> {
-                                   return std::make_unique<MemoryImageRecordStore>();
-                                 }}),
+    ::testing::Values(
+        ImageStoreMaker{"sqlite",
+                        [](const std::string& dir) -> std::unique_ptr<ImageRecordStore> {
+                          auto s = sqlite::SqliteImageRecordStore::open(dir + "/state.db");
+                          if (!s) return nullptr;
+                          return std::unique_ptr<ImageRecordStore>(std::move(*s));
+                        }},
+        ImageStoreMaker{"memory",
+                        [](const std::string&) -> std::unique_ptr<ImageRecordStore> {
+                          return std::make_unique<MemoryImageRecordStore>();
+                        }}),
     [](const auto& info) { return info.param.name; });
 
 class SqliteImageRecordsTest : public ::testing::Test {
