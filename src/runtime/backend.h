@@ -42,7 +42,11 @@ struct SandboxSpec {
   uint32_t pids_max = 512;               // tasks in the sandbox, agent included
   uint64_t disk_bytes = 1ull << 30;      // writable layer (upper directory) size limit
   uint64_t tmp_bytes = 256ull << 20;     // /tmp tmpfs size limit
-  uint64_t nofile = 4096;                // RLIMIT_NOFILE for everything inside
+  // RLIMIT_NOFILE (soft and hard) for everything inside. Open files are not
+  // charged to memory cgroups, so pids x nofile is a sandbox's share of the
+  // host's fs.file-max: 1024 (the usual soft limit) keeps it at 512 Ki files
+  // for the default 512 pids.
+  uint64_t nofile = 1024;
   std::map<std::string, std::string> env;  // default environment of commands
   // First host uid/gid of the sandbox's own 65536-id range (root inside = this
   // id), allocated by the node (node/uid_ranges.h) so that per-user kernel

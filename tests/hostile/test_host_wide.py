@@ -13,9 +13,11 @@ import json
 import os
 import pathlib
 import socket
+import time
 
 import pytest
 
+import tidepool
 from tp_testlib import processes_of, wait_until
 
 libc = ctypes.CDLL(None, use_errno=True)
@@ -158,6 +160,84 @@ time.sleep(120)
     grab.kill()
 
 
+def _file_nr() -> int:
+    return int(pathlib.Path("/proc/sys/fs/file-nr").read_text().split()[0])
+
+
+def test_open_files_stop_at_the_sandboxes_share(client, bystander):
+    """Attempt: hold as many open files as possible, in as many processes as the pids limit
+    allows (one sandbox held 1,000,000 files, 41% of the host's fs.file-max, that way; the
+    kernel does not charge open files to memory cgroups). Expected: the sandbox's total
+    stays within its share, pids x RLIMIT_NOFILE (64 x 1024 here), and the host's count of
+    open files grew by no more than that; the bystander and the host still open files."""
+    pids = 64
+    before = _file_nr()
+    with client.create(pids=pids, memory_mb=1024, ttl=600) as sb:
+        limit = int(sb.exec("ulimit -Hn").stdout)
+        assert limit <= 1024, f"RLIMIT_NOFILE {limit}: the share would be pids x {limit}"
+        grab = sb.start(["python3", "-c", """
+import os, resource, time
+hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+r, w = os.pipe()
+total = procs = 0
+kids = []
+while procs < 1000:
+    try:
+        pid = os.fork()
+    except OSError:
+        break  # the pids limit
+    kids.append(pid)
+    if pid == 0:
+        n = 0
+        try:
+            while n < 1 << 20:
+                os.open("/dev/null", os.O_RDONLY)
+                n += 1
+        except OSError:
+            pass
+        os.write(w, b"%d\\n" % n)
+        time.sleep(300)
+        os._exit(0)
+    procs += 1
+    total += int(os.read(r, 32))
+# The peak is counted (and the host's count sampled by the test meanwhile); a few
+# children go so that the test's own execs can start within the pids limit.
+open("/tmp/files.tmp", "w").write(f"{total} {procs}")
+time.sleep(2)
+for pid in kids[:4]:
+    os.kill(pid, 9)
+    os.waitpid(pid, 0)
+os.rename("/tmp/files.tmp", "/tmp/files")
+time.sleep(300)
+"""])
+        # At its peak the sandbox cannot start another command (the pids limit): the
+        # host's count is sampled meanwhile, then the result read once room was made.
+        grown = 0
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            grown = max(grown, _file_nr() - before)
+            try:
+                r = sb.exec("cat /tmp/files 2>/dev/null")
+                if r.ok and r.stdout:
+                    break
+            except tidepool.TidepoolError:
+                pass  # no process to spare for the command yet
+            time.sleep(0.2)
+        total, procs = map(int, sb.exec("cat /tmp/files").stdout.split())
+        # The bystander and the host (this process) still open files meanwhile.
+        r = bystander.sb.exec("python3 -c 'import os; print(len([os.open(\"/dev/null\", 0) "
+                              "for _ in range(500)]))'")
+        assert r.exit_code == 0 and r.stdout == "500\n", r
+        with open("/dev/null") as f:
+            assert f.readable()
+        grab.kill()
+    assert procs > 8 and total > procs * 900, (total, procs)  # it did try
+    assert total <= pids * limit, (total, procs)
+    # The host-wide counter also moves with whatever else runs: only bound it from above.
+    assert grown <= pids * limit + 20000, grown
+
+
 def _has_cap_sys_resource() -> bool:
     for line in pathlib.Path("/proc/self/status").read_text().splitlines():
         if line.startswith("CapEff:"):
@@ -245,3 +325,40 @@ time.sleep(120)
     # What the sandbox could leave in unread buffers is its share: the host-wide
     # counter (grown_mb) also moves with whatever else runs on the host.
     assert sent_mb <= limit_mb * 1.5, f"sandbox left {sent_mb:.0f} MiB unread (host TCP memory +{grown_mb:.0f} MiB)"
+
+
+def test_udp_buffers_count_against_the_sandbox(client):
+    """Attempt: loopback UDP sockets sent to and never read, 480 KB each, up to 3x the
+    sandbox's memory limit in all (udp_mem is host-wide; without a bound a 64 MiB sandbox
+    queued 175 MiB that way). Expected: what the sandbox's sockets hold unread (their
+    receive queues, read from its own /proc/net/udp) stays near its memory limit (within
+    1.5x): cgroup v2 charges socket memory to memory.max; on v1 the limit set on the
+    cgroup's TCP buffers (memory.kmem.tcp.limit_in_bytes) charges every protocol's."""
+    limit_mb = 64
+    with client.create(memory_mb=limit_mb, ttl=600) as sb:
+        flood = sb.start(["python3", "-c", f"""
+import socket, time
+socks, payload, tried = [], b"x" * 60000, 0
+while tried < 3 * {limit_mb} << 20:
+    r = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); r.bind(("127.0.0.1", 0))
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    for _ in range(8):
+        try:
+            s.sendto(payload, r.getsockname())
+        except OSError:
+            pass
+        tried += len(payload)
+    socks += [r, s]
+open("/tmp/udp", "w").write(str(len(socks)))
+time.sleep(120)
+"""])
+        wait_until(lambda: sb.exec("cat /tmp/udp 2>/dev/null").stdout, timeout=120,
+                   what="the UDP senders")
+        queued = 0
+        for line in sb.exec("cat /proc/net/udp").stdout.splitlines()[1:]:
+            tx_rx = line.split()[4]  # tx_queue:rx_queue, hex
+            queued += int(tx_rx.split(":")[1], 16)
+        flood.kill()
+    queued_mb = queued / (1 << 20)
+    assert queued_mb > 8, f"the flood queued only {queued_mb:.1f} MiB: it did not run"
+    assert queued_mb <= limit_mb * 1.5, f"sandbox left {queued_mb:.0f} MiB unread in UDP queues"
