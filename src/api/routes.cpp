@@ -85,6 +85,13 @@ json::object entry_json(const node::FileEntry& e) {
   j["uid"] = e.uid;
   j["gid"] = e.gid;
   if (!e.link_target.empty()) j["link_target"] = e.link_target;
+  // A name that is not UTF-8 is shown with U+FFFD (JSON strings are UTF-8); its
+  // bytes go along in base64, so that the client can address it again (the
+  // `path` query parameter takes any bytes, percent-encoded).
+  for (auto [key, value] : {std::pair<const char*, const std::string*>{"name_b64", &e.name},
+                            {"path_b64", &e.path},
+                            {"link_target_b64", &e.link_target}})
+    if (json_util::to_valid_utf8(*value) != *value) j[key] = base64_encode(*value);
   return j;
 }
 

@@ -1,9 +1,13 @@
-"""Files: write, read, list, stat, remove, mkdir, nested paths, large files."""
+"""Files: write, read, list, stat, remove, mkdir, nested paths, large files, names that
+are not UTF-8."""
+import base64
+import json
 import os
 
 import pytest
 
 import tidepool
+from tp_testlib import http_raw
 
 
 def test_write_read_binary_and_text(sandbox):
@@ -62,6 +66,36 @@ def test_list_and_stat(sandbox):
         sandbox.files.list("/d/nope")
     with pytest.raises(tidepool.NotFound):
         sandbox.files.read("/d/nope")
+
+
+def test_names_that_are_not_utf8_can_be_listed_and_addressed_again(sandbox, daemon):
+    """A sandbox makes a file whose name holds the byte 0xff (not UTF-8) and a symlink to
+    it. The listing shows U+FFFD in `name`/`path` (JSON is UTF-8) and the bytes in
+    `name_b64`/`path_b64`; the SDK turns them into surrogate-escaped str (as os.fsdecode),
+    which read, stat, write and remove address again. (Before: the U+FFFD name could not
+    be addressed: 404.)"""
+    r = sandbox.exec("mkdir -p /u && printf 'raw bytes' > \"$(printf '/u/bad\\377name')\""
+                     " && ln -s \"$(printf 'bad\\377name')\" /u/link")
+    assert r.ok, r
+    entries = {e.name: e for e in sandbox.files.list("/u")}
+    bad = os.fsdecode(b"bad\xffname")
+    assert set(entries) == {bad, "link"}, entries
+    assert entries[bad].path == os.fsdecode(b"/u/bad\xffname")
+    assert sandbox.files.read(entries[bad].path) == b"raw bytes"
+    assert sandbox.files.stat(entries[bad].path).size == 9
+    assert sandbox.files.stat("/u/link").link_target == bad
+    sandbox.files.write(entries[bad].path, b"changed")
+    assert sandbox.exec("cat /u/bad*").stdout == "changed"
+    # On the wire: U+FFFD for people, the bytes for programs.
+    status, _, body = http_raw(daemon.url, "GET", f"/v1/sandboxes/{sandbox.id}/files/list?path=/u")
+    assert status == 200
+    raw = {e["path"]: e for e in json.loads(body)["entries"]}
+    e = raw["/u/bad\ufffdname"]
+    assert base64.b64decode(e["path_b64"]) == b"/u/bad\xffname"
+    assert base64.b64decode(e["name_b64"]) == b"bad\xffname"
+    assert "path_b64" not in raw["/u/link"]
+    sandbox.files.remove(entries[bad].path)
+    assert {e.name for e in sandbox.files.list("/u")} == {"link"}
 
 
 def test_remove(sandbox):

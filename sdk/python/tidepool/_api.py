@@ -259,10 +259,12 @@ def tar_get(sandbox_id: str, path: str, timeout: Any = DEFAULT) -> Request:
     return req
 
 
-def _path_query(path: str) -> List[Tuple[str, str]]:
+def _path_query(path: str) -> List[Tuple[str, Union[str, bytes]]]:
     if not isinstance(path, str) or not path:
         raise ValueError("path must be a non-empty string")
-    return [("path", path)]
+    # As os.fsencode does: a name listed with bytes that are not UTF-8 (FileEntry.path,
+    # surrogate-escaped) goes back as those bytes, percent-encoded.
+    return [("path", path.encode("utf-8", "surrogateescape"))]
 
 
 def file_write(sandbox_id: str, path: str, data: Union[bytes, bytearray, memoryview, str], mode: Optional[int]) -> Request:

@@ -35,7 +35,7 @@ import threading
 import time
 import urllib.parse
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
 
 from ._retry import DEFAULT_RETRY, IDEMPOTENCY_HEADER, MUTATING_METHODS, RetryPolicy, new_idempotency_key
 from .errors import SandboxError, TidepoolError, Timeout, Unavailable, error_from_response
@@ -114,7 +114,7 @@ class Request:
 
     method: str
     path: str
-    query: List[Tuple[str, str]] = field(default_factory=list)
+    query: List[Tuple[str, Union[str, bytes]]] = field(default_factory=list)
     body: Optional[bytes] = None
     content_type: Optional[str] = None
     timeout: Any = DEFAULT

@@ -8,6 +8,7 @@ parsing.
 from __future__ import annotations
 
 import base64
+import binascii
 import datetime as _dt
 import json
 from dataclasses import dataclass, field
@@ -278,8 +279,10 @@ class FileEntry:
     @classmethod
     def from_json(cls, obj: Mapping[str, Any]) -> "FileEntry":
         """Builds a FileEntry from the daemon's JSON object."""
-        path = str(obj.get("path") or "")
-        name = obj.get("name")
+        # Names that are not UTF-8 come with their bytes in base64; they become str the
+        # way os.fsdecode makes them (surrogateescape), and go back as those bytes.
+        path = _fs_str(obj, "path") or ""
+        name = _fs_str(obj, "name")
         if not name:
             name = path.rstrip("/").rsplit("/", 1)[-1] if path else ""
         return cls(
@@ -291,8 +294,19 @@ class FileEntry:
             mtime=float(obj.get("mtime") or 0.0),
             uid=_int(obj.get("uid")),
             gid=_int(obj.get("gid")),
-            link_target=obj.get("link_target") or None,
+            link_target=_fs_str(obj, "link_target") or None,
         )
+
+
+def _fs_str(obj: Mapping[str, Any], key: str) -> Optional[str]:
+    raw = obj.get(key + "_b64")
+    if isinstance(raw, str):
+        try:
+            return base64.b64decode(raw, validate=True).decode("utf-8", "surrogateescape")
+        except (ValueError, binascii.Error):
+            pass
+    value = obj.get(key)
+    return None if value is None else str(value)
 
 
 def parse_entries(obj: Mapping[str, Any]) -> List[FileEntry]:
