@@ -141,6 +141,7 @@ def tables(res, for_readme=False):
     L.append("")
 
     L += daemon_rows(res)
+    L += hostile_rows(res, tot)
 
     # Throughput.
     concs = [c for c in cfg["concurrency"].split(",") if c]
@@ -231,6 +232,46 @@ def daemon_rows(res):
                      f"{w.get('sandboxes', n)} answered) | < 2 s | |")
         else:
             L.append(f"| {what} | not measured: {_err(rs)} | < 2 s | |")
+    L.append("")
+    return L
+
+
+def hostile_rows(res, idle_total_kb):
+    """Issue 12's targets (same run; bench/hostile_bench.py): per-sandbox uid ranges,
+    /health under idle connections, idle memory."""
+    h = res.get("hostile")
+    if h is None:
+        return []  # a run from before these measurements
+    L = ["**Hostile code and clients, round two** (same run; bench/hostile_bench.py):", "",
+         "| measurement | measured | target | |", "|---|---|---:|---|"]
+
+    def verdict(ok):
+        return "**met**" if ok else "**missed**"
+
+    uid = h.get("uid_ranges") or {}
+    for im in ("host", "bb3:1"):
+        u = uid.get(im) or {}
+        a, b = u.get("shared"), u.get("per_sandbox")
+        what = (f"cold create of `{im}` with a uid range per sandbox (idmapped layers) ÷ one shared range, "
+                f"two daemons of this build interleaved, same seccomp filter")
+        if a and b:
+            r = b["p50_ms"] / a["p50_ms"]
+            L.append(f"| {what} | p50 {b['p50_ms']:.2f} ms ÷ {a['p50_ms']:.2f} ms = **{(r - 1) * 100:+.1f}%** "
+                     f"(p90 {b['p90_ms']:.2f} vs {a['p90_ms']:.2f} ms; {b['n']} creates each) | ≤ +5% | "
+                     f"{verdict(r <= 1.05)} |")
+        else:
+            L.append(f"| {what} | not measured: {_err(uid if 'error' in uid else h)} | ≤ +5% | |")
+    hi = h.get("health_idle") or {}
+    what = f"`GET /health` on fresh connections while {hi.get('idle_opened', '?')} idle connections are held open"
+    if hi.get("p99_ms") is not None:
+        L.append(f"| {what} ({hi['requests']} requests; the daemon closed {hi['idle_closed_by_daemon']} idle ones to "
+                 f"make room) | p50 {hi['p50_ms']:.1f} ms, **p99 {hi['p99_ms']:.1f} ms**, max {hi['max_ms']:.1f} ms | "
+                 f"p99 < 100 ms | {verdict(hi['p99_ms'] < 100)} |")
+    else:
+        L.append(f"| {what} | not measured: {_err(hi or h)} | p99 < 100 ms | |")
+    if idle_total_kb is not None:
+        L.append(f"| idle memory per sandbox with 1,000 alive (the idle table's total) | **{idle_total_kb / 1024:.2f} MiB** "
+                 f"| < 0.7 MiB | {verdict(idle_total_kb / 1024 < 0.7)} |")
     L.append("")
     return L
 

@@ -2,7 +2,9 @@
 # make bench: Tidepool side by side with crun, runc, bwrap, the raw kernel floor and a
 # bare busybox `true`, interleaved, on one busybox root file system; then the daemon alone
 # (bench/daemon_bench): exec in a running sandbox against a host spawn of the same binary,
-# its RSS under keyed 4 MiB execs, and a restart with 500 sandboxes alive (50 when quick).
+# its RSS under keyed 4 MiB execs, and a restart with 500 sandboxes alive (50 when quick);
+# then bench/hostile_bench.py: /health with 10,000 idle connections held open, and what a
+# uid range per sandbox adds to a create.
 #
 #   make bench                      ~10 min on 2 cores: 20 latency rounds x 30 runs per tool,
 #                                   5 s per tool and concurrency, 1,000 idle sandboxes per tool
@@ -25,9 +27,11 @@ UNIFIED=/sys/fs/cgroup/unified/cgroup.controllers
 if [ "${BENCH_QUICK:-0}" = 1 ]; then
   ARGS="--rounds 3 --runs 5 --rate-seconds 1.5 --idle 100 --idle-cap 20 --exec-rounds 2 --exec-runs 20 --rss-execs 10"
   RESTART_N=${BENCH_RESTART_N:-50}
+  HOSTILE_IDLE=1000 HOSTILE_ROUNDS=2 HOSTILE_RUNS=5
 else
   ARGS="--rounds 20 --runs 30 --rate-seconds 5 --idle 1000 --idle-cap 100 --exec-rounds 10 --exec-runs 50 --rss-execs 100"
   RESTART_N=${BENCH_RESTART_N:-500}
+  HOSTILE_IDLE=10000 HOSTILE_ROUNDS=10 HOSTILE_RUNS=20
 fi
 # How the daemon is stopped for the restart measurement: KILL, as a crash or an upgrade
 # that gives the old daemon no chance to tidy up (TERM ends every sandbox by design).
@@ -217,6 +221,26 @@ res = json.load(open(path))
 res["restart"] = r
 json.dump(res, open(path, "w"))
 print(f"bench: restart: {r}", file=sys.stderr)
+EOF
+# What the defences against hostile code and clients cost (bench/hostile_bench.py): /health
+# with many idle connections held against the restarted daemon, and a uid range per sandbox
+# (two more daemons of this build, shared range against per-sandbox ranges).
+echo "bench: hostile clients and per-sandbox uid ranges"
+(ulimit -n $((HOSTILE_IDLE + 4096)) 2>/dev/null || true
+  "$PY" "$ROOT/bench/hostile_bench.py" --url "$URL" --bin "$BIN" --idle-conns "$HOSTILE_IDLE" \
+    --rounds "$HOSTILE_ROUNDS" --runs "$HOSTILE_RUNS") >"$WORK/hostile.json" 2>"$WORK/hostile.log" || true
+"$PY" - "$WORK/results.json" "$WORK/hostile.json" "$WORK/hostile.log" <<'EOF'
+import json, sys
+path, out, log = sys.argv[1:]
+try:
+    lines = [l for l in open(out).read().splitlines() if l.startswith("{")]
+    h = json.loads(lines[-1])
+except (OSError, ValueError, IndexError):
+    h = {"error": open(log).read().strip()[-400:] or "hostile_bench failed"}
+res = json.load(open(path))
+res["hostile"] = h
+json.dump(res, open(path, "w"))
+print(f"bench: hostile: {h}", file=sys.stderr)
 EOF
 cp "$WORK/results.json" "$OUT/latest.json"
 README_ARG=""
