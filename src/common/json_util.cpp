@@ -31,14 +31,21 @@ class BudgetResource final : public json::memory_resource {
   explicit BudgetResource(size_t budget) : left_(budget) {}
 
  private:
+  // Only over-aligned requests take the aligned operators; the others the plain
+  // ones, on both sides (an aligned new of a default alignment freed by the
+  // aligned delete was reported as a new/delete mismatch by AddressSanitizer).
   void* do_allocate(std::size_t n, std::size_t align) override {
     if (n > left_) throw std::bad_alloc();
-    void* p = ::operator new(n, std::align_val_t(align));
+    void* p = align > __STDCPP_DEFAULT_NEW_ALIGNMENT__ ? ::operator new(n, std::align_val_t(align))
+                                                       : ::operator new(n);
     left_ -= n;
     return p;
   }
   void do_deallocate(void* p, std::size_t n, std::size_t align) override {
-    ::operator delete(p, n, std::align_val_t(align));
+    if (align > __STDCPP_DEFAULT_NEW_ALIGNMENT__)
+      ::operator delete(p, n, std::align_val_t(align));
+    else
+      ::operator delete(p, n);
     left_ += n;
   }
   bool do_is_equal(const json::memory_resource& o) const noexcept override { return this == &o; }
