@@ -106,9 +106,11 @@ class SandboxManager : public Service {
                  control::SandboxStore& store, Metrics& metrics, ManagerOptions opts);
   ~SandboxManager() override;
 
-  // Adopts or cleans up what a previous run left behind; call once before
-  // serving, before the io_context runs (it runs it on a helper thread meanwhile).
+  // Adopts or cleans up what a previous run left behind, kAdoptersAtOnce
+  // sandboxes at a time; call once before serving, before the io_context runs
+  // (it runs it on helper threads meanwhile).
   Result<void> recover();
+  static constexpr size_t kAdoptersAtOnce = 8;
   // Starts the TTL / idle timer.
   void start();
   // Releases (or stops, see above) every live sandbox and stops the timer;
