@@ -71,6 +71,10 @@ class FakeResponder : public tp::api::Responder {
     check(answered.load(), "end_stream without start_stream");
     finished = true;
   }
+  void abort_stream() override {
+    check(answered.load(), "abort_stream without start_stream");
+    finished = true;
+  }
   void set_on_abort(std::function<void()>) override {}
   void add_header(std::string, std::string) override {}
 
