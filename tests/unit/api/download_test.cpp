@@ -16,6 +16,7 @@ namespace tp::api {
 namespace {
 
 using testing::exited;
+using testing::FakeExec;
 using testing::SlowResponder;
 
 // A file of `size` bytes: zeros (a hole) except `tail` at its end. Reads wait
@@ -226,23 +227,6 @@ TEST(FileDownload, GrowingPastTheLimitAbortsTheStream) {
 
 // ---- CommandDownload ----
 
-struct FakeCommand {
-  uint64_t credited = 0;
-  int kills = 0;
-  CommandDownload::Control control() {
-    CommandDownload::Control c;
-    c.credit = [this](uint32_t id, uint64_t n) {
-      EXPECT_EQ(id, 7u);
-      credited += n;
-    };
-    c.kill = [this](uint32_t id) {
-      EXPECT_EQ(id, 7u);
-      kills++;
-    };
-    return c;
-  }
-};
-
 CommandDownload::Options opts(uint64_t window, uint64_t max) {
   CommandDownload::Options o;
   o.content_type = "application/x-tar";
@@ -256,9 +240,9 @@ CommandDownload::Options opts(uint64_t window, uint64_t max) {
 }
 
 TEST(CommandDownload, SmallOutputIsOneBody) {
-  FakeCommand cmd;
+  FakeExec cmd{7};
   auto res = std::make_shared<SlowResponder>();
-  auto dl = std::make_shared<CommandDownload>(res, opts(1 << 20, 1 << 30), cmd.control());
+  auto dl = std::make_shared<CommandDownload>(res, opts(1 << 20, 1 << 30), cmd.fns());
   auto cb = dl->callbacks();
   dl->attach(7);
   cb.on_output(1, "abc");
@@ -272,9 +256,9 @@ TEST(CommandDownload, SmallOutputIsOneBody) {
 }
 
 TEST(CommandDownload, FailureBeforeTheHeadKeepsItsStatus) {
-  FakeCommand cmd;
+  FakeExec cmd{7};
   auto res = std::make_shared<SlowResponder>();
-  auto dl = std::make_shared<CommandDownload>(res, opts(1 << 20, 1 << 30), cmd.control());
+  auto dl = std::make_shared<CommandDownload>(res, opts(1 << 20, 1 << 30), cmd.fns());
   auto cb = dl->callbacks();
   dl->attach(7);
   cb.on_output(2, "Cannot open: No such file");
@@ -288,10 +272,10 @@ TEST(CommandDownload, FailureBeforeTheHeadKeepsItsStatus) {
 // Output beyond the window streams; credit comes back only as chunks reach the
 // socket, so what waits for the client never exceeds the window.
 TEST(CommandDownload, CreditFollowsTheSocket) {
-  FakeCommand cmd;
+  FakeExec cmd{7};
   auto res = std::make_shared<SlowResponder>();
   const uint64_t window = 256 << 10, piece = 64 << 10;
-  auto dl = std::make_shared<CommandDownload>(res, opts(window, 1ull << 40), cmd.control());
+  auto dl = std::make_shared<CommandDownload>(res, opts(window, 1ull << 40), cmd.fns());
   auto cb = dl->callbacks();
   dl->attach(7);
   uint64_t sent = 0;  // what the "agent" sent: never more than window + credit
@@ -319,9 +303,9 @@ TEST(CommandDownload, CreditFollowsTheSocket) {
 }
 
 TEST(CommandDownload, ClientLeavingKillsTheCommand) {
-  FakeCommand cmd;
+  FakeExec cmd{7};
   auto res = std::make_shared<SlowResponder>();
-  auto dl = std::make_shared<CommandDownload>(res, opts(1024, 1ull << 40), cmd.control());
+  auto dl = std::make_shared<CommandDownload>(res, opts(1024, 1ull << 40), cmd.fns());
   auto cb = dl->callbacks();
   dl->attach(7);
   cb.on_output(1, std::string(2048, 'x'));
@@ -338,9 +322,9 @@ TEST(CommandDownload, ClientLeavingKillsTheCommand) {
 }
 
 TEST(CommandDownload, KillAndCreditBeforeAttachAreSentOnAttach) {
-  FakeCommand cmd;
+  FakeExec cmd{7};
   auto res = std::make_shared<SlowResponder>();
-  auto dl = std::make_shared<CommandDownload>(res, opts(4, 1ull << 40), cmd.control());
+  auto dl = std::make_shared<CommandDownload>(res, opts(4, 1ull << 40), cmd.fns());
   auto cb = dl->callbacks();
   cb.on_output(1, "abcd");
   res->drain_one();
@@ -348,9 +332,9 @@ TEST(CommandDownload, KillAndCreditBeforeAttachAreSentOnAttach) {
   dl->attach(7);
   EXPECT_EQ(cmd.credited, 4u);
 
-  FakeCommand cmd2;
+  FakeExec cmd2{7};
   auto res2 = std::make_shared<SlowResponder>();
-  auto dl2 = std::make_shared<CommandDownload>(res2, opts(4, 1ull << 40), cmd2.control());
+  auto dl2 = std::make_shared<CommandDownload>(res2, opts(4, 1ull << 40), cmd2.fns());
   auto cb2 = dl2->callbacks();
   res2->on_abort();
   EXPECT_EQ(cmd2.kills, 0);
@@ -359,9 +343,9 @@ TEST(CommandDownload, KillAndCreditBeforeAttachAreSentOnAttach) {
 }
 
 TEST(CommandDownload, FailureAfterTheHeadAbortsTheStream) {
-  FakeCommand cmd;
+  FakeExec cmd{7};
   auto res = std::make_shared<SlowResponder>();
-  auto dl = std::make_shared<CommandDownload>(res, opts(16, 1ull << 40), cmd.control());
+  auto dl = std::make_shared<CommandDownload>(res, opts(16, 1ull << 40), cmd.fns());
   auto cb = dl->callbacks();
   dl->attach(7);
   cb.on_output(1, std::string(32, 'x'));
@@ -374,9 +358,9 @@ TEST(CommandDownload, FailureAfterTheHeadAbortsTheStream) {
 
 TEST(CommandDownload, OverTheLimit) {
   // Within the first window: 413.
-  FakeCommand cmd;
+  FakeExec cmd{7};
   auto res = std::make_shared<SlowResponder>();
-  auto dl = std::make_shared<CommandDownload>(res, opts(1 << 20, 100), cmd.control());
+  auto dl = std::make_shared<CommandDownload>(res, opts(1 << 20, 100), cmd.fns());
   auto cb = dl->callbacks();
   dl->attach(7);
   cb.on_output(1, std::string(101, 'x'));
@@ -385,9 +369,9 @@ TEST(CommandDownload, OverTheLimit) {
   cb.on_done(exited(-1));
 
   // After the stream started: cut off, killed.
-  FakeCommand cmd2;
+  FakeExec cmd2{7};
   auto res2 = std::make_shared<SlowResponder>();
-  auto dl2 = std::make_shared<CommandDownload>(res2, opts(10, 25), cmd2.control());
+  auto dl2 = std::make_shared<CommandDownload>(res2, opts(10, 25), cmd2.fns());
   auto cb2 = dl2->callbacks();
   dl2->attach(7);
   cb2.on_output(1, std::string(10, 'x'));
@@ -403,9 +387,9 @@ TEST(CommandDownload, OverTheLimit) {
 // An agent that ignores the window (one from before flow control) is cut off
 // instead of buffered.
 TEST(CommandDownload, OutputBeyondTheWindowIsCutOff) {
-  FakeCommand cmd;
+  FakeExec cmd{7};
   auto res = std::make_shared<SlowResponder>();
-  auto dl = std::make_shared<CommandDownload>(res, opts(64 << 10, 1ull << 40), cmd.control());
+  auto dl = std::make_shared<CommandDownload>(res, opts(64 << 10, 1ull << 40), cmd.fns());
   auto cb = dl->callbacks();
   dl->attach(7);
   for (int i = 0; i < 200 && !res->aborted; ++i) cb.on_output(1, std::string(64 << 10, 'x'));

@@ -16,24 +16,8 @@ namespace tp::api {
 namespace {
 
 using testing::exited;
+using testing::FakeExec;
 using testing::SlowResponder;
-
-struct FakeExec {
-  uint64_t credited = 0;
-  int kills = 0;
-  ExecControl::Fns fns() {
-    ExecControl::Fns f;
-    f.credit = [this](uint32_t id, uint64_t n) {
-      EXPECT_EQ(id, 9u);
-      credited += n;
-    };
-    f.kill = [this](uint32_t id) {
-      EXPECT_EQ(id, 9u);
-      kills++;
-    };
-    return f;
-  }
-};
 
 std::vector<boost::json::object> events(const std::string& body) {
   std::vector<boost::json::object> out;
@@ -47,7 +31,7 @@ std::vector<boost::json::object> events(const std::string& body) {
 }
 
 TEST(ExecControl, HoldsCreditsAndAKillUntilAttached) {
-  FakeExec e;
+  FakeExec e{9};
   ExecControl c(e.fns());
   c.credit(10);
   c.credit(5);
@@ -56,7 +40,7 @@ TEST(ExecControl, HoldsCreditsAndAKillUntilAttached) {
   EXPECT_EQ(e.credited, 15u);
   c.credit(1);
   EXPECT_EQ(e.credited, 16u);
-  FakeExec k;
+  FakeExec k{9};
   ExecControl c2(k.fns());
   c2.credit(10);
   c2.kill();
@@ -66,7 +50,7 @@ TEST(ExecControl, HoldsCreditsAndAKillUntilAttached) {
 }
 
 TEST(ExecStream, EventsInOrderAndOutputCreditedOnlyOnceWritten) {
-  FakeExec e;
+  FakeExec e{9};
   auto res = std::make_shared<SlowResponder>();
   auto s = std::make_shared<ExecStream>(res, e.fns());
   auto cb = s->callbacks();
@@ -101,7 +85,7 @@ TEST(ExecStream, EventsInOrderAndOutputCreditedOnlyOnceWritten) {
 TEST(ExecStream, ASlowClientHoldsAtMostOneWindow) {
   // The agent sends no more than the window minus what is not credited back:
   // modelled here as the fake command producing only while it has credit.
-  FakeExec e;
+  FakeExec e{9};
   auto res = std::make_shared<SlowResponder>();
   res->keep_body = false;
   auto s = std::make_shared<ExecStream>(res, e.fns());
@@ -128,7 +112,7 @@ TEST(ExecStream, ASlowClientHoldsAtMostOneWindow) {
 }
 
 TEST(ExecStream, AnAgentThatIgnoresTheWindowIsCutOffAndKilled) {
-  FakeExec e;
+  FakeExec e{9};
   auto res = std::make_shared<SlowResponder>();
   auto s = std::make_shared<ExecStream>(res, e.fns());
   auto cb = s->callbacks();
@@ -143,7 +127,7 @@ TEST(ExecStream, AnAgentThatIgnoresTheWindowIsCutOffAndKilled) {
 }
 
 TEST(ExecStream, FailureBeforeTheFirstEventKeepsItsStatus) {
-  FakeExec e;
+  FakeExec e{9};
   auto res = std::make_shared<SlowResponder>();
   auto s = std::make_shared<ExecStream>(res, e.fns());
   auto cb = s->callbacks();
@@ -154,7 +138,7 @@ TEST(ExecStream, FailureBeforeTheFirstEventKeepsItsStatus) {
 }
 
 TEST(ExecStream, FailureAfterTheFirstEventIsAnErrorEvent) {
-  FakeExec e;
+  FakeExec e{9};
   auto res = std::make_shared<SlowResponder>();
   auto s = std::make_shared<ExecStream>(res, e.fns());
   auto cb = s->callbacks();
@@ -170,7 +154,7 @@ TEST(ExecStream, FailureAfterTheFirstEventIsAnErrorEvent) {
 }
 
 TEST(ExecStream, AGoneClientStopsTheCredits) {
-  FakeExec e;
+  FakeExec e{9};
   auto res = std::make_shared<SlowResponder>();
   auto s = std::make_shared<ExecStream>(res, e.fns());
   auto cb = s->callbacks();

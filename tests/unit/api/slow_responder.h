@@ -10,6 +10,7 @@
 #include <functional>
 #include <string>
 
+#include "api/exec_control.h"
 #include "api/http_server.h"
 #include "node/service.h"
 
@@ -76,6 +77,26 @@ struct SlowResponder : Responder {
     }
   }
   int error_status() const { return sent ? status : 0; }
+};
+
+// The command behind an ExecControl: counts the credits and kills sent to it,
+// which must name exec `id`.
+struct FakeExec {
+  uint32_t id = 0;
+  uint64_t credited = 0;
+  int kills = 0;
+  ExecControl::Fns fns() {
+    ExecControl::Fns f;
+    f.credit = [this](uint32_t got, uint64_t n) {
+      EXPECT_EQ(got, id);
+      credited += n;
+    };
+    f.kill = [this](uint32_t got) {
+      EXPECT_EQ(got, id);
+      kills++;
+    };
+    return f;
+  }
 };
 
 // What an exec that exited with `code` reports.
