@@ -1,6 +1,7 @@
 """Bytes that are not UTF-8 where the API echoes names: a file name made inside a sandbox
-and a request path. Every answer must stay parseable JSON (invalid bytes become U+FFFD; a listing also carries the bytes in base64),
-so that one hostile file name cannot break a trainer's listing."""
+and a request path. Every answer must stay parseable JSON (invalid bytes become U+FFFD; a
+listing also carries the bytes in base64), so that one hostile file name cannot break a
+trainer's listing."""
 import json
 import os
 import socket
