@@ -355,6 +355,9 @@ int run_child(void* arg) {
   raw::call(SYS_close, p.sync_wr);
   raw::call(SYS_close, p.err_rd);
   for (const Op& op : p.ops) {
+    // Limits last (below): a low RLIMIT_NOFILE would fail the fd moves, since
+    // the daemon's descriptors may take every number below it.
+    if (op.kind == OpKind::kSetRlimit) continue;
     long r = run_op(op, p);
     if (r < 0 && !(op.ignore_missing && r == -ENOENT)) die(err_fd, op.step, r);
   }
@@ -396,6 +399,11 @@ int run_child(void* arg) {
                                    : 4,
                 ~0U, CLOSE_RANGE_CLOEXEC);
   if (r < 0) die(err_fd, e + kCloseRange, r);
+  for (const Op& op : p.ops) {
+    if (op.kind != OpKind::kSetRlimit) continue;
+    r = run_op(op, p);
+    if (r < 0) die(err_fd, op.step, r);
+  }
   // Default dispositions, then unblock (the parent blocked everything around clone).
   KernelSigaction dfl{};
   for (int sig = 1; sig < 65; ++sig) {

@@ -83,6 +83,7 @@ struct ChildPlan {
   void touch(const std::string& path);
   void symlink(const std::string& target, const std::string& path);
   void write_file(const std::string& path, const std::string& data, bool ignore_missing);
+  // Applied after every other op and the fd moves, just before exec.
   void set_rlimit(int resource, const std::string& name, uint64_t value);
   void move_mount(int fd, const std::string& what, const std::string& target);
   void simple(OpKind k, const std::string& desc, const std::string& a = {},
