@@ -29,7 +29,7 @@ from urllib.parse import quote
 import pytest
 
 import tidepool
-from tp_testlib import BUILD, Daemon, http_raw, wait_until
+from tp_testlib import BUILD, Daemon, http_raw, status_kb, wait_until
 
 MAX_CONN = 64
 PER_CLIENT = 48
@@ -92,16 +92,6 @@ def _closed_by_peer(s: socket.socket, within: float) -> Optional[float]:
         except (ConnectionResetError, BrokenPipeError):
             return time.monotonic() - t0
     return None
-
-
-def _status_fields(pid: int) -> Dict[str, int]:
-    out = {}
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            k, _, v = line.partition(":")
-            if v.strip().endswith("kB"):
-                out[k] = int(v.split()[0])
-    return out
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -371,7 +361,7 @@ def test_large_json_body_is_refused_before_it_is_read(daemon):
     Expected: 413 JSON as soon as the header is in; the daemon's peak RSS (VmHWM) grows by far
     less than 200 MiB."""
     total = 100 << 20
-    hwm0 = _status_fields(daemon.pid)["VmHWM"]
+    hwm0 = status_kb(daemon.pid)["VmHWM"]
     head = (f"POST /v1/sandboxes HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
             f"Content-Length: {total}\r\n\r\n").encode()
     s, t = _post_in_thread(daemon.port, head, _labels_chunks(total))
@@ -393,7 +383,7 @@ def test_large_json_body_is_refused_before_it_is_read(daemon):
         s.close()
         t.join(60)
     _json_error(status, headers, body, 413, "payload_too_large")
-    hwm1 = _status_fields(daemon.pid)["VmHWM"]
+    hwm1 = status_kb(daemon.pid)["VmHWM"]
     print(f"tidepoold VmHWM {hwm0} -> {hwm1} KiB for two 100 MB labels bodies")
     assert hwm1 - hwm0 < 200 * 1024, f"peak RSS grew by {(hwm1 - hwm0) // 1024} MiB"
     assert http_raw(daemon.url, "GET", "/health")[0] == 200
@@ -407,12 +397,12 @@ def test_dense_json_within_the_size_limit_is_refused_within_its_memory_budget(da
     total = (4 << 20) - 4096
     body = b"".join(_labels_chunks(total))
     assert len(body) == total
-    hwm0 = _status_fields(daemon.pid)["VmHWM"]
+    hwm0 = status_kb(daemon.pid)["VmHWM"]
     status, ct, ans = http_raw(daemon.url, "POST", "/v1/sandboxes", body=body,
                                headers={"Content-Type": "application/json"})
     _json_error(status, {"content-type": ct}, ans, 413, "payload_too_large")
     assert "elements" in json.loads(ans)["message"]
-    hwm1 = _status_fields(daemon.pid)["VmHWM"]
+    hwm1 = status_kb(daemon.pid)["VmHWM"]
     print(f"tidepoold VmHWM {hwm0} -> {hwm1} KiB for a {total}-byte dense body")
     assert hwm1 - hwm0 < 200 * 1024
 
@@ -488,7 +478,7 @@ def test_upload_without_a_key_is_refused_before_its_body_is_read():
             s.close()
         _json_error(status, headers, body, 401, "unauthenticated")
         assert headers.get("www-authenticate") == "Bearer", headers
-        assert _status_fields(d.pid)["VmHWM"] < 200 * 1024
+        assert status_kb(d.pid)["VmHWM"] < 200 * 1024
     finally:
         d.stop()
         d.cleanup()

@@ -28,7 +28,7 @@ from urllib.parse import quote
 import pytest
 
 import tidepool
-from tp_testlib import BUILD, Daemon, health_ok, http_raw, wait_until
+from tp_testlib import BUILD, Daemon, health_ok, http_raw, status_kb, wait_until
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -37,13 +37,8 @@ MEM_BOUND = 64 * MiB
 
 
 def _status(pid: int) -> Dict[str, int]:
-    out = {}
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            k, _, v = line.partition(":")
-            if v.strip().endswith("kB"):
-                out[k] = int(v.split()[0]) * 1024
-    return out
+    """/proc/<pid>/status's memory fields in bytes."""
+    return {k: v * 1024 for k, v in status_kb(pid).items()}
 
 
 class MemoryWatch:

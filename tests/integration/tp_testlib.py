@@ -137,13 +137,20 @@ def processes_of(sandbox_id: str) -> List[int]:
     return pids_in_cgroups_matching(sandbox_id)
 
 
-def rss_kb(pid: int) -> int:
-    """Resident memory of a host process in KiB (-1 if unknown)."""
+def status_kb(pid: int) -> Dict[str, int]:
+    """The KiB fields of a host process's /proc/<pid>/status (VmRSS, VmHWM, ...)."""
+    out = {}
     with open(f"/proc/{pid}/status") as f:
         for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    return -1
+            k, _, v = line.partition(":")
+            if v.strip().endswith("kB"):
+                out[k] = int(v.split()[0])
+    return out
+
+
+def rss_kb(pid: int) -> int:
+    """Resident memory of a host process in KiB (-1 if unknown)."""
+    return status_kb(pid).get("VmRSS", -1)
 
 
 def mounts_of(sandbox_id: str, pids: Iterable[int] = ()) -> List[str]:
