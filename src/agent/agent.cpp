@@ -484,9 +484,11 @@ void Agent::on_pipe(Command& c, int stream, bool final) {
       fd.reset();
       return;
     }
-    if (c.windowed) c.credit -= std::min<uint64_t>(c.credit, static_cast<uint64_t>(n));
     uint64_t room = c.limit > c.forwarded[stream] ? c.limit - c.forwarded[stream] : 0;
     size_t take = static_cast<size_t>(std::min<uint64_t>(room, static_cast<uint64_t>(n)));
+    // Only what is sent takes credit: past the output limit the rest is read and
+    // dropped, never credited back, and must not stall the command.
+    if (c.windowed) c.credit -= std::min<uint64_t>(c.credit, take);
     if (take < static_cast<size_t>(n)) c.truncated[stream] = true;
     if (take > 0) {
       c.forwarded[stream] += take;

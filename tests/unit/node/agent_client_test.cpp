@@ -307,6 +307,34 @@ TEST_F(AgentClientTest, WindowPacesOutputUntilCredited) {
   EXPECT_EQ(got, 4194304u);
 }
 
+// Output past the command's limit is dropped, not sent: it takes no credit, so a
+// windowed command that prints more than its limit still runs to its end (it
+// once stalled with its window used up by bytes nobody would credit back).
+TEST_F(AgentClientTest, OutputPastTheLimitTakesNoCredit) {
+  start();
+  node::ExecRequest req = sh("head -c 2097152 /dev/zero");
+  req.output_limit = 65536;
+  req.window = 65536;
+  uint64_t got = 0;
+  std::optional<Result<node::ExecResult>> done;
+  node::ExecHandlers h;
+  h.on_output = [&](int, std::string_view d) { got += d.size(); };
+  h.on_done = [&](Result<node::ExecResult> r) { done.emplace(std::move(r)); };
+  uint32_t id = client_->exec(req, std::move(h));
+  ASSERT_TRUE(run_until([&] { return got >= 65536; }));
+  client_->credit(id, got);  // what a consumer grants back once it was written
+  bool stuck = false;
+  boost::asio::steady_timer guard(io_, std::chrono::seconds(60));
+  guard.async_wait([&](boost::system::error_code ec) { stuck = !ec; });
+  ASSERT_TRUE(run_until([&] { return done.has_value() || stuck; }));
+  guard.cancel();
+  ASSERT_FALSE(stuck) << "the command stalled past its output limit";
+  ASSERT_TRUE(done->has_value()) << done->error().message();
+  EXPECT_EQ((*done)->exit_code, 0);
+  EXPECT_TRUE((*done)->stdout_truncated);
+  EXPECT_EQ(got, 65536u);
+}
+
 // A window belongs to the session that set it: a node that reconnects knows
 // nothing of it and gets the rest of the output without credit, exactly once.
 TEST_F(AgentClientTest, NewSessionLiftsTheWindow) {
