@@ -67,7 +67,7 @@ void ExecStream::send(std::string line, uint64_t credit) {
   uint64_t waiting;
   {
     std::lock_guard lk(mu_);
-    if (stopped_) return;  // nobody reads it: its window is not given back
+    if (stopped_) return;  // ended or cut off: its window is not given back
     open = !std::exchange(started_, true);
     waiting = unwritten_ += n;
     if (waiting > kMaxUnwritten) stopped_ = cut = true;
@@ -87,11 +87,14 @@ void ExecStream::send(std::string line, uint64_t credit) {
   });
 }
 
-void ExecStream::on_written(uint64_t n, uint64_t credit, bool ok) {
+// Not written (the client is gone): the window is given back all the same. The
+// events still go to the responder: with an Idempotency-Key its recorder keeps
+// them (and the exit) for the retry that may come within the grace period;
+// without one the abort kills the command.
+void ExecStream::on_written(uint64_t n, uint64_t credit, bool) {
   {
     std::lock_guard lk(mu_);
     unwritten_ -= n;
-    if (!ok) stopped_ = true;  // the client is gone (its abort ends the command)
     if (stopped_) return;
   }
   ctl_.credit(credit);

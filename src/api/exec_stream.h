@@ -59,14 +59,14 @@ class ExecStream : public std::enable_shared_from_this<ExecStream> {
   // Hands one event to the responder (opening the stream on the first); its
   // `credit` raw bytes are granted back once it is written.
   void send(std::string line, uint64_t credit);
-  void on_written(uint64_t n, uint64_t credit, bool ok);
+  void on_written(uint64_t n, uint64_t credit, bool written);
 
   std::shared_ptr<Responder> res_;
   ExecControl ctl_;
   std::mutex mu_;
   uint64_t unwritten_ = 0;
   bool started_ = false;
-  bool stopped_ = false;  // ended, cut off, or the client is gone
+  bool stopped_ = false;  // ended or cut off
 };
 
 }  // namespace tp::api

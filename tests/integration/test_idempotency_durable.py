@@ -69,6 +69,33 @@ def test_a_step_sent_twice_with_one_key_runs_once(daemon, sandbox):
     assert data.startswith(b"TPSTEPS\n") and key.encode() in data
 
 
+def test_a_streamed_step_whose_client_leaves_completes_for_the_retry(daemon, sandbox):
+    """A streamed exec with a key prints 3 MB (more than the stream's 256 KiB window) and
+    its client leaves after the first event. Within the grace period the command must go
+    on (its window comes back although nothing reaches the gone client) and the retry with
+    the same key gets the whole recorded stream, ending with its exit event; the step ran
+    once."""
+    key = str(uuid.uuid4())
+    step = {"cmd": "echo run >> /tmp/runs; head -c 3000000 /dev/zero", "stream": True}
+    path = f"/v1/sandboxes/{sandbox.id}/exec"
+    conn = http.client.HTTPConnection("127.0.0.1", daemon.port, timeout=60)
+    try:
+        conn.request("POST", path, body=json.dumps(step).encode(),
+                     headers={"Content-Type": "application/json", "Idempotency-Key": key})
+        r = conn.getresponse()
+        assert r.status == 200
+        assert json.loads(r.readline())["type"] == "started"
+    finally:
+        conn.close()  # gone after the first event
+    status, headers, body = call(daemon, "POST", path, step, key, timeout=120)
+    assert status == 200, body[:300]
+    events = [json.loads(line) for line in body.splitlines() if line.strip()]
+    assert events[-1]["type"] == "exit" and events[-1]["exit_code"] == 0, events[-1]
+    out = sum(len(base64.b64decode(e["data"])) for e in events if e["type"] == "stdout")
+    assert out == 3000000, out
+    assert sandbox.files.read("/tmp/runs") == b"run\n"  # run once
+
+
 def test_a_503_answer_is_recorded_and_replayed_not_run_again(daemon, client):
     sb = client.create(ttl=600)
     key = str(uuid.uuid4())

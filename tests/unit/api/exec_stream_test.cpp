@@ -153,19 +153,27 @@ TEST(ExecStream, FailureAfterTheFirstEventIsAnErrorEvent) {
   EXPECT_TRUE(res->ended);
 }
 
-TEST(ExecStream, AGoneClientStopsTheCredits) {
+// A client that went away neither stalls the command nor loses its end: the
+// window comes back for events that were not written, and later events and the
+// exit still reach the responder (with an Idempotency-Key, a recorder that
+// keeps them for the retry).
+TEST(ExecStream, AGoneClientNeitherStallsTheCommandNorLosesItsEnd) {
   FakeExec e{9};
   auto res = std::make_shared<SlowResponder>();
   auto s = std::make_shared<ExecStream>(res, e.fns());
   auto cb = s->callbacks();
   s->attach(9);
   cb.on_output(1, "a");
-  cb.on_output(1, "b");
+  cb.on_output(1, "bb");
   res->drain_one(false);
-  res->drain_one(true);
-  EXPECT_EQ(e.credited, 0u);
+  res->drain_one(false);
+  EXPECT_EQ(e.credited, 3u);
   cb.on_output(1, "c");
-  EXPECT_TRUE(res->queue.empty()) << "nothing is written for a gone client";
+  cb.on_done(exited(0));
+  ASSERT_EQ(res->queue.size(), 2u) << "the output and the exit still go to the responder";
+  EXPECT_NE(res->queue.back().data.find("\"exit\""), std::string::npos);
+  EXPECT_TRUE(res->ended);
+  EXPECT_EQ(e.kills, 0);
 }
 
 }  // namespace
