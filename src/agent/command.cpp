@@ -113,7 +113,7 @@ void drop_ptrace_cap() {
       report_failure(ctx, "join cgroup", ctx.join_file, errno);
     ::close(fd);
   }
-  // Commands, not the agent, are what the OOM killer picks: the agent runs at -1000
+  // Commands, not the agent, are what the OOM killer picks: the agent runs at -999
   // where the daemon may set that, else at 0; a command starts at 500 (raising a score
   // needs no privilege). A command may lower its own score again, but not below the
   // agent's.

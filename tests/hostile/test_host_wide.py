@@ -66,7 +66,7 @@ print(json.dumps({"got": got, "errno": err}))
     assert host_io_setup_works()
 
 
-def test_vsock_and_unneeded_families_are_refused(hostile, bystander):
+def test_vsock_and_unneeded_families_are_refused(hostile):
     """Attempt: bind and listen on a vsock port (host-wide: the host and other sandboxes
     then got EADDRINUSE), and open other families a sandbox has no use for.
     Expected: EAFNOSUPPORT for each, also with the family's high bits set; unix, inet,
@@ -86,12 +86,15 @@ print(json.dumps(res))
 """)
     assert {k: v for k, v in out.items() if "/" in k} == {k: errno.EAFNOSUPPORT for k in out if "/" in k}, out
     assert out["unix"] == out["inet"] == out["inet6"] == 0
-    # The host keeps its vsock ports (when the host has vsock at all).
+    # The host keeps its vsock ports (when the host has vsock at all): a port binds and
+    # listens on the host while the sandbox above is alive.
     try:
         s = socket.socket(socket.AF_VSOCK, socket.SOCK_STREAM)
     except OSError:
         return
-    s.close()
+    with s:
+        s.bind((socket.VMADDR_CID_ANY, 40000 + os.getpid() % 20000))
+        s.listen(1)
 
 
 def test_netfilter_netlink_is_refused(hostile):
@@ -258,13 +261,13 @@ def _agent_host_pid(sandbox_id: str) -> int:
 def test_agent_cannot_be_made_the_oom_victim(client, payload):
     """Attempt: `echo 1000 > /proc/1/oom_score_adj` (the agent), then exhaust memory: the
     agent was killed, the exec answered 503 and the sandbox ended failed. Expected: the
-    write does not reach the agent (-1000, set by the daemon), the memory hog is the one
+    write does not reach the agent (-999, set by the daemon), the memory hog is the one
     killed, its exec answers with the kill, the sandbox keeps running."""
     from hostile_lib import upload_payload
     with client.create(memory_mb=64, ttl=600) as sb:
         agent = _agent_host_pid(sb.id)
-        # -1000 where the daemon may lower a score (CAP_SYS_RESOURCE), else the default 0.
-        expected = "-1000" if _has_cap_sys_resource() else "0"
+        # -999 where the daemon may lower a score (CAP_SYS_RESOURCE), else the default 0.
+        expected = "-999" if _has_cap_sys_resource() else "0"
         assert pathlib.Path(f"/proc/{agent}/oom_score_adj").read_text().strip() == expected
         sb.exec("echo 1000 > /proc/1/oom_score_adj; echo 15 > /proc/1/oom_adj; "
                 "echo 1000 > /proc/1/task/1/oom_score_adj; true")

@@ -752,9 +752,11 @@ Result<std::unique_ptr<SandboxInstance>> ContainerBackend::create_impl(const San
   // start at oom_score_adj 500, src/agent/command.cpp), not the process that reports on
   // them. Lowering a score needs CAP_SYS_RESOURCE, which some hosts' root lacks: the
   // agent then stays at 0, still below every command. The sandbox cannot raise the
-  // agent's score (the /proc files of its pid 1 are masked).
+  // agent's score (the /proc files of its pid 1 are masked). -999, not -1000: the
+  // write also sets the lowest score the agent's children may choose, and a command
+  // at -1000 would leave the OOM killer no victim.
   if (auto r =
-          sys::real_sys().write_file("/proc/" + std::to_string(pid) + "/oom_score_adj", "-1000");
+          sys::real_sys().write_file("/proc/" + std::to_string(pid) + "/oom_score_adj", "-999");
       !r && r.error().sys_errno != EACCES && r.error().sys_errno != EPERM)
     return abort_child(r.error());
   if (!born_in_cgroup) {
