@@ -130,7 +130,7 @@ void ChildPlan::set_rlimit(int resource, const std::string& name, uint64_t value
   op.mode = static_cast<uint32_t>(resource);
   op.flags = value;
   op.step = step("setrlimit(" + name + ", " + std::to_string(value) + ")");
-  ops.push_back(op);
+  limits.push_back(op);
 }
 
 void ChildPlan::move_mount(int fd, const std::string& what, const std::string& target) {
@@ -355,9 +355,6 @@ int run_child(void* arg) {
   raw::call(SYS_close, p.sync_wr);
   raw::call(SYS_close, p.err_rd);
   for (const Op& op : p.ops) {
-    // Limits last (below): a low RLIMIT_NOFILE would fail the fd moves, since
-    // the daemon's descriptors may take every number below it.
-    if (op.kind == OpKind::kSetRlimit) continue;
     long r = run_op(op, p);
     if (r < 0 && !(op.ignore_missing && r == -ENOENT)) die(err_fd, op.step, r);
   }
@@ -399,8 +396,7 @@ int run_child(void* arg) {
                                    : 4,
                 ~0U, CLOSE_RANGE_CLOEXEC);
   if (r < 0) die(err_fd, e + kCloseRange, r);
-  for (const Op& op : p.ops) {
-    if (op.kind != OpKind::kSetRlimit) continue;
+  for (const Op& op : p.limits) {
     r = run_op(op, p);
     if (r < 0) die(err_fd, op.step, r);
   }

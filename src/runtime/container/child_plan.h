@@ -59,6 +59,10 @@ struct ChildFailure {
 
 struct ChildPlan {
   std::vector<Op> ops;
+  // setrlimit ops, applied after the descriptors are moved, just before exec: a
+  // low RLIMIT_NOFILE would fail the moves, since the daemon's descriptors may
+  // take every number below it.
+  std::vector<Op> limits;
   std::vector<std::string> steps;   // descriptions, indexed by Op::step and the exec steps below
   std::deque<std::string> strings;  // storage for the op strings (stable addresses)
   std::vector<char*> argv, envp;    // NULL-terminated
@@ -83,7 +87,7 @@ struct ChildPlan {
   void touch(const std::string& path);
   void symlink(const std::string& target, const std::string& path);
   void write_file(const std::string& path, const std::string& data, bool ignore_missing);
-  // Applied after every other op and the fd moves, just before exec.
+  // Into `limits`: applied after every op and the fd moves, just before exec.
   void set_rlimit(int resource, const std::string& name, uint64_t value);
   void move_mount(int fd, const std::string& what, const std::string& target);
   void simple(OpKind k, const std::string& desc, const std::string& a = {},
