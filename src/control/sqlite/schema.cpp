@@ -107,9 +107,12 @@ Result<void> migrate(sqlite3* db) {
       return fail(Code::kInternal, "state.db has schema " + std::to_string(*cur) +
                                        ", newer than this daemon's " +
                                        std::to_string(kSchemaVersion));
-    if (*cur < 1) TP_TRY(to_v1(db));
-    if (*cur < 2) TP_TRY(to_v2(db));
-    if (*cur < 3) TP_TRY(to_v3(db));
+    // Every step checks what it adds (IF NOT EXISTS, has_column), so all of them
+    // run: a file whose number meant another set of columns (a development build's)
+    // still ends up with every table and column.
+    TP_TRY(to_v1(db));
+    TP_TRY(to_v2(db));
+    TP_TRY(to_v3(db));
     return exec_sql(db, ("PRAGMA user_version = " + std::to_string(kSchemaVersion)).c_str());
   };
   if (auto r = body(); !r) {
