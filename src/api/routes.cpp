@@ -91,7 +91,7 @@ json::object entry_json(const node::FileEntry& e) {
   for (auto [key, value] : {std::pair<const char*, const std::string*>{"name_b64", &e.name},
                             {"path_b64", &e.path},
                             {"link_target_b64", &e.link_target}})
-    if (json_util::to_valid_utf8(*value) != *value) j[key] = base64_encode(*value);
+    if (!json_util::valid_utf8(*value)) j[key] = base64_encode(*value);
   return j;
 }
 

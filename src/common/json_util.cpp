@@ -247,15 +247,6 @@ size_t utf8_len(std::string_view s, size_t i) {
   return n;
 }
 
-bool valid_utf8(std::string_view s) {
-  for (size_t i = 0; i < s.size();) {
-    size_t n = utf8_len(s, i);
-    if (n == 0) return false;
-    i += n;
-  }
-  return true;
-}
-
 void fix_strings(boost::json::value& v) {
   if (v.is_string()) {
     auto& str = v.as_string();
@@ -273,6 +264,15 @@ void fix_strings(boost::json::value& v) {
 }
 
 }  // namespace
+
+bool valid_utf8(std::string_view s) {
+  for (size_t i = 0; i < s.size();) {
+    size_t n = utf8_len(s, i);
+    if (n == 0) return false;
+    i += n;
+  }
+  return true;
+}
 
 std::string to_valid_utf8(std::string_view s) {
   std::string out;

@@ -61,6 +61,8 @@ Result<std::string> base64_decode(std::string_view in);
 // by a sandbox, echoed in a message) would make the whole answer unparseable.
 // Invalid bytes become U+FFFD.
 std::string serialize_utf8(const boost::json::value& v);
+// True when `s` is valid UTF-8 (no overlongs, surrogates or code points past U+10FFFF).
+bool valid_utf8(std::string_view s);
 // `s` with every byte that is not part of a valid UTF-8 sequence replaced by U+FFFD.
 std::string to_valid_utf8(std::string_view s);
 
