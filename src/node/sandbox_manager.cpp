@@ -192,7 +192,12 @@ Result<void> SandboxManager::recover() {
     std::atomic<size_t> next{0};
     auto work = [&] {
       for (size_t i; (i = next++) < recs->size();) {
-        auto kept = adopt_one((*recs)[i]);
+        Result<bool> kept = false;
+        try {
+          kept = adopt_one((*recs)[i]);
+        } catch (const std::exception& e) {  // e.g. bad_alloc: never past a joinable thread
+          kept = fail(Code::kInternal, std::string("adopting: ") + e.what());
+        }
         std::lock_guard lk(mu);
         if (!kept) {
           if (!unrecorded) unrecorded = kept.error();
@@ -203,7 +208,11 @@ Result<void> SandboxManager::recover() {
     };
     std::vector<std::thread> adopters;
     const size_t n = std::min<size_t>(kAdoptersAtOnce, recs->size());
-    for (size_t i = 1; i < n; ++i) adopters.emplace_back(work);
+    try {
+      for (size_t i = 1; i < n; ++i) adopters.emplace_back(work);
+    } catch (const std::system_error& e) {  // fewer threads: the others do the rest
+      spdlog::warn("recover: adopting with {} threads: {}", adopters.size() + 1, e.what());
+    }
     work();
     for (auto& t : adopters) t.join();
   }
