@@ -262,11 +262,16 @@ def hostile_rows(res, idle_total_kb):
         else:
             L.append(f"| {what} | not measured: {_err(uid if 'error' in uid else h)} | ≤ +5% | |")
     hi = h.get("health_idle") or {}
-    what = f"`GET /health` on fresh connections while {hi.get('idle_opened', '?')} idle connections are held open"
+    want = hi.get("idle_opened") or 10000
+    what = f"`GET /health` on fresh connections while {want} idle connections are held open"
     if hi.get("p99_ms") is not None:
-        L.append(f"| {what} ({hi['requests']} requests; the daemon closed {hi['idle_closed_by_daemon']} idle ones to "
-                 f"make room) | p50 {hi['p50_ms']:.1f} ms, **p99 {hi['p99_ms']:.1f} ms**, max {hi['max_ms']:.1f} ms | "
-                 f"p99 < 100 ms | {verdict(hi['p99_ms'] < 100)} |")
+        held = hi.get("idle_held_during", 0)
+        note = (f"{hi['requests']} requests; {hi['idle_opened']} opened, {held} still open at the end "
+                f"(the daemon closed {hi['idle_opened'] - held})")
+        ok = held >= want
+        L.append(f"| {what} ({note}) | p50 {hi['p50_ms']:.1f} ms, **p99 {hi['p99_ms']:.1f} ms**, "
+                 f"max {hi['max_ms']:.1f} ms | p99 < 100 ms | "
+                 f"{verdict(hi['p99_ms'] < 100) if ok else f'not met as stated: only {held} held'} |")
     else:
         L.append(f"| {what} | not measured: {_err(hi or h)} | p99 < 100 ms | |")
     if idle_total_kb is not None:

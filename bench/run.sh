@@ -120,13 +120,16 @@ trap 'exit 130' INT TERM HUP
 echo "bench: building the busybox root file system and OCI bundles in $WORK"
 "$PY" "$ROOT/bench/peers/prepare.py" "$WORK"
 
-# A private daemon on a free port, with room for 1,000 sandboxes' descriptors. Started
+# A private daemon on a free port, with room for 1,000 sandboxes' descriptors and for the
+# idle connections bench/hostile_bench.py holds from this one client (by default one
+# client may hold half the daemon's connections, and the rest make room). Started
 # again on the same data directory for the restart measurement (below).
 PORT=$("$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 URL=http://127.0.0.1:$PORT
 start_daemon() {
   (ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)"; exec "$BIN/tidepoold" --listen "127.0.0.1:$PORT" --insecure-tcp --socket "" --stop-sandboxes-on-exit \
-    --data-dir "$WORK/data" --log-level warn) >>"$WORK/daemon.log" 2>&1 &
+    --data-dir "$WORK/data" --log-level warn \
+    --max-connections $((HOSTILE_IDLE + 2000)) --max-connections-per-client $((HOSTILE_IDLE + 2000))) >>"$WORK/daemon.log" 2>&1 &
   DPID=$!
 }
 wait_daemon() {
