@@ -10,6 +10,7 @@
 #include <memory>
 
 #include "control/memory_store.h"
+#include "control/sqlite/image_record_store.h"
 #include "control/sqlite/sandbox_store.h"
 
 namespace tp::control {
@@ -311,6 +312,40 @@ TEST_F(SqliteStoreTest, MigratesASchemaOneDatabaseWithoutUidRanges) {
   r.uid_base = 1u << 20;
   ASSERT_TRUE((*st)->update(r));
   EXPECT_EQ((*(*st)->get("n0-old"))->uid_base, 1u << 20);
+}
+
+// A file whose version number meant another set of columns (a development
+// build numbered uid_base 2, before the layers column): every step runs, so it
+// still gains what it lacks.
+TEST_F(SqliteStoreTest, MigratesAVersionTwoFileWithOtherColumns) {
+  {
+    sqlite3* db = nullptr;
+    ASSERT_EQ(sqlite3_open((dir_ + "/s.db").c_str(), &db), SQLITE_OK);
+    const char* sql =
+        "CREATE TABLE sandboxes ("
+        " id TEXT PRIMARY KEY, state TEXT NOT NULL, tier TEXT, image TEXT, node TEXT,"
+        " memory_mb INTEGER, cpus REAL, pids INTEGER, disk_mb INTEGER, ttl_seconds INTEGER,"
+        " idle_timeout_seconds INTEGER, labels TEXT, env TEXT, created_at_ms INTEGER,"
+        " expires_at_ms INTEGER, ended_at_ms INTEGER, end_reason TEXT,"
+        " version INTEGER NOT NULL DEFAULT 1, uid_base INTEGER NOT NULL DEFAULT 0) WITHOUT ROWID;"
+        "INSERT INTO sandboxes VALUES ('n0-dev','running','container','host','n0',512,1.0,512,"
+        " 1024,600,0,'{}','{}',7,607,0,'',3,1048576);"
+        "PRAGMA user_version = 2;";
+    ASSERT_EQ(sqlite3_exec(db, sql, nullptr, nullptr, nullptr), SQLITE_OK);
+    sqlite3_close(db);
+  }
+  auto st = sqlite::SqliteSandboxStore::open(dir_ + "/s.db");
+  ASSERT_TRUE(st) << st.error().message();
+  SandboxQuery q;
+  q.live_only = true;
+  auto l = (*st)->list(q);
+  ASSERT_TRUE(l) << l.error().message();
+  ASSERT_EQ(l->size(), 1u);
+  EXPECT_EQ((*l)[0].uid_base, 1048576u);
+  EXPECT_TRUE((*l)[0].layers.empty());
+  auto images = sqlite::SqliteImageRecordStore::open(dir_ + "/s.db");
+  ASSERT_TRUE(images) << images.error().message();
+  EXPECT_TRUE((*images)->list({}));
 }
 
 TEST_F(SqliteStoreTest, OpenFailsCleanlyOnBadPath) {
