@@ -110,8 +110,9 @@ def health_under_idle(url, n_idle, n_req):
         # new ones): a closed socket reads EOF at once.
         closed = 0
         for s in held:
+            s.setblocking(False)  # (a socket with a timeout waits for it, then raises)
             try:
-                if s.recv(1, socket.MSG_DONTWAIT | socket.MSG_PEEK) == b"":
+                if s.recv(1, socket.MSG_PEEK) == b"":
                     closed += 1
             except BlockingIOError:
                 pass

@@ -192,7 +192,8 @@ int daemon_main(int argc, char** argv) {
   app.add_option("--max-body-memory-mb", max_body_memory_mb,
                  "request bodies held in memory at once, over all connections (beyond: 503); "
                  "0 = a quarter of physical memory, at least --max-upload-mb")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(CLI::Range(uint64_t{0}, uint64_t{1} << 30));
   app.add_option("--max-download-mb", max_download_mb,
                  "largest file or tar download (a file's apparent size counts: sparse files "
                  "are sent with their holes as zeros); downloads stream, so this bounds what "
