@@ -413,7 +413,8 @@ char* child_stack_top() {
 
 }  // namespace
 
-Result<Spawned> spawn_command(const ExecSpec& spec, const CgroupRoot* cgroup_root, uint64_t seq) {
+Result<Spawned> spawn_command(const ExecSpec& spec, const CgroupRoot* cgroup_root, uint64_t seq,
+                              CommandCgroup* spare) {
   if (spec.argv.empty()) return fail(Code::kInvalidArgument, "exec: empty argv");
   Prepared p;
   p.spec = &spec;
@@ -433,7 +434,8 @@ Result<Spawned> spawn_command(const ExecSpec& spec, const CgroupRoot* cgroup_roo
   Spawned s;
 
   if (cgroup_root) {
-    auto cg = CommandCgroup::make(*cgroup_root, seq);
+    Result<CommandCgroup> cg = spare && spare->valid() ? Result<CommandCgroup>(std::move(*spare))
+                                                       : CommandCgroup::make(*cgroup_root, seq);
     if (!cg) return std::unexpected(cg.error());
     char* stack = child_stack_top();
     if (!stack) return sys_error("mmap(command stack)");

@@ -118,10 +118,13 @@ struct Spawned {
 };
 
 // Starts the command: in its own cgroup under `cgroup_root` (cgroup mode) or,
-// when `cgroup_root` is null, under a command init (fallback). `seq` names the
-// cgroup (c<seq>), unique for the agent's life. Errors are failures of the
-// agent's own calls (pipe, mkdir, clone); a failure inside the command is
-// Spawned::failed (cgroup mode) or arrives later as ExecFailure (fallback).
-Result<Spawned> spawn_command(const ExecSpec& spec, const CgroupRoot* cgroup_root, uint64_t seq);
+// when `cgroup_root` is null, under a command init (fallback). The cgroup is
+// `spare` when that is a valid, empty cgroup of an earlier command (moved from;
+// see CommandCgroup), else a new one named c<seq>, unique for the agent's life.
+// Errors are failures of the agent's own calls (pipe, mkdir, clone); a failure
+// inside the command is Spawned::failed (cgroup mode) or arrives later as
+// ExecFailure (fallback).
+Result<Spawned> spawn_command(const ExecSpec& spec, const CgroupRoot* cgroup_root, uint64_t seq,
+                              CommandCgroup* spare = nullptr);
 
 }  // namespace tp::agent

@@ -108,6 +108,8 @@ class AgentClientImpl final : public AgentClient {
     asio::post(strand_, [self = self(), id, req = req, h = std::move(handlers)]() mutable {
       // A window the agent cannot honour is not asked for (credit() is then a no-op).
       if (!(self->features_ & proto::kFeatureCredit)) req.window = 0;
+      // An agent that does not know the flag sends kStarted anyway: ignored then.
+      req.quiet_start = !h.on_started;
       auto frames = codec::exec_frames(req, id);
       if (self->closed_ || !frames) {
         self->pending_count_.fetch_sub(1);

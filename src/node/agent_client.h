@@ -53,6 +53,8 @@ struct ExecRequest {
   // to a slow client holds a bounded amount. Ignored by an agent that does not
   // announce flow control (kFeatureCredit); a new session lifts it.
   uint64_t window = 0;
+  // No kStarted answer (ExecHandlers::on_started unset): exec() sets it.
+  bool quiet_start = false;
 };
 
 // One piece of a file (read_chunk).
@@ -77,6 +79,7 @@ struct ExecResult {
   bool timed_out = false;
   bool stdout_truncated = false;
   bool stderr_truncated = false;
+  uint32_t pid = 0;  // the command's pid in the sandbox (0 if the agent did not say)
 };
 
 struct FileEntry {

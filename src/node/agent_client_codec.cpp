@@ -19,6 +19,7 @@ Result<std::vector<std::string>> exec_frames(const ExecRequest& req, uint32_t id
   m.add_u64(Tag::kOutputLimit, req.output_limit);
   if (!req.meta.empty()) m.add(Tag::kMeta, req.meta);
   if (req.window) m.add_u64(Tag::kWindow, req.window);
+  if (req.quiet_start) m.add_bool(Tag::kQuietStart, true);
   std::string_view in = req.stdin_data;
   std::string_view first = in.substr(0, std::min<size_t>(in.size(), proto::kMaxChunk));
   std::string_view rest = in.substr(first.size());
@@ -71,6 +72,7 @@ ExecResult exec_result_from(const Message& m) {
   r.timed_out = m.flag(Tag::kTimedOut);
   r.stdout_truncated = m.flag(Tag::kStdoutTruncated);
   r.stderr_truncated = m.flag(Tag::kStderrTruncated);
+  r.pid = static_cast<uint32_t>(m.u64(Tag::kPid, 0));
   return r;
 }
 

@@ -1083,13 +1083,21 @@ Result<uint32_t> SandboxManager::start_exec(const std::shared_ptr<Sandbox>& sb, 
   req.stdin_open = p.stdin_open;
   req.window = p.window;
   req.meta = std::move(meta);
-  uint64_t oom_before = 0;
-  if (auto k = sb->inst->oom_kills()) oom_before = *k;
+  // The sandbox's OOM-kill count before the command, read once the exec is on
+  // its way (a cgroup file read, off the exec's critical path: the command
+  // cannot be OOM-killed before it even started). on_done waits for it.
+  struct OomBefore {
+    std::mutex mu;
+    bool read = false;
+    uint64_t kills = 0;
+  };
+  auto oom = std::make_shared<OomBefore>();
+  std::unique_lock oom_lock(oom->mu);
   metrics_.exec_total++;
   ExecHandlers h;
   h.on_started = cb.on_started;
   h.on_output = cb.on_output;
-  h.on_done = [this, sb, oom_before, done = std::move(cb.on_done),
+  h.on_done = [this, sb, oom, done = std::move(cb.on_done),
                on_output = cb.on_output](Result<ExecResult> r) {
     {
       std::lock_guard lk(sb->mu);
@@ -1115,11 +1123,15 @@ Result<uint32_t> SandboxManager::start_exec(const std::shared_ptr<Sandbox>& sb, 
     o.result = *r;
     metrics_.exec_seconds.observe(static_cast<double>(r->wall_us) / 1e6);
     if (r->signal == 9) {
-      if (auto k = sb->inst->oom_kills()) o.oom_killed = *k > oom_before;
+      std::lock_guard lk(oom->mu);
+      if (auto k = sb->inst->oom_kills(); k && oom->read) o.oom_killed = *k > oom->kills;
     }
     done(o);
   };
-  return sb->agent->exec(req, std::move(h));
+  uint32_t eid = sb->agent->exec(req, std::move(h));
+  if (auto k = sb->inst->oom_kills()) oom->kills = *k;
+  oom->read = true;
+  return eid;
 }
 
 void SandboxManager::signal_exec(const std::string& id, uint32_t exec_id, int signo) {

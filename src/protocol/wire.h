@@ -117,6 +117,8 @@ enum class Tag : uint16_t {
   kMeta = 9,         // bytes, at most kMaxMeta; opaque to the agent, listed back in kResumed
   kWindow = 10,      // u64; >0: at most this many output bytes are read before kCredit
                      //      grants more (flow control to the node's consumer). 0 = none.
+  kQuietStart = 11,  // u64 bool; 1 = no kStarted (PID comes with kExit): the node has no
+                     //      use for it, and it costs the node a wakeup per command
   // generic
   kData = 20,     // bytes
   kEof = 21,      // u64 bool

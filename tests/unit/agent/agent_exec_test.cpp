@@ -3,6 +3,7 @@
 
 #include <cstdio>
 #include <fstream>
+#include <set>
 #include <sstream>
 
 #include "agent_harness.h"
@@ -367,14 +368,28 @@ TEST_P(AgentExecTest, LaterExecFindsAndStopsAnEarlierOne) {
 }
 
 // Cgroup mode: the command runs in a cgroup of its own under the delegated
-// one, and the cgroup is removed when the command ends.
+// one. An ended command's cgroup is kept empty for the next command (at most a
+// few of them), and every one is removed when the agent ends (TearDown).
 TEST_P(AgentExecTest, CommandRunsInItsOwnCgroup) {
   if (!cgroup_mode()) GTEST_SKIP() << "cgroup mode only";
   auto o = exec(sh("cat /proc/self/cgroup"));
   ASSERT_TRUE(o.result.has_value());
   const std::string leaf = cg_->path().substr(cg_->path().rfind('/')) + "/c";
   EXPECT_NE(o.out.find(leaf), std::string::npos) << o.out;
-  EXPECT_TRUE(cg_->children().empty());
+  auto empty_children = [&] {
+    for (const auto& c : cg_->children()) {
+      std::ifstream procs(cg_->path() + "/" + c + "/cgroup.procs");
+      std::string pid;
+      if (procs >> pid) return false;
+    }
+    return true;
+  };
+  EXPECT_TRUE(empty_children());
+  EXPECT_EQ(cg_->children().size(), 1u);
+  // The next command reuses that (empty) cgroup instead of making one.
+  auto o2 = exec(sh("cat /proc/self/cgroup"));
+  ASSERT_TRUE(o2.result.has_value());
+  EXPECT_EQ(o2.out, o.out);
   // Also after a command that never started.
   node::ExecRequest bad;
   bad.argv = {"tp-no-such-command-cg"};
@@ -383,7 +398,35 @@ TEST_P(AgentExecTest, CommandRunsInItsOwnCgroup) {
   EXPECT_EQ(f.result.error().code, Code::kNotFound);
   auto again = exec(sh("true"));  // a round trip after the failure's reap
   ASSERT_TRUE(again.result.has_value());
-  EXPECT_TRUE(cg_->children().empty());
+  EXPECT_TRUE(empty_children());
+  // The failed command's cgroup comes back once its child is reaped, which may be
+  // after `true` started in a new one.
+  EXPECT_LE(cg_->children().size(), 2u);
+}
+
+// Cgroup mode: commands running at once each have their own cgroup; once they
+// end, a few empty ones are kept and the rest removed.
+TEST_P(AgentExecTest, ConcurrentCommandsHaveTheirOwnCgroups) {
+  if (!cgroup_mode()) GTEST_SKIP() << "cgroup mode only";
+  constexpr int kAtOnce = 6;
+  int done = 0;
+  std::set<std::string> cgroups;
+  for (int i = 0; i < kAtOnce; ++i) {
+    node::ExecHandlers h;
+    auto out = std::make_shared<std::string>();
+    h.on_output = [out](int, std::string_view d) { out->append(d); };
+    h.on_done = [&, out](Result<node::ExecResult> r) {
+      EXPECT_TRUE(r.has_value());
+      cgroups.insert(*out);
+      ++done;
+    };
+    client_->exec(sh("cat /proc/self/cgroup; sleep 0.3"), std::move(h));
+  }
+  ASSERT_TRUE(run_until([&] { return done == kAtOnce; }));
+  EXPECT_EQ(cgroups.size(), static_cast<size_t>(kAtOnce));
+  auto left = cg_->children();
+  EXPECT_GE(left.size(), 1u);
+  EXPECT_LE(left.size(), 4u);
 }
 
 // Cgroup mode: a double-forked daemon whose parent chain is gone entirely
