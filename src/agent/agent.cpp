@@ -84,6 +84,11 @@ struct Command {
   std::string stdin_buf;
   size_t stdin_off = 0;
   bool stdin_eof = false;  // close stdin once stdin_buf is written
+  // kStdinWrite: bytes of stdin ever queued and written, and the requests waiting
+  // for their bytes to reach the pipe (request id, stdin_queued at its end).
+  uint64_t stdin_queued = 0;
+  uint64_t stdin_written = 0;
+  std::deque<std::pair<uint32_t, uint64_t>> stdin_waiters;
   uint64_t forwarded[3] = {0, 0, 0};
   bool truncated[3] = {false, false, false};
   // kExec WINDOW: the node's consumer paces this command. Its pipes are read
@@ -123,6 +128,10 @@ class Agent {
   void on_init_chan(Command& c);
   void on_pipe(Command& c, int stream, bool final);
   void on_stdin(Command& c);
+  void stdin_write(const Message& m);
+  // Answers the kStdinWrite requests whose bytes are written (kOk), or all of
+  // them (kError) once the command's stdin is closed.
+  void settle_stdin(Command& c);
   void reap();
   void finish(Command& c, int init_status);
   void on_main_exit(Command& c, int status, const rusage& ru);
@@ -244,11 +253,15 @@ void Agent::handle(const Message& m) {
           c.stdin_off = 0;
         }
         c.stdin_buf.append(*d);
+        c.stdin_queued += d->size();
       }
       if (m.flag(Tag::kEof)) c.stdin_eof = true;
       on_stdin(c);
       return;
     }
+    case MsgType::kStdinWrite:
+      stdin_write(m);
+      return;
     case MsgType::kSignal: {
       auto it = cmds_.find(m.id);
       if (it == cmds_.end()) return;
@@ -363,7 +376,10 @@ void Agent::handle_exec(const Message& m) {
     c->windowed = true;
     c->credit = w;
   }
-  if (auto d = m.get(Tag::kData)) c->stdin_buf.assign(*d);
+  if (auto d = m.get(Tag::kData)) {
+    c->stdin_buf.assign(*d);
+    c->stdin_queued = d->size();
+  }
   c->stdin_eof = !m.flag(Tag::kStdinOpen);
   c->quiet = m.flag(Tag::kQuietStart);
   inits_[c->sp.pid] = m.id;
@@ -528,6 +544,7 @@ void Agent::on_stdin(Command& c) {
       break;
     }
     c.stdin_off += static_cast<size_t>(n);
+    c.stdin_written += static_cast<uint64_t>(n);
   }
   if (c.stdin_off == c.stdin_buf.size()) {
     std::string().swap(c.stdin_buf);
@@ -535,6 +552,43 @@ void Agent::on_stdin(Command& c) {
     if (c.stdin_eof) c.sp.stdin_w.reset();
   }
   if (!c.sp.stdin_w) std::string().swap(c.stdin_buf);
+  settle_stdin(c);
+}
+
+void Agent::stdin_write(const Message& m) {
+  auto it = cmds_.find(static_cast<uint32_t>(m.u64(Tag::kExecId)));
+  if (it == cmds_.end())
+    return send(proto::make_error(m.id, code_name(Code::kNotFound), 0, "stdin: no such command"));
+  Command& c = *it->second;
+  if (!c.sp.stdin_w || c.stdin_eof)
+    return send(proto::make_error(m.id, code_name(Code::kConflict), EPIPE,
+                                  "stdin: the command's stdin is closed"));
+  if (auto d = m.get(Tag::kData)) {
+    if (c.stdin_off == c.stdin_buf.size()) {
+      c.stdin_buf.clear();
+      c.stdin_off = 0;
+    }
+    c.stdin_buf.append(*d);
+    c.stdin_queued += d->size();
+  }
+  if (m.flag(Tag::kEof)) c.stdin_eof = true;
+  c.stdin_waiters.emplace_back(m.id, c.stdin_queued);
+  on_stdin(c);
+}
+
+void Agent::settle_stdin(Command& c) {
+  while (!c.stdin_waiters.empty()) {
+    auto [id, upto] = c.stdin_waiters.front();
+    if (c.stdin_written >= upto) {
+      send(Message(MsgType::kOk, id));
+    } else if (!c.sp.stdin_w) {
+      send(proto::make_error(id, code_name(Code::kConflict), EPIPE,
+                             "stdin: the command closed its stdin"));
+    } else {
+      return;
+    }
+    c.stdin_waiters.pop_front();
+  }
 }
 
 void Agent::reap() {
@@ -649,6 +703,8 @@ void Agent::finish(Command& c, int init_status) {
     if (c.pid > 0) x.add_u64(Tag::kPid, static_cast<uint64_t>(c.pid));
     send(std::move(x));
   }
+  c.sp.stdin_w.reset();
+  settle_stdin(c);  // what was not written never will be
   uint32_t id = c.id;
   cmds_.erase(id);  // destroys c
   heap_used_ = true;

@@ -66,7 +66,7 @@ void Session::begin(uint64_t pid) {
   ready.add_u64(Tag::kSession, sessions_);
   ready.add_u64(Tag::kPrevEpoch, prev_epoch_);
   ready.add_u64(Tag::kResumedCount, listed);
-  ready.add_u64(Tag::kFeatures, proto::kFeatureCredit);
+  ready.add_u64(Tag::kFeatures, proto::kFeatureCredit | proto::kFeatureStdinWrite);
   send(std::move(ready), false);
   // Everything not acknowledged goes again, in order.
   send_seq_ = held_.empty() ? next_seq_ : held_.front().seq;

@@ -5,6 +5,7 @@
 #include <signal.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -13,6 +14,8 @@
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/signal_set.hpp>
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <iostream>
 #include <thread>
@@ -160,6 +163,8 @@ int daemon_main(int argc, char** argv) {
   uint64_t max_json_body_kb = 4096;
   uint64_t max_upload_mb = 1024;
   uint64_t max_body_memory_mb = 0;
+  uint64_t max_spool_mb = 0;
+  uint64_t spool_threshold_kb = 1024;
   uint64_t max_download_mb = Api::kDefaultMaxDownload >> 20;
   app.add_option("--max-connections", max_connections,
                  "open HTTP connections at most, TCP and unix socket together; 0 = half the "
@@ -194,6 +199,17 @@ int daemon_main(int argc, char** argv) {
                  "0 = a quarter of physical memory, at least --max-upload-mb")
       ->capture_default_str()
       ->check(CLI::Range(uint64_t{0}, uint64_t{1} << 30));
+  app.add_option("--max-spool-mb", max_spool_mb,
+                 "uploads larger than --spool-threshold-kb are written to <data dir>/spool as "
+                 "they arrive instead of memory; this bounds their bytes on disk at once, over "
+                 "all connections (beyond: 503); 0 = a quarter of the data dir's free space at "
+                 "start, at least --max-upload-mb")
+      ->capture_default_str()
+      ->check(CLI::Range(uint64_t{0}, uint64_t{1} << 30));
+  app.add_option("--spool-threshold-kb", spool_threshold_kb,
+                 "uploads larger than this (or sent chunked) are spooled to disk")
+      ->capture_default_str()
+      ->check(CLI::Range(uint64_t{1}, uint64_t{1} << 30));
   app.add_option("--max-download-mb", max_download_mb,
                  "largest file or tar download (a file's apparent size counts: sparse files "
                  "are sent with their holes as zeros); downloads stream, so this bounds what "
@@ -357,6 +373,25 @@ int daemon_main(int argc, char** argv) {
     max_body_memory_mb = std::max<uint64_t>(ram / 4 >> 20, max_upload_mb);
   }
   sopts_http.body_budget = std::make_shared<BodyBudget>(max_body_memory_mb << 20);
+  {
+    auto sp = std::make_shared<SpoolOptions>();
+    sp->dir = data_dir + "/spool";
+    if (::mkdir(sp->dir.c_str(), 0700) != 0 && errno != EEXIST)
+      return die("mkdir " + sp->dir + ": " + std::strerror(errno));
+    if (max_spool_mb == 0) {
+      struct statvfs vfs {};
+      uint64_t free_mb = ::statvfs(sp->dir.c_str(), &vfs) == 0
+                             ? static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize >> 20
+                             : 0;
+      max_spool_mb = std::max<uint64_t>(free_mb / 4, max_upload_mb);
+    }
+    sp->threshold = spool_threshold_kb << 10;
+    sp->disk = std::make_shared<BodyBudget>(max_spool_mb << 20);
+    sopts_http.spool = std::move(sp);
+    sopts_http.spools = [](const std::string& method, const std::string& path) {
+      return Api::takes_upload(method, path);
+    };
+  }
   sopts_http.check_head = [&auth](Request& head) { return auth.authenticate(head); };
   auto secs = [](double s) { return std::chrono::milliseconds(static_cast<int64_t>(s * 1000)); };
   sopts_http.idle_timeout = secs(idle_timeout);
@@ -364,9 +399,10 @@ int daemon_main(int argc, char** argv) {
   sopts_http.body_timeout = secs(body_timeout);
   spdlog::info(
       "http: up to {} connections ({} per client; open-file limit {}), JSON bodies up to {} KiB, "
-      "uploads up to {} MiB, {} MiB of bodies at once, downloads up to {} MiB",
+      "uploads up to {} MiB ({} MiB in memory at once; above {} KiB spooled to disk, {} MiB at "
+      "once), downloads up to {} MiB",
       sopts_http.gate->max_total(), sopts_http.gate->max_per_client(), nofile, max_json_body_kb,
-      max_upload_mb, max_body_memory_mb, max_download_mb);
+      max_upload_mb, max_body_memory_mb, spool_threshold_kb, max_spool_mb, max_download_mb);
   HttpServer server(io, outer, sopts_http);
   HttpServer unix_server(io, outer, sopts_http);
   if (!listen.empty()) {

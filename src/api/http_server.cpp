@@ -386,6 +386,7 @@ class Session : public Responder,
   // Waits for the next request. Only here, and while its header and body come
   // in, does the connection run against the clock (ServerOptions).
   void read() {
+    spool_parser_.reset();
     parser_.emplace();
     parser_->header_limit(kHeaderMax);
     parser_->body_limit(boost::none);  // the route's limit is set once the header is in
@@ -450,7 +451,32 @@ class Session : public Responder,
     }
     parser_->body_limit(limit);  // a chunked body is counted as it comes
     if (parser_->is_done()) return dispatch();
+    // An upload above the threshold goes to a spool file as it arrives.
+    const SpoolOptions* sp = opts_->spool.get();
+    if (sp && !sp->dir.empty() && opts_->spools && opts_->spools(head.method, head.path) &&
+        (parser_->chunked() || parser_->content_length().value_or(0) > sp->threshold)) {
+      spool_parser_.emplace(std::move(*parser_));
+      parser_.reset();
+      spool_parser_->body_limit(limit);
+      std::string why;
+      if (!spool_parser_->get().body().open(*sp, &why)) {
+        spdlog::error("http: cannot spool an upload: {}", why);
+        unread_body_ = true;
+        return reply_error(507, "insufficient_storage", "cannot spool the upload: " + why);
+      }
+      return read_spooled_body();
+    }
     read_body();
+  }
+
+  void read_spooled_body() {
+    stream_.expires_after(opts_->body_timeout);
+    http::async_read_some(stream_, buf_, *spool_parser_,
+                          [self = shared_from_this()](beast::error_code ec, size_t) {
+                            if (ec) return self->on_read_error(ec);
+                            if (!self->spool_parser_->is_done()) return self->read_spooled_body();
+                            self->dispatch();
+                          });
   }
 
   // Reserves n more bytes of the body budget, or answers 503 (false).
@@ -476,7 +502,9 @@ class Session : public Responder,
 
   // The request as far as its header tells (no body).
   Request head_request() {
-    auto& msg = parser_->get();
+    const http::request_header<>& msg =
+        spool_parser_ ? static_cast<const http::request_header<>&>(spool_parser_->get())
+                      : static_cast<const http::request_header<>&>(parser_->get());
     Request req;
     req.method = std::string(msg.method_string());
     req.target = std::string(msg.target());
@@ -520,6 +548,16 @@ class Session : public Responder,
     }
     int status = 400;
     std::string code = "invalid_argument";
+    if (spool_parser_ && spool_parser_->get().body().failure() != SpoolFailure::kNone) {
+      unread_body_ = true;
+      const auto& body = spool_parser_->get().body();
+      if (body.failure() == SpoolFailure::kBudget) {
+        extra_headers_ += "Retry-After: 1\r\n";
+        return reply_error(503, "unavailable", body.failure_message());
+      }
+      spdlog::error("http: {}", body.failure_message());
+      return reply_error(507, "insufficient_storage", body.failure_message());
+    }
     if (ec == http::error::body_limit) {
       status = 413;
       code = "payload_too_large";
@@ -548,11 +586,18 @@ class Session : public Responder,
   void dispatch() {
     phase_ = Phase::kHandling;
     stream_.expires_never();  // answering (a stream) may take as long as it takes
-    auto& msg = parser_->get();
-    keep_alive_ = msg.keep_alive();
     Request req = head_request();
     method_ = req.method;
-    req.body = std::move(msg.body());
+    if (spool_parser_) {
+      keep_alive_ = spool_parser_->get().keep_alive();
+      req.upload = spool_parser_->get().body().finish();
+      spool_parser_.reset();
+      if (!req.upload) return reply_error(500, "internal", "the spooled upload was lost");
+    } else {
+      auto& msg = parser_->get();
+      keep_alive_ = msg.keep_alive();
+      req.body = std::move(msg.body());
+    }
     handler_(req, shared_from_this());
     watch_peer();
   }
@@ -627,6 +672,7 @@ class Session : public Responder,
   void maybe_next() {
     if (!finished_ || writing_ || !out_.empty() || closed_) return;
     parser_.reset();
+    spool_parser_.reset();
     release_body();  // answered: the handler is done with the body
     if (!keep_alive_) {
       beast::error_code ec;
@@ -678,6 +724,7 @@ class Session : public Responder,
   uint64_t drained_ = 0;
   uint64_t held_ = 0;  // bytes of the body budget this connection holds
   std::optional<http::request_parser<http::string_body>> parser_;
+  std::optional<http::request_parser<SpoolBody>> spool_parser_;  // an upload being spooled
   std::deque<Out> out_;
   std::function<void()> on_abort_;
   std::string extra_headers_;

@@ -36,6 +36,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "api/spool.h"
 #include "common/rate_limited_log.h"
 #include "common/result.h"
 
@@ -63,7 +64,12 @@ struct Request {
   std::multimap<std::string, std::string> query;  // decoded
   std::map<std::string, std::string> headers;     // lower-case names
   std::string body;
+  // A large upload (ServerOptions::spool): its body is in this file, and `body`
+  // is empty. Routes that take uploads read from it in pieces.
+  std::shared_ptr<const BodyFile> upload;
   Caller caller;
+
+  uint64_t body_size() const { return upload ? upload->size() : body.size(); }
 
   // First value of a query parameter, or nullptr.
   const std::string* q(const std::string& name) const;
@@ -210,6 +216,10 @@ struct ServerOptions {
   // A body is counted as its bytes arrive; one that no longer fits is answered
   // 503 (retry later) and the rest of it is not kept.
   std::shared_ptr<BodyBudget> body_budget;
+  // Uploads above spool->threshold on the routes `spools` names go to files, not
+  // memory (api/spool.h); null = every body in memory.
+  std::shared_ptr<const SpoolOptions> spool;
+  std::function<bool(const std::string& method, const std::string& path)> spools;
 };
 
 class HttpServer {

@@ -41,6 +41,11 @@ node::StepFingerprint IdempotencyCache::fingerprint(const Request& req) {
   node::StepFingerprint fp;
   fp.method = req.method;
   fp.target = req.target;
+  if (req.upload) {  // hashed as it was spooled
+    fp.body_sha256 = req.upload->sha256();
+    fp.body_len = req.upload->size();
+    return fp;
+  }
   unsigned char d[EVP_MAX_MD_SIZE];
   unsigned int len = 0;
   EVP_Digest(req.body.data(), req.body.size(), d, &len, EVP_sha256(), nullptr);
@@ -239,7 +244,7 @@ std::shared_ptr<Responder> IdempotencyCache::begin(const Request& req, const std
   node::StepRecord rec;
   rec.key = key;
   rec.request = std::move(fp);
-  if (req.body.size() <= log_->inline_max()) rec.request_body = req.body;
+  if (!req.upload && req.body.size() <= log_->inline_max()) rec.request_body = req.body;
   rec.started_us = now_us();
   return std::make_shared<Recorder>(*this, key, node::StepLog::scope_of(req.path), std::move(rec),
                                     std::move(res));

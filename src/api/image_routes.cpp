@@ -213,34 +213,37 @@ bool ImageRoutes::handle(Request& req, std::shared_ptr<Responder> res) {
     }
     std::string name = req.q("name") ? *req.q("name") : "";
     std::string version = req.q("version") ? *req.q("version") : "";
-    if (req.body.empty()) {
+    if (req.body_size() == 0) {
       res->send_error(Error{Code::kInvalidArgument, 0, "the request body must be the archive"});
       return true;
     }
-    blocking([store, res, body = std::move(req.body), name, version, k = *kind] {
-      std::string tmp = store->root() + "/tmp/upload-" + ids::random_hex(8) + ".tar";
-      {
-        sys::UniqueFd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600));
-        size_t off = 0;
-        while (fd && off < body.size()) {
-          ssize_t w = ::write(fd.get(), body.data() + off, body.size() - off);
-          if (w <= 0) break;
-          off += static_cast<size_t>(w);
-        }
-        if (!fd || off != body.size()) {
-          ::unlink(tmp.c_str());
-          return res->send_error(Error{Code::kInsufficientStorage, errno, "write " + tmp});
-        }
-      }
-      // An explicit (or tagged) version replaces that name:version, as it always did.
-      auto r = store->import_archive(tmp, name, version, k, image::PutMode::kReplace);
-      ::unlink(tmp.c_str());
-      if (!r) {
-        spdlog::warn("image import refused: {}", r.error().message());
-        return res->send_error(r.error());
-      }
-      res->send_json(201, image_json(*store, *r));
-    });
+    blocking(
+        [store, res, body = std::move(req.body), spooled = req.upload, name, version, k = *kind] {
+          // A spooled upload is read from its file where it is; a small one is written out.
+          std::string tmp = spooled ? spooled->proc_path()
+                                    : store->root() + "/tmp/upload-" + ids::random_hex(8) + ".tar";
+          if (!spooled) {
+            sys::UniqueFd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600));
+            size_t off = 0;
+            while (fd && off < body.size()) {
+              ssize_t w = ::write(fd.get(), body.data() + off, body.size() - off);
+              if (w <= 0) break;
+              off += static_cast<size_t>(w);
+            }
+            if (!fd || off != body.size()) {
+              ::unlink(tmp.c_str());
+              return res->send_error(Error{Code::kInsufficientStorage, errno, "write " + tmp});
+            }
+          }
+          // An explicit (or tagged) version replaces that name:version, as it always did.
+          auto r = store->import_archive(tmp, name, version, k, image::PutMode::kReplace);
+          if (!spooled) ::unlink(tmp.c_str());
+          if (!r) {
+            spdlog::warn("image import refused: {}", r.error().message());
+            return res->send_error(r.error());
+          }
+          res->send_json(201, image_json(*store, *r));
+        });
     return true;
   }
   if (p == "/v1/images/build" && m == "POST") {

@@ -18,6 +18,28 @@ using json_util::base64_encode;
 
 namespace {
 
+// Writes a spooled upload into a command's stdin one piece (1 MiB) at a time:
+// the next piece is read from the file only once the one before it is in the
+// command's stdin, so neither the daemon nor the agent holds more than a piece.
+// `done` gets the first error, or success once the EOF is in.
+using StdinWrite =
+    std::function<void(std::string data, bool eof, std::function<void(Result<void>)> cb)>;
+void feed_stdin(std::shared_ptr<const BodyFile> body, StdinWrite write,
+                std::function<void(Result<void>)> done, uint64_t off = 0) {
+  constexpr size_t kPiece = 1 << 20;
+  auto piece = body->read(off, kPiece);
+  if (!piece) return done(std::unexpected(piece.error()));
+  uint64_t next = off + piece->size();
+  bool eof = next >= body->size();
+  auto w = write;
+  w(std::move(*piece), eof,
+    [body = std::move(body), write = std::move(write), done = std::move(done), next,
+     eof](Result<void> r) mutable {
+      if (!r || eof) return done(std::move(r));
+      feed_stdin(std::move(body), std::move(write), std::move(done), next);
+    });
+}
+
 // Wraps a Responder to count the answer's status in the metrics.
 class CountingResponder : public Responder {
  public:
@@ -533,21 +555,28 @@ void Api::file_write(Request& req, const Params& p, std::shared_ptr<Responder> r
   }
   auto sb = mgr_.ref(p[0]);
   if (!sb) return res->send_error(sb.error());
-  if (req.body.size() > sb->disk_bytes)
+  if (req.body_size() > sb->disk_bytes)
     return res->send_error(Error{Code::kPayloadTooLarge, 0,
-                                 "upload of " + std::to_string(req.body.size()) +
+                                 "upload of " + std::to_string(req.body_size()) +
                                      " bytes exceeds the sandbox's disk limit of " +
                                      std::to_string(sb->disk_bytes) + " bytes"});
   std::string path_copy = *path;
   auto agent = sb->agent;
-  agent->write_file(*path, std::move(req.body), mode, true,
-                    [res, agent, path_copy](Result<uint64_t> r) {
-                      if (!r) return res->send_error(r.error());
-                      agent->stat(path_copy, [res](Result<node::FileEntry> e) {
-                        if (!e) return res->send_error(e.error());
-                        res->send_json(200, entry_json(*e));
-                      });
-                    });
+  auto written = [res, agent, path_copy](Result<uint64_t> r) {
+    if (!r) return res->send_error(r.error());
+    agent->stat(path_copy, [res](Result<node::FileEntry> e) {
+      if (!e) return res->send_error(e.error());
+      res->send_json(200, entry_json(*e));
+    });
+  };
+  if (req.upload) {
+    // A spooled upload goes to the agent a chunk at a time, read from its file.
+    node::ByteSource src;
+    src.size = req.upload->size();
+    src.read = [body = req.upload](uint64_t off, size_t n) { return body->read(off, n); };
+    return agent->write_file_from(*path, std::move(src), mode, true, std::move(written));
+  }
+  agent->write_file(*path, std::move(req.body), mode, true, std::move(written));
 }
 
 void Api::file_remove(Request& req, const Params& p, std::shared_ptr<Responder> res) {
@@ -649,7 +678,19 @@ void Api::process_wait(Request& req, const Params& p, std::shared_ptr<Responder>
 void Api::process_stdin(Request& req, const Params& p, std::shared_ptr<Responder> res) {
   auto pid = pid_param(p[1]);
   if (!pid) return res->send_error(pid.error());
-  auto r = mgr_.process_stdin(p[0], *pid, std::move(req.body), truthy(req.q("eof")));
+  bool eof = truthy(req.q("eof"));
+  if (req.upload) {
+    // Large: paced, answered once all of it is in the process's stdin.
+    StdinWrite write = [this, id = p[0], pid = *pid, eof](std::string d, bool last,
+                                                          std::function<void(Result<void>)> cb) {
+      mgr_.write_process_stdin(id, pid, std::move(d), last && eof, std::move(cb));
+    };
+    return feed_stdin(req.upload, std::move(write), [res](Result<void> r) {
+      if (!r) return res->send_error(r.error());
+      res->send(204, "application/json", "");
+    });
+  }
+  auto r = mgr_.process_stdin(p[0], *pid, std::move(req.body), eof);
   if (!r) return res->send_error(r.error());
   res->send(204, "application/json", "");
 }
@@ -736,16 +777,21 @@ void Api::tar_upload(Request& req, const Params& p, std::shared_ptr<Responder> r
   if (!path) return res->send_error(path.error());
   auto sb = mgr_.ref(p[0]);
   if (!sb) return res->send_error(sb.error());
-  if (req.body.size() > sb->disk_bytes)
+  if (req.body_size() > sb->disk_bytes)
     return res->send_error(Error{Code::kPayloadTooLarge, 0,
-                                 "archive of " + std::to_string(req.body.size()) +
+                                 "archive of " + std::to_string(req.body_size()) +
                                      " bytes exceeds the sandbox's disk limit"});
-  uint64_t bytes = req.body.size();
+  uint64_t bytes = req.body_size();
   node::ExecParams ep;
   ep.argv = {"/bin/sh", "-c", "mkdir -p -- \"$1\" && exec tar -x -f - -C \"$1\"", "sh", *path};
   ep.timeout_ms = kTarTimeoutMs;
   ep.output_limit = 64 << 10;
-  ep.stdin_data = std::move(req.body);
+  // A spooled archive is fed to tar's stdin a piece at a time once it runs.
+  std::shared_ptr<const BodyFile> spooled = req.upload;
+  if (spooled)
+    ep.stdin_open = true;
+  else
+    ep.stdin_data = std::move(req.body);
   auto err = std::make_shared<std::string>();
   node::ExecCallbacks cb;
   cb.on_output = [err](int stream, std::string_view d) {
@@ -758,6 +804,17 @@ void Api::tar_upload(Request& req, const Params& p, std::shared_ptr<Responder> r
   };
   auto eid = mgr_.exec(p[0], std::move(ep), std::move(cb));
   if (!eid) return res->send_error(eid.error());
+  if (spooled) {
+    StdinWrite write = [this, id = p[0], eid = *eid](std::string d, bool eof,
+                                                     std::function<void(Result<void>)> cb) {
+      mgr_.write_exec_stdin(id, eid, std::move(d), eof, std::move(cb));
+    };
+    // A failure here (tar stopped reading, the sandbox ended) shows in tar's own end,
+    // which answers the request; a feed that cannot go on stops tar.
+    feed_stdin(std::move(spooled), std::move(write), [this, id = p[0], eid = *eid](Result<void> r) {
+      if (!r) mgr_.signal_exec(id, eid, 9);
+    });
+  }
 }
 
 }  // namespace tp::api

@@ -166,6 +166,43 @@ class AgentClientImpl final : public AgentClient {
     asio::post(strand_, [self = self(), st] { self->write_step(st); });
   }
 
+  void write_file_from(std::string path, ByteSource src, uint32_t mode, bool parents,
+                       std::function<void(Result<uint64_t>)> cb) override {
+    pending_count_.fetch_add(1);
+    auto st = std::make_shared<WriteState>();
+    st->path = std::move(path);
+    st->src = std::move(src);
+    st->mode = mode;
+    st->parents = parents;
+    st->cb = std::move(cb);
+    asio::post(strand_, [self = self(), st] { self->write_step(st); });
+  }
+
+  void write_stdin(uint32_t exec_id, std::string data, bool eof,
+                   std::function<void(Result<void>)> cb) override {
+    pending_count_.fetch_add(1);
+    asio::post(strand_,
+               [self = self(), exec_id, data = std::move(data), eof, cb = std::move(cb)]() mutable {
+                 auto done = [self, cb = std::move(cb)](Result<void> r) {
+                   self->pending_count_.fetch_sub(1);
+                   cb(std::move(r));
+                 };
+                 if (self->closed_) return done(std::unexpected(self->closed_error()));
+                 if (!(self->features_ & proto::kFeatureStdinWrite)) {
+                   for (auto& f : codec::stdin_frames(exec_id, data, eof)) self->send(std::move(f));
+                   return done({});
+                 }
+                 Message m(MsgType::kStdinWrite, 0);
+                 m.add_u64(Tag::kExecId, exec_id);
+                 if (!data.empty()) m.add(Tag::kData, data);
+                 if (eof) m.add_bool(Tag::kEof, true);
+                 self->request(std::move(m), [done = std::move(done)](Result<Message> r) mutable {
+                   if (!r) return done(std::unexpected(r.error()));
+                   done({});
+                 });
+               });
+  }
+
   void read_file(std::string path, uint64_t max_bytes,
                  std::function<void(Result<std::string>)> cb) override {
     pending_count_.fetch_add(1);
@@ -308,10 +345,12 @@ class AgentClientImpl final : public AgentClient {
   };
   struct WriteState {
     std::string path, data;
+    ByteSource src;  // set: the chunks come from it instead of `data`
     uint32_t mode = 0;
     bool parents = false;
     size_t off = 0;
     std::function<void(Result<uint64_t>)> cb;
+    uint64_t size() const { return src.read ? src.size : data.size(); }
   };
   struct ReadState {
     std::string path, data;
@@ -379,10 +418,20 @@ class AgentClientImpl final : public AgentClient {
   }
 
   void write_step(std::shared_ptr<WriteState> st) {
-    size_t n = std::min<size_t>(st->data.size() - st->off, proto::kMaxChunk);
+    size_t n = static_cast<size_t>(std::min<uint64_t>(st->size() - st->off, proto::kMaxChunk));
     Message m(MsgType::kFileWrite, 0);
     m.add(Tag::kPath, st->path);
-    m.add(Tag::kData, std::string_view(st->data).substr(st->off, n));
+    if (st->src.read) {
+      auto piece = st->src.read(st->off, n);
+      if (!piece || piece->size() != n) {
+        pending_count_.fetch_sub(1);
+        return st->cb(piece ? fail(Code::kInternal, "upload source ended early")
+                            : std::unexpected(piece.error()));
+      }
+      m.add(Tag::kData, *piece);
+    } else {
+      m.add(Tag::kData, std::string_view(st->data).substr(st->off, n));
+    }
     if (st->mode) m.add_u64(Tag::kMode, st->mode);
     if (st->off == 0) {
       if (st->parents) m.add_bool(Tag::kParents, true);
@@ -396,7 +445,7 @@ class AgentClientImpl final : public AgentClient {
         return st->cb(std::unexpected(r.error()));
       }
       st->off += n;
-      if (st->off >= st->data.size()) {
+      if (st->off >= st->size()) {
         self->pending_count_.fetch_sub(1);
         return st->cb(r->u64(Tag::kSize));
       }

@@ -57,6 +57,13 @@ struct ExecRequest {
   bool quiet_start = false;
 };
 
+// Bytes to upload, read one piece at a time (a request body spooled to a file).
+struct ByteSource {
+  uint64_t size = 0;
+  // Up to n bytes at off (fewer only at the end). Called on the client's strand.
+  std::function<Result<std::string>(uint64_t off, size_t n)> read;
+};
+
 // One piece of a file (read_chunk).
 struct FileChunk {
   std::string data;
@@ -132,6 +139,17 @@ class AgentClient : public std::enable_shared_from_this<AgentClient> {
   // chunks of kMaxChunk (first truncates, then appends) and answers the final size.
   virtual void write_file(std::string path, std::string data, uint32_t mode, bool parents,
                           std::function<void(Result<uint64_t>)> cb) = 0;
+  // The same from a source read a chunk at a time: a chunk is read only once the
+  // one before it is written, so one chunk is held whatever the size.
+  virtual void write_file_from(std::string path, ByteSource src, uint32_t mode, bool parents,
+                               std::function<void(Result<uint64_t>)> cb) = 0;
+  // Stdin for a running command (started with stdin_open), paced: `cb` runs
+  // once the agent wrote `data` into the command's stdin, so a caller that
+  // sends the next piece only then holds one piece (at most kMaxChunk each).
+  // kConflict when the command's stdin is closed. An agent without
+  // kFeatureStdinWrite gets it as send_stdin() and `cb` runs once it is sent.
+  virtual void write_stdin(uint32_t exec_id, std::string data, bool eof,
+                           std::function<void(Result<void>)> cb) = 0;
   // Reads a whole file, failing with kPayloadTooLarge beyond max_bytes.
   virtual void read_file(std::string path, uint64_t max_bytes,
                          std::function<void(Result<std::string>)> cb) = 0;

@@ -1318,6 +1318,44 @@ Result<void> SandboxManager::process_stdin(const std::string& id, uint32_t pid, 
   return {};
 }
 
+void SandboxManager::write_exec_stdin(const std::string& id, uint32_t exec_id, std::string data,
+                                      bool eof, std::function<void(Result<void>)> cb) {
+  auto sb = find_live(id);
+  Error err{Code::kOk, 0, ""};
+  if (!sb) {
+    err = not_live_error(id);
+  } else {
+    std::lock_guard lk(sb->mu);
+    if (sb->state != State::kRunning || sb->stop_reason != EndReason::kNone)
+      err = Error{Code::kConflict, 0, "sandbox " + id + " is not running"};
+  }
+  if (err.code != Code::kOk) {
+    boost::asio::post(io_, [cb = std::move(cb), err] { cb(std::unexpected(err)); });
+    return;
+  }
+  sb->agent->write_stdin(exec_id, std::move(data), eof, std::move(cb));
+}
+
+void SandboxManager::write_process_stdin(const std::string& id, uint32_t pid, std::string data,
+                                         bool eof, std::function<void(Result<void>)> cb) {
+  auto bg = find_proc(id, pid);
+  Error err{Code::kOk, 0, ""};
+  uint32_t eid = 0;
+  if (!bg) {
+    err = bg.error();
+  } else {
+    std::lock_guard lk((*bg)->mu);
+    if ((*bg)->info.exited)
+      err = Error{Code::kConflict, 0, "process " + std::to_string(pid) + " has exited"};
+    eid = (*bg)->exec_id;
+  }
+  if (err.code != Code::kOk) {
+    boost::asio::post(io_, [cb = std::move(cb), err] { cb(std::unexpected(err)); });
+    return;
+  }
+  write_exec_stdin(id, eid, std::move(data), eof, std::move(cb));
+}
+
 Result<void> SandboxManager::signal_process(const std::string& id, uint32_t pid, int signo) {
   auto bg = find_proc(id, pid);
   if (!bg) return std::unexpected(bg.error());

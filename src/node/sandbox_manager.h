@@ -133,6 +133,10 @@ class SandboxManager : public Service {
                     std::function<void(Result<ProcessInfo>)> cb) override;
   Result<void> process_stdin(const std::string& id, uint32_t pid, std::string data,
                              bool eof) override;
+  void write_exec_stdin(const std::string& id, uint32_t exec_id, std::string data, bool eof,
+                        std::function<void(Result<void>)> cb) override;
+  void write_process_stdin(const std::string& id, uint32_t pid, std::string data, bool eof,
+                           std::function<void(Result<void>)> cb) override;
   Result<void> signal_process(const std::string& id, uint32_t pid, int signo) override;
   Result<SandboxRef> ref(const std::string& id) override;
   std::map<std::string, uint64_t> count_by_state() override;

@@ -118,6 +118,13 @@ class Service {
                             std::function<void(Result<ProcessInfo>)> cb) = 0;
   virtual Result<void> process_stdin(const std::string& id, uint32_t pid, std::string data,
                                      bool eof) = 0;
+  // Stdin, paced (AgentClient::write_stdin): `cb` once `data` (at most 1 MiB) is
+  // in the stdin of exec `exec_id` (started with stdin_open) or of background
+  // process `pid`, so an upload fed piece by piece holds one piece at a time.
+  virtual void write_exec_stdin(const std::string& id, uint32_t exec_id, std::string data, bool eof,
+                                std::function<void(Result<void>)> cb) = 0;
+  virtual void write_process_stdin(const std::string& id, uint32_t pid, std::string data, bool eof,
+                                   std::function<void(Result<void>)> cb) = 0;
   virtual Result<void> signal_process(const std::string& id, uint32_t pid, int signo) = 0;
 
   // Agent of a running sandbox for file operations; marks the sandbox active.

@@ -82,9 +82,11 @@ enum class MsgType : uint8_t {
   kExec = 1,
   kStdin = 2,
   kSignal = 3,
-  kHello = 4,   // first frame of a node's session: EPOCH. No answer.
-  kAck = 5,     // SEQ: every held frame up to SEQ was handled. No answer.
-  kCredit = 6,  // id = a kExec with WINDOW: LENGTH more output bytes may be read. No answer.
+  kHello = 4,       // first frame of a node's session: EPOCH. No answer.
+  kAck = 5,         // SEQ: every held frame up to SEQ was handled. No answer.
+  kCredit = 6,      // id = a kExec with WINDOW: LENGTH more output bytes may be read. No answer.
+  kStdinWrite = 7,  // EXEC_ID, DATA, EOF: stdin for a command, answered (kOk) once written
+                    // into its pipe: a node pacing an upload holds one piece at a time
   kFileWrite = 10,
   kFileRead = 11,
   kFileStat = 12,
@@ -126,6 +128,7 @@ enum class Tag : uint16_t {
   kSigno = 23,    // u64
   kPid = 24,      // u64
   kVersion = 25,  // u64
+  kExecId = 26,   // u64: kStdinWrite, the command whose stdin it is
   // kExit
   kExitCode = 30,         // i64; -1 when killed by a signal
   kTermSignal = 31,       // u64; 0 when exited normally
@@ -168,7 +171,8 @@ enum class Tag : uint16_t {
 // kReady FEATURES bits. A node uses a feature only when the agent announced it
 // (an agent restored from an older build ignores unknown fields but answers an
 // unknown message type with kError, which would end the command it names).
-inline constexpr uint64_t kFeatureCredit = 1;  // kExec WINDOW and kCredit
+inline constexpr uint64_t kFeatureCredit = 1;      // kExec WINDOW and kCredit
+inline constexpr uint64_t kFeatureStdinWrite = 2;  // kStdinWrite
 
 inline constexpr size_t kMaxMeta = 16u << 10;  // kExec META; larger is invalid_argument
 

@@ -425,13 +425,18 @@ def test_uploads_keep_their_own_larger_limit(sandbox):
     assert sandbox.files.read("/tmp/big.bin") == data
 
 
-def test_bodies_in_flight_share_a_memory_budget():
-    """Attempt: uploads that each stay under the upload limit, but together exceed the memory
-    the daemon gives to request bodies (--max-body-memory-mb 8): one held open mid-body (5 of
-    its 6 MiB sent), then a second sent in full.
+@pytest.mark.parametrize("where", ["memory", "spool"])
+def test_bodies_in_flight_share_a_budget(where):
+    """Attempt: uploads that each stay under the upload limit, but together exceed what the
+    daemon gives to request bodies at once: memory (--max-body-memory-mb 8, with uploads kept
+    in memory by a high --spool-threshold-kb) or the spool directory (--max-spool-mb 8: uploads
+    above the threshold go to disk as they arrive). One held open mid-body (5 of its 6 MiB
+    sent), then a second sent in full.
     Expected: the second gets 503 JSON (Retry-After) once its bytes no longer fit; once the
     first is gone, the same upload is taken in (and answered 404: no such sandbox)."""
-    d = Daemon(BUILD, extra_args=["--max-body-memory-mb", "8", "--body-timeout", "60"])
+    args = (["--max-body-memory-mb", "8", "--spool-threshold-kb", "65536"] if where == "memory"
+            else ["--max-spool-mb", "8"])
+    d = Daemon(BUILD, extra_args=args + ["--body-timeout", "60"])
     size = 6 << 20
     head = (f"PUT /v1/sandboxes/n0-000000000000/files?path=/x HTTP/1.1\r\nHost: x\r\n"
             f"Content-Length: {size}\r\n\r\n").encode()
@@ -447,7 +452,8 @@ def test_bodies_in_flight_share_a_memory_budget():
             s.close()
             t.join(60)
         j = _json_error(status, headers, body, 503, "unavailable")
-        assert headers.get("retry-after") == "1" and "bodies" in j["message"], (headers, j)
+        word = "bodies" if where == "memory" else "spooling"
+        assert headers.get("retry-after") == "1" and word in j["message"], (headers, j)
         first.close()
 
         def taken() -> bool:

@@ -219,7 +219,7 @@ def payload(build_dir):
 @pytest.fixture(autouse=True)
 def leak_check(request, daemon, _tracker):
     pid_before = daemon.pid if daemon.alive() else None
-    fds_before = fd_count(pid_before) if pid_before else -1
+    fds_before = fd_count(pid_before, cached_userns=False) if pid_before else -1
     log_offset = daemon.log_size()
     request.node._tidepool_log_offset = log_offset
     yield
@@ -248,11 +248,11 @@ def leak_check(request, daemon, _tracker):
         time.sleep(0.1)
     problems += [f"{sid}: {', '.join(l)}" for sid, l in leaks.items()]
     if pid_before and daemon.alive() and daemon.pid == pid_before:
-        fds_after = fd_count(pid_before)
+        fds_after = fd_count(pid_before, cached_userns=False)
         deadline = time.monotonic() + LEAK_POLL
         while fds_after > fds_before + FD_SLACK and time.monotonic() < deadline:
             time.sleep(0.1)
-            fds_after = fd_count(pid_before)
+            fds_after = fd_count(pid_before, cached_userns=False)
         if fds_after > fds_before + FD_SLACK:
             problems.append(f"daemon fds grew from {fds_before} to {fds_after}: "
                             f"{fd_targets(pid_before)}")

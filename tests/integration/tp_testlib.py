@@ -195,11 +195,25 @@ def _comm(pid: int) -> str:
         return "?"
 
 
-def fd_count(pid: int) -> int:
+def fd_count(pid: int, cached_userns: bool = True) -> int:
+    """Open fds of a process. With cached_userns=False, a daemon's user-namespace fds are
+    left out: the container backend keeps the idmap namespaces of recently used uid ranges
+    (at most 256, one fd each) for later sandboxes of the same range, a bounded cache."""
     try:
-        return len(os.listdir(f"/proc/{pid}/fd"))
+        fds = os.listdir(f"/proc/{pid}/fd")
     except OSError:
         return -1
+    if cached_userns:
+        return len(fds)
+    n = 0
+    for fd in fds:
+        try:
+            if os.readlink(f"/proc/{pid}/fd/{fd}").startswith("user:"):
+                continue
+        except OSError:
+            continue
+        n += 1
+    return n
 
 
 def host_uid_of(pid: int) -> int:

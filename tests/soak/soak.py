@@ -149,7 +149,7 @@ class Soak:
         while True:
             if self.pid:
                 self.samples.append({"t": round(time.monotonic() - t0, 1), "rss_kb": rss_kb(self.pid),
-                                     "fds": fd_count(self.pid), "keyed": self.keyed})
+                                     "fds": fd_count(self.pid, cached_userns=False), "keyed": self.keyed})
             if self.stop.wait(self.sample_every):
                 return
 
@@ -177,7 +177,7 @@ class Soak:
         if self.pid:
             time.sleep(0.5)
             self.samples.append({"t": round(time.monotonic() - t0, 1), "rss_kb": rss_kb(self.pid),
-                                 "fds": fd_count(self.pid), "keyed": self.keyed})
+                                 "fds": fd_count(self.pid, cached_userns=False), "keyed": self.keyed})
         self.kill_all()
 
 

@@ -155,6 +155,50 @@ TEST_P(AgentExecTest, StreamingStdin) {
   EXPECT_EQ(o.out, "got one\ngot two\ngot three\nbye\n");
 }
 
+// kStdinWrite: each piece is acknowledged once it is in the command's stdin, in
+// order; a piece for a command whose stdin is closed, or for no command, fails.
+TEST_P(AgentExecTest, PacedStdinIsAcknowledgedPieceByPiece) {
+  auto req = sh("wc -c; exec 0<&-; sleep 0.2");
+  req.stdin_open = true;
+  std::vector<std::string> acks;
+  uint32_t id = 0;
+  auto o = exec(
+      req,
+      [&](uint32_t eid, ExecOutcome&) {
+        id = eid;
+        const std::string piece(700 << 10, 'p');
+        for (int i = 0; i < 3; ++i)
+          client_->write_stdin(eid, piece, i == 2, [&acks, i](Result<void> r) {
+            acks.push_back(r ? "ok" + std::to_string(i) : r.error().message());
+          });
+      },
+      nullptr);
+  ASSERT_TRUE(o.result.has_value());
+  EXPECT_EQ(o.out, std::to_string(3 * (700 << 10)) + "\n");
+  EXPECT_EQ(acks, (std::vector<std::string>{"ok0", "ok1", "ok2"}));
+  // The command is gone: its id has no stdin any more.
+  auto gone = await<void>([&](auto cb) { client_->write_stdin(id, "x", false, cb); });
+  ASSERT_FALSE(gone.has_value());
+  EXPECT_EQ(gone.error().code, Code::kNotFound);
+}
+
+TEST_P(AgentExecTest, PacedStdinToAClosedStdinFails) {
+  auto req = sh("exec 0<&-; echo closed; sleep 2");
+  req.stdin_open = true;
+  std::optional<Result<void>> ack;
+  auto o = exec(req, nullptr, [&](uint32_t eid, ExecOutcome& o) {
+    if (o.out != "closed\n" || ack) return;
+    ack.emplace(Result<void>{});
+    client_->write_stdin(eid, std::string(1 << 20, 'x'), true, [&, eid](Result<void> r) {
+      ack = r;
+      client_->signal(eid, SIGKILL);
+    });
+  });
+  ASSERT_TRUE(ack.has_value());
+  ASSERT_FALSE(ack->has_value());
+  EXPECT_EQ(ack->error().code, Code::kConflict) << ack->error().message();
+}
+
 // A grandchild that leaves with setsid and records its pid (as the host sees
 // it: /proc is the host's in these tests) before the parent prints "ready".
 std::string daemon_script(const std::string& pidfile) {

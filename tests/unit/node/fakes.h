@@ -200,6 +200,13 @@ class FakeAgent : public AgentClient {
                   std::function<void(Result<uint64_t>)> cb) override {
     boost::asio::post(io_, [cb] { cb(uint64_t{0}); });
   }
+  void write_file_from(std::string, ByteSource, uint32_t, bool,
+                       std::function<void(Result<uint64_t>)> cb) override {
+    boost::asio::post(io_, [cb] { cb(uint64_t{0}); });
+  }
+  void write_stdin(uint32_t, std::string, bool, std::function<void(Result<void>)> cb) override {
+    boost::asio::post(io_, [cb] { cb(Result<void>{}); });
+  }
   void read_file(std::string, uint64_t, std::function<void(Result<std::string>)> cb) override {
     boost::asio::post(io_, [cb] { cb(std::string()); });
   }
