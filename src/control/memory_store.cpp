@@ -14,7 +14,13 @@ Result<uint64_t> MemorySandboxStore::insert(const SandboxRecord& r) {
   return 1;
 }
 
-Result<uint64_t> MemorySandboxStore::update(const SandboxRecord& r) {
+Result<uint64_t> MemorySandboxStore::update(const SandboxRecord& r) { return write(r, false); }
+
+Result<uint64_t> MemorySandboxStore::update_with_labels(const SandboxRecord& r) {
+  return write(r, true);
+}
+
+Result<uint64_t> MemorySandboxStore::write(const SandboxRecord& r, bool labels) {
   std::lock_guard lk(mu_);
   if (fail_writes_) return fail(Code::kInternal, "store: writes fail (test)");
   auto it = rows_.find(r.id);
@@ -24,7 +30,7 @@ Result<uint64_t> MemorySandboxStore::update(const SandboxRecord& r) {
                                      std::to_string(it->second.version) + ", expected " +
                                      std::to_string(r.version) + ")");
   SandboxRecord c = r;
-  c.labels = it->second.labels;
+  if (!labels) c.labels = it->second.labels;
   c.version = r.version + 1;
   it->second = std::move(c);
   return r.version + 1;
@@ -43,6 +49,9 @@ Result<std::vector<SandboxRecord>> MemorySandboxStore::list(const SandboxQuery& 
   for (const auto& [id, r] : rows_) {
     if (!q.state.empty() && r.state != q.state) continue;
     if (q.live_only && r.ended_at_ms != 0) continue;
+    if (!q.include_pooled && r.pooled) continue;
+    if (!q.job.empty() && r.job != q.job) continue;
+    if (!q.step.empty() && r.step != q.step) continue;
     bool match = true;
     for (const auto& [k, v] : q.labels) {
       auto it = r.labels.find(k);

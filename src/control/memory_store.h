@@ -16,6 +16,7 @@ class MemorySandboxStore : public SandboxStore {
  public:
   Result<uint64_t> insert(const SandboxRecord& r) override;
   Result<uint64_t> update(const SandboxRecord& r) override;
+  Result<uint64_t> update_with_labels(const SandboxRecord& r) override;
   Result<std::optional<SandboxRecord>> get(const std::string& id) override;
   Result<std::vector<SandboxRecord>> list(const SandboxQuery& q) override;
   Result<int> prune_ended(int64_t before_ms) override;
@@ -24,6 +25,7 @@ class MemorySandboxStore : public SandboxStore {
   size_t size();
 
  private:
+  Result<uint64_t> write(const SandboxRecord& r, bool labels);
   std::mutex mu_;
   std::map<std::string, SandboxRecord> rows_;
   bool fail_writes_ = false;

@@ -10,7 +10,8 @@
 //     record only if the stored version equals r.version, and answers the new
 //     version (r.version + 1). A stale version fails with kConflict, an unknown
 //     id with kNotFound. There is no blind insert-or-replace.
-//   - labels are fixed at insert (update() leaves them as they are).
+//   - labels are written at insert and by update_with_labels(); update()
+//     leaves them as they are (most updates are state changes).
 //   - list() filters in the store (by state, by labels, live only), ordered by
 //     created_at_ms then id.
 //   - writes survive a crash of the daemon once the call returns.
@@ -53,6 +54,13 @@ struct SandboxRecord {
   // First host uid/gid of the sandbox's own 65536-id range (node/uid_ranges.h);
   // 0 = none recorded (a sandbox of a daemon from before per-sandbox ranges).
   uint32_t uid_base = 0;
+  std::string job;            // the job (training run) it belongs to; "" = none
+  std::string step;           // the job's step it is tagged with; "" = none
+  std::string template_name;  // the template it was made from; "" = none
+  std::string priority = "normal";  // "normal" or "best-effort" (lowest CPU weight)
+  // Made by a warm pool and not handed out yet: hidden from clients, listed
+  // only with SandboxQuery::include_pooled. Handing it out clears it.
+  bool pooled = false;
   uint64_t version = 0;  // the store's row version (0 = never stored)
 };
 
@@ -60,6 +68,9 @@ struct SandboxQuery {
   std::string state;                          // "" = any
   std::map<std::string, std::string> labels;  // all must match
   bool live_only = false;                     // skip ended records (ended_at_ms != 0)
+  std::string job;                            // "" = any
+  std::string step;                           // "" = any (with job: that job's step)
+  bool include_pooled = false;                // also warm-pool sandboxes not handed out
 };
 
 class SandboxStore {
@@ -69,6 +80,8 @@ class SandboxStore {
   virtual Result<uint64_t> insert(const SandboxRecord& r) = 0;
   // Compare-and-set on r.version; answers the new version.
   virtual Result<uint64_t> update(const SandboxRecord& r) = 0;
+  // The same, and the labels are replaced by r.labels (a pooled sandbox handed out).
+  virtual Result<uint64_t> update_with_labels(const SandboxRecord& r) = 0;
   virtual Result<std::optional<SandboxRecord>> get(const std::string& id) = 0;
   virtual Result<std::vector<SandboxRecord>> list(const SandboxQuery& q) = 0;
   // Deletes ended records that ended before `before_ms`; answers how many.

@@ -16,21 +16,16 @@ std::string ref(const std::string& name, const std::string& version) {
 constexpr const char* kImageColumns =
     "name, version, parts, env, workdir, user, cmd, source, created_ms, row_version";
 
-std::string text(sqlite3_stmt* s, int i) {
-  const unsigned char* t = sqlite3_column_text(s, i);
-  return t ? std::string(reinterpret_cast<const char*>(t)) : std::string();
-}
-
 ImageRecord image_from_row(sqlite3_stmt* s) {
   ImageRecord r;
-  r.name = text(s, 0);
-  r.version = text(s, 1);
+  r.name = column_text(s, 0);
+  r.version = column_text(s, 1);
   r.parts = list_from_json(sqlite3_column_text(s, 2));
   r.defaults.env = map_from_json(sqlite3_column_text(s, 3));
-  r.defaults.workdir = text(s, 4);
-  r.defaults.user = text(s, 5);
+  r.defaults.workdir = column_text(s, 4);
+  r.defaults.user = column_text(s, 5);
   r.defaults.cmd = list_from_json(sqlite3_column_text(s, 6));
-  r.source = text(s, 7);
+  r.source = column_text(s, 7);
   r.created_ms = sqlite3_column_int64(s, 8);
   r.row_version = static_cast<uint64_t>(sqlite3_column_int64(s, 9));
   return r;
@@ -245,7 +240,7 @@ Result<std::map<std::string, uint32_t>> SqliteImageRecordStore::part_counts() {
   std::map<std::string, uint32_t> out;
   int rc;
   while ((rc = sqlite3_step(st.s)) == SQLITE_ROW)
-    out[text(st.s, 0)] = static_cast<uint32_t>(sqlite3_column_int64(st.s, 1));
+    out[column_text(st.s, 0)] = static_cast<uint32_t>(sqlite3_column_int64(st.s, 1));
   if (rc != SQLITE_DONE) return std::unexpected(db_error(db_, "part_counts"));
   return out;
 }

@@ -42,15 +42,21 @@ SandboxRecord sandbox_from_row(sqlite3_stmt* s) {
   r.version = sqlite3_column_int64(s, 17);
   r.layers = list_from_json(sqlite3_column_text(s, 18));
   r.uid_base = static_cast<uint32_t>(sqlite3_column_int64(s, 19));
+  r.job = text(20);
+  r.step = text(21);
+  r.template_name = text(22);
+  r.priority = text(23);
+  r.pooled = sqlite3_column_int64(s, 24) != 0;
   return r;
 }
 
 constexpr const char* kSandboxColumns =
     "id, state, tier, image, node, memory_mb, cpus, pids, disk_mb, ttl_seconds, "
     "idle_timeout_seconds, labels, env, created_at_ms, expires_at_ms, ended_at_ms, end_reason, "
-    "version, layers, uid_base";
+    "version, layers, uid_base, job, step, template, priority, pooled";
 
-// Binds the 17 record columns before version at 1..17, layers at 18, uid_base at 20.
+// Binds the 17 record columns before version at 1..17, layers at 18, uid_base at
+// 20, job .. pooled at 21..25 (19 is the version a CAS update expects).
 void bind_record(sqlite3_stmt* s, const SandboxRecord& r, const std::string& labels,
                  const std::string& env) {
   sqlite3_bind_text(s, 1, r.id.c_str(), -1, SQLITE_TRANSIENT);
@@ -72,6 +78,11 @@ void bind_record(sqlite3_stmt* s, const SandboxRecord& r, const std::string& lab
   sqlite3_bind_text(s, 17, r.end_reason.c_str(), -1, SQLITE_TRANSIENT);
   sqlite3_bind_text(s, 18, list_to_json(r.layers).c_str(), -1, SQLITE_TRANSIENT);
   sqlite3_bind_int64(s, 20, r.uid_base);
+  sqlite3_bind_text(s, 21, r.job.c_str(), -1, SQLITE_TRANSIENT);
+  sqlite3_bind_text(s, 22, r.step.c_str(), -1, SQLITE_TRANSIENT);
+  sqlite3_bind_text(s, 23, r.template_name.c_str(), -1, SQLITE_TRANSIENT);
+  sqlite3_bind_text(s, 24, r.priority.c_str(), -1, SQLITE_TRANSIENT);
+  sqlite3_bind_int64(s, 25, r.pooled ? 1 : 0);
 }
 
 }  // namespace
@@ -101,12 +112,10 @@ Result<uint64_t> SqliteSandboxStore::insert(const SandboxRecord& r) {
   std::lock_guard lk(mu_);
   static const std::string kInsert =
       std::string("INSERT INTO sandboxes (") + kSandboxColumns +
-      ") VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15,?16,?17,1,?18,?20)";
+      ") VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15,?16,?17,1,?18,?20,?21,?22,?23,"
+      "?24,?25)";
   auto ins = prepared(&insert_stmt_, kInsert.c_str());
   if (!ins) return std::unexpected(ins.error());
-  auto lab =
-      prepared(&label_stmt_, "INSERT INTO sandbox_labels (sandbox_id, key, value) VALUES (?,?,?)");
-  if (!lab) return std::unexpected(lab.error());
   TP_TRY(exec_sql("BEGIN IMMEDIATE"));
   auto body = [&]() -> Result<void> {
     {
@@ -117,15 +126,7 @@ Result<uint64_t> SqliteSandboxStore::insert(const SandboxRecord& r) {
         return fail(Code::kConflict, "sandbox " + r.id + " already stored");
       if (rc != SQLITE_DONE) return std::unexpected(db_error(db_, "insert " + r.id));
     }
-    for (const auto& [k, v] : r.labels) {
-      Reset reset{*lab};
-      sqlite3_bind_text(*lab, 1, r.id.c_str(), -1, SQLITE_TRANSIENT);
-      sqlite3_bind_text(*lab, 2, k.c_str(), -1, SQLITE_TRANSIENT);
-      sqlite3_bind_text(*lab, 3, v.c_str(), -1, SQLITE_TRANSIENT);
-      if (sqlite3_step(*lab) != SQLITE_DONE)
-        return std::unexpected(db_error(db_, "insert labels " + r.id));
-    }
-    return {};
+    return write_labels(r);
   };
   if (auto b = body(); !b) {
     (void)exec_sql("ROLLBACK");
@@ -135,15 +136,65 @@ Result<uint64_t> SqliteSandboxStore::insert(const SandboxRecord& r) {
   return 1;
 }
 
+Result<void> SqliteSandboxStore::write_labels(const SandboxRecord& r) {
+  auto lab =
+      prepared(&label_stmt_, "INSERT INTO sandbox_labels (sandbox_id, key, value) VALUES (?,?,?)");
+  if (!lab) return std::unexpected(lab.error());
+  for (const auto& [k, v] : r.labels) {
+    Reset reset{*lab};
+    sqlite3_bind_text(*lab, 1, r.id.c_str(), -1, SQLITE_TRANSIENT);
+    sqlite3_bind_text(*lab, 2, k.c_str(), -1, SQLITE_TRANSIENT);
+    sqlite3_bind_text(*lab, 3, v.c_str(), -1, SQLITE_TRANSIENT);
+    if (sqlite3_step(*lab) != SQLITE_DONE)
+      return std::unexpected(db_error(db_, "insert labels " + r.id));
+  }
+  return {};
+}
+
 Result<uint64_t> SqliteSandboxStore::update(const SandboxRecord& r) {
   std::lock_guard lk(mu_);
-  // Labels are fixed at insert: not rewritten here.
+  return update_locked(r);
+}
+
+Result<uint64_t> SqliteSandboxStore::update_with_labels(const SandboxRecord& r) {
+  std::lock_guard lk(mu_);
+  TP_TRY(exec_sql("BEGIN IMMEDIATE"));
+  auto body = [&]() -> Result<uint64_t> {
+    auto v = update_locked(r);
+    if (!v) return v;
+    Stmt del, col;
+    if (sqlite3_prepare_v2(db_, "DELETE FROM sandbox_labels WHERE sandbox_id = ?", -1, &del.s,
+                           nullptr) != SQLITE_OK ||
+        sqlite3_prepare_v2(db_, "UPDATE sandboxes SET labels = ?2 WHERE id = ?1", -1, &col.s,
+                           nullptr) != SQLITE_OK)
+      return std::unexpected(db_error(db_, "prepare labels"));
+    sqlite3_bind_text(del.s, 1, r.id.c_str(), -1, SQLITE_TRANSIENT);
+    sqlite3_bind_text(col.s, 1, r.id.c_str(), -1, SQLITE_TRANSIENT);
+    const std::string json = map_to_json(r.labels);
+    sqlite3_bind_text(col.s, 2, json.c_str(), -1, SQLITE_TRANSIENT);
+    if (sqlite3_step(del.s) != SQLITE_DONE || sqlite3_step(col.s) != SQLITE_DONE)
+      return std::unexpected(db_error(db_, "labels of " + r.id));
+    TP_TRY(write_labels(r));
+    return v;
+  };
+  auto v = body();
+  if (!v) {
+    (void)exec_sql("ROLLBACK");
+    return v;
+  }
+  TP_TRY(exec_sql("COMMIT"));
+  return v;
+}
+
+Result<uint64_t> SqliteSandboxStore::update_locked(const SandboxRecord& r) {
+  // Labels are not rewritten here (update_with_labels does).
   auto up =
       prepared(&update_stmt_,
                "UPDATE sandboxes SET state=?2, tier=?3, image=?4, node=?5, memory_mb=?6, cpus=?7,"
                " pids=?8, disk_mb=?9, ttl_seconds=?10, idle_timeout_seconds=?11, env=?13,"
                " created_at_ms=?14, expires_at_ms=?15, ended_at_ms=?16, end_reason=?17,"
-               " layers=?18, uid_base=?20, version=version+1 WHERE id=?1 AND version=?19");
+               " layers=?18, uid_base=?20, job=?21, step=?22, template=?23, priority=?24,"
+               " pooled=?25, version=version+1 WHERE id=?1 AND version=?19");
   if (!up) return std::unexpected(up.error());
   {
     Reset reset{*up};
@@ -183,6 +234,9 @@ Result<std::vector<SandboxRecord>> SqliteSandboxStore::list(const SandboxQuery& 
   std::string sql = std::string("SELECT ") + kSandboxColumns + " FROM sandboxes s WHERE 1";
   if (!q.state.empty()) sql += " AND s.state = ?";
   if (q.live_only) sql += " AND s.ended_at_ms = 0";
+  if (!q.include_pooled) sql += " AND s.pooled = 0";
+  if (!q.job.empty()) sql += " AND s.job = ?";
+  if (!q.step.empty()) sql += " AND s.step = ?";
   for (size_t i = 0; i < q.labels.size(); ++i)
     sql +=
         " AND EXISTS (SELECT 1 FROM sandbox_labels l WHERE l.sandbox_id = s.id"
@@ -192,6 +246,8 @@ Result<std::vector<SandboxRecord>> SqliteSandboxStore::list(const SandboxQuery& 
     return std::unexpected(db_error(db_, "prepare list"));
   int n = 1;
   if (!q.state.empty()) sqlite3_bind_text(st.s, n++, q.state.c_str(), -1, SQLITE_TRANSIENT);
+  if (!q.job.empty()) sqlite3_bind_text(st.s, n++, q.job.c_str(), -1, SQLITE_TRANSIENT);
+  if (!q.step.empty()) sqlite3_bind_text(st.s, n++, q.step.c_str(), -1, SQLITE_TRANSIENT);
   for (const auto& [k, v] : q.labels) {
     sqlite3_bind_text(st.s, n++, k.c_str(), -1, SQLITE_TRANSIENT);
     sqlite3_bind_text(st.s, n++, v.c_str(), -1, SQLITE_TRANSIENT);

@@ -35,6 +35,7 @@ class SqliteSandboxStore : public SandboxStore {
 
   Result<uint64_t> insert(const SandboxRecord& r) override;
   Result<uint64_t> update(const SandboxRecord& r) override;
+  Result<uint64_t> update_with_labels(const SandboxRecord& r) override;
   Result<std::optional<SandboxRecord>> get(const std::string& id) override;
   Result<std::vector<SandboxRecord>> list(const SandboxQuery& q) override;
   Result<int> prune_ended(int64_t before_ms) override;
@@ -43,6 +44,8 @@ class SqliteSandboxStore : public SandboxStore {
   explicit SqliteSandboxStore(sqlite3* db) : db_(db) {}
   Result<void> exec_sql(const char* sql);
   Result<sqlite3_stmt*> prepared(sqlite3_stmt** slot, const char* sql);
+  Result<uint64_t> update_locked(const SandboxRecord& r);  // under mu_
+  Result<void> write_labels(const SandboxRecord& r);       // under mu_, in a transaction
   std::mutex mu_;
   sqlite3* db_;
   // Statements of the create/destroy path, prepared once (compiling costs about

@@ -94,6 +94,35 @@ Result<void> to_v3(sqlite3* db) {
   return {};
 }
 
+// 3 -> 4. Rows from before belong to no job or template, and ran at normal priority.
+Result<void> to_v4(sqlite3* db) {
+  static const std::pair<const char*, const char*> kColumns[] = {
+      {"job", "TEXT NOT NULL DEFAULT ''"},
+      {"step", "TEXT NOT NULL DEFAULT ''"},
+      {"template", "TEXT NOT NULL DEFAULT ''"},
+      {"priority", "TEXT NOT NULL DEFAULT 'normal'"},
+      {"pooled", "INTEGER NOT NULL DEFAULT 0"},
+  };
+  for (const auto& [col, decl] : kColumns) {
+    auto has = has_column(db, "sandboxes", col);
+    if (!has) return std::unexpected(has.error());
+    if (!*has)
+      TP_TRY(exec_sql(db, (std::string("ALTER TABLE sandboxes ADD COLUMN ") + col + " " + decl)
+                              .c_str()));
+  }
+  TP_TRY(exec_sql(db, "CREATE INDEX IF NOT EXISTS sandboxes_job ON sandboxes (job, step)"));
+  for (const char* t : {"templates", "jobs"}) {
+    TP_TRY(exec_sql(db, (std::string("CREATE TABLE IF NOT EXISTS ") + t +
+                         " (key TEXT PRIMARY KEY, body TEXT NOT NULL, live INTEGER NOT NULL,"
+                         " ended_ms INTEGER NOT NULL, version INTEGER NOT NULL) WITHOUT ROWID")
+                            .c_str()));
+    TP_TRY(exec_sql(db, (std::string("CREATE INDEX IF NOT EXISTS ") + t + "_live ON " + t +
+                         " (live, ended_ms)")
+                            .c_str()));
+  }
+  return {};
+}
+
 Result<void> migrate(sqlite3* db) {
   auto v = user_version(db);
   if (!v) return std::unexpected(v.error());
@@ -113,6 +142,7 @@ Result<void> migrate(sqlite3* db) {
     TP_TRY(to_v1(db));
     TP_TRY(to_v2(db));
     TP_TRY(to_v3(db));
+    TP_TRY(to_v4(db));
     return exec_sql(db, ("PRAGMA user_version = " + std::to_string(kSchemaVersion)).c_str());
   };
   if (auto r = body(); !r) {
@@ -126,6 +156,11 @@ Result<void> migrate(sqlite3* db) {
 
 Error db_error(sqlite3* db, const std::string& what) {
   return Error{Code::kInternal, 0, "sqlite " + what + ": " + sqlite3_errmsg(db)};
+}
+
+std::string column_text(sqlite3_stmt* s, int i) {
+  const unsigned char* t = sqlite3_column_text(s, i);
+  return t ? std::string(reinterpret_cast<const char*>(t)) : std::string();
 }
 
 Result<void> exec_sql(sqlite3* db, const char* sql) {

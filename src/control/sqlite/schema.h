@@ -13,6 +13,9 @@
 //      (image::ImageStore imports that file once)
 //   3  sandboxes.uid_base (the sandbox's own host uid range; 0 on rows from
 //      before, whose sandboxes share the daemon's range)
+//   4  sandboxes.job, step, template, priority, pooled (warm pools and jobs;
+//      an index on job); the document tables `templates` and `jobs`
+//      (control/sqlite/doc_store.h)
 // A file newer than this daemon is refused (no downgrade).
 //
 // Thread rules: call from one thread per connection (the stores serialise).
@@ -29,7 +32,7 @@ struct sqlite3_stmt;
 
 namespace tp::control::sqlite {
 
-constexpr int kSchemaVersion = 3;
+constexpr int kSchemaVersion = 4;
 
 // Opens (creating if needed) the database at `path` with the pragmas every
 // store relies on (WAL, synchronous=NORMAL, a busy timeout) and migrates it to
@@ -40,6 +43,9 @@ Result<sqlite3*> open_database(const std::string& path);
 Result<void> exec_sql(sqlite3* db, const char* sql);
 
 Error db_error(sqlite3* db, const std::string& what);
+
+// A text column as a string ("" for NULL).
+std::string column_text(sqlite3_stmt* s, int i);
 
 // Owns a prepared statement.
 struct Stmt {

@@ -356,3 +356,58 @@ TEST_F(SqliteStoreTest, OpenFailsCleanlyOnBadPath) {
 
 }  // namespace
 }  // namespace tp::control
+
+namespace tp::control {
+namespace {
+
+// Schema 4: job, step, template, priority and the pooled flag go through insert,
+// update and list; pooled records are hidden unless asked for; a hand-out
+// replaces the labels (update_with_labels) while update() keeps them.
+TEST_P(SandboxStoreContract, KeepsJobsStepsAndPoolsAndHandsOutWithNewLabels) {
+  auto r = rec("n0-p", "running", 1, {{"pool", "yes"}});
+  r.template_name = "tpl";
+  r.priority = "best-effort";
+  r.pooled = true;
+  ASSERT_TRUE(st_->insert(r));
+  ASSERT_TRUE(st_->insert(rec("n0-q", "running", 2)));
+  auto visible = st_->list(query("running", {}, true));
+  ASSERT_TRUE(visible);
+  ASSERT_EQ(visible->size(), 1u);
+  EXPECT_EQ((*visible)[0].id, "n0-q");
+  SandboxQuery all = query("", {}, true);
+  all.include_pooled = true;
+  EXPECT_EQ(st_->list(all)->size(), 2u);
+
+  auto got = **st_->get("n0-p");
+  EXPECT_TRUE(got.pooled);
+  EXPECT_EQ(got.template_name, "tpl");
+  EXPECT_EQ(got.priority, "best-effort");
+  got.pooled = false;
+  got.job = "job-1";
+  got.step = "3";
+  got.labels = {{"user", "u1"}};
+  auto v = st_->update_with_labels(got);
+  ASSERT_TRUE(v) << v.error().message();
+  SandboxQuery by_job;
+  by_job.job = "job-1";
+  auto mine = st_->list(by_job);
+  ASSERT_TRUE(mine);
+  ASSERT_EQ(mine->size(), 1u);
+  EXPECT_EQ((*mine)[0].labels, (std::map<std::string, std::string>{{"user", "u1"}}));
+  EXPECT_EQ((*mine)[0].step, "3");
+  EXPECT_TRUE(st_->list(query("", {{"pool", "yes"}}, false))->empty());
+  EXPECT_EQ(st_->list(query("", {{"user", "u1"}}, false))->size(), 1u);
+  by_job.step = "4";
+  EXPECT_TRUE(st_->list(by_job)->empty());
+  // A plain update keeps the labels; a stale version is refused by both.
+  auto again = (*mine)[0];
+  again.labels = {{"ignored", "x"}};
+  ASSERT_TRUE(st_->update(again));
+  EXPECT_EQ((**st_->get("n0-p")).labels, (std::map<std::string, std::string>{{"user", "u1"}}));
+  auto stale = st_->update_with_labels(again);
+  ASSERT_FALSE(stale);
+  EXPECT_EQ(stale.error().code, Code::kConflict);
+}
+
+}  // namespace
+}  // namespace tp::control
