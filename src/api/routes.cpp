@@ -454,7 +454,13 @@ void Api::list(Request& req, const Params&, std::shared_ptr<Responder> res) {
                                                 "paused", "stopped",  "lost"};
   if (!kStates.count(state))
     return res->send_error(Error{Code::kInvalidArgument, 0, "unknown state '" + state + "'"});
-  auto recs = mgr_.list(labels, state, truthy(req.q("all")));
+  node::ListFilter f;
+  f.labels = std::move(labels);
+  f.state = state;
+  f.all = truthy(req.q("all"));
+  if (const std::string* j = req.q("job")) f.job = *j;
+  if (const std::string* s = req.q("step")) f.step = *s;
+  auto recs = mgr_.list(f);
   if (!recs) return res->send_error(recs.error());
   json::array arr;
   for (const auto& r : *recs) arr.push_back(to_json(r));

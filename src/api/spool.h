@@ -13,14 +13,13 @@
 // any thread (pread).
 #pragma once
 
-#include <cstdint>
-#include <memory>
-#include <string>
-
 #include <boost/asio/buffer.hpp>
 #include <boost/beast/core/error.hpp>
 #include <boost/beast/http/message.hpp>
 #include <boost/optional.hpp>
+#include <cstdint>
+#include <memory>
+#include <string>
 
 #include "common/result.h"
 #include "sys/fd.h"

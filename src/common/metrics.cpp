@@ -34,14 +34,21 @@ void Metrics::set_state_source(std::function<std::map<std::string, uint64_t>()> 
   states_ = std::move(f);
 }
 
+void Metrics::add_source(std::function<void(std::string* out)> f) {
+  std::lock_guard lk(mu_);
+  sources_.push_back(std::move(f));
+}
+
 std::string Metrics::render() const {
   std::string out;
   std::function<std::map<std::string, uint64_t>()> states;
   std::map<int, uint64_t> http;
+  std::vector<std::function<void(std::string*)>> sources;
   {
     std::lock_guard lk(mu_);
     states = states_;
     http = http_;
+    sources = sources_;
   }
   out += "# HELP tidepool_sandboxes Sandboxes by state.\n# TYPE tidepool_sandboxes gauge\n";
   std::map<std::string, uint64_t> by_state = {
@@ -58,6 +65,8 @@ std::string Metrics::render() const {
           creation_failures.load());
   counter("tidepool_sandbox_destructions_total", "Sandboxes destroyed.", destructions.load());
   counter("tidepool_exec_total", "Commands run.", exec_total.load());
+  counter("tidepool_sandbox_pauses_total", "Sandboxes paused.", pauses.load());
+  counter("tidepool_sandbox_resumes_total", "Paused sandboxes resumed.", resumes.load());
   out +=
       "# HELP tidepool_exec_duration_seconds Command wall time.\n"
       "# TYPE tidepool_exec_duration_seconds histogram\n";
@@ -67,10 +76,15 @@ std::string Metrics::render() const {
       "# TYPE tidepool_sandbox_create_duration_seconds histogram\n";
   create_seconds.render("tidepool_sandbox_create_duration_seconds", &out);
   out +=
+      "# HELP tidepool_sandbox_pause_duration_seconds Time to freeze a sandbox.\n"
+      "# TYPE tidepool_sandbox_pause_duration_seconds histogram\n";
+  pause_seconds.render("tidepool_sandbox_pause_duration_seconds", &out);
+  out +=
       "# HELP tidepool_http_requests_total HTTP requests by status.\n"
       "# TYPE tidepool_http_requests_total counter\n";
   for (const auto& [code, n] : http)
     out += fmt::format("tidepool_http_requests_total{{code=\"{}\"}} {}\n", code, n);
+  for (const auto& f : sources) f(&out);
   return out;
 }
 

@@ -10,6 +10,7 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <vector>
 
 namespace tp {
 
@@ -34,18 +35,25 @@ class Metrics {
   std::atomic<uint64_t> creation_failures{0};
   std::atomic<uint64_t> destructions{0};
   std::atomic<uint64_t> exec_total{0};
+  std::atomic<uint64_t> pauses{0};
+  std::atomic<uint64_t> resumes{0};
   Histogram exec_seconds;
   Histogram create_seconds;
+  Histogram pause_seconds;
 
   void count_http(int status);
   // Gauge source: sandboxes by state, asked at render time.
   void set_state_source(std::function<std::map<std::string, uint64_t>()> f);
+  // A module's own metrics (pools, jobs), appended in Prometheus text at render
+  // time. Add before serving.
+  void add_source(std::function<void(std::string* out)> f);
   std::string render() const;
 
  private:
   mutable std::mutex mu_;
   std::map<int, uint64_t> http_;
   std::function<std::map<std::string, uint64_t>()> states_;
+  std::vector<std::function<void(std::string* out)>> sources_;
 };
 
 }  // namespace tp

@@ -15,9 +15,8 @@ Result<uint64_t> MemoryDocStore::put(const Doc& d) {
   }
   if (it == rows_.end()) return fail(Code::kNotFound, d.key + " not stored");
   if (it->second.version != d.version)
-    return fail(Code::kConflict, d.key + " changed (version " +
-                                     std::to_string(it->second.version) + ", expected " +
-                                     std::to_string(d.version) + ")");
+    return fail(Code::kConflict, d.key + " changed (version " + std::to_string(it->second.version) +
+                                     ", expected " + std::to_string(d.version) + ")");
   Doc c = d;
   c.version = d.version + 1;
   it->second = std::move(c);

@@ -38,7 +38,8 @@ T num(const json::object& o, const char* key, T def) {
 Result<json::object> parse_body(const Doc& d) {
   boost::system::error_code ec;
   json::value v = json::parse(d.body, ec);
-  if (ec || !v.is_object()) return fail(Code::kInternal, "stored document " + d.key + " is damaged");
+  if (ec || !v.is_object())
+    return fail(Code::kInternal, "stored document " + d.key + " is damaged");
   return std::move(v.as_object());
 }
 
@@ -125,10 +126,9 @@ std::string JobStore::to_body(const JobRecord& j) {
                  {"lapsed_at_ms", j.lapsed_at_ms},
                  {"ended_ms", j.ended_ms},
                  {"end_reason", j.end_reason},
-                 {"quota",
-                  json::object{{"sandboxes", j.quota.sandboxes},
-                               {"memory_mb", j.quota.memory_mb},
-                               {"cpus", j.quota.cpus}}},
+                 {"quota", json::object{{"sandboxes", j.quota.sandboxes},
+                                        {"memory_mb", j.quota.memory_mb},
+                                        {"cpus", j.quota.cpus}}},
                  {"labels", map_json(j.labels)}};
   return json::serialize(o);
 }

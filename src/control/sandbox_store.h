@@ -54,9 +54,9 @@ struct SandboxRecord {
   // First host uid/gid of the sandbox's own 65536-id range (node/uid_ranges.h);
   // 0 = none recorded (a sandbox of a daemon from before per-sandbox ranges).
   uint32_t uid_base = 0;
-  std::string job;            // the job (training run) it belongs to; "" = none
-  std::string step;           // the job's step it is tagged with; "" = none
-  std::string template_name;  // the template it was made from; "" = none
+  std::string job;                  // the job (training run) it belongs to; "" = none
+  std::string step;                 // the job's step it is tagged with; "" = none
+  std::string template_name;        // the template it was made from; "" = none
   std::string priority = "normal";  // "normal" or "best-effort" (lowest CPU weight)
   // Made by a warm pool and not handed out yet: hidden from clients, listed
   // only with SandboxQuery::include_pooled. Handing it out clears it.

@@ -72,13 +72,17 @@ class Sandbox : public std::enable_shared_from_this<Sandbox> {
 
   // Runs op once every op enqueued before it has called its Done. The op starts
   // on the enqueuing thread when the strand is idle, else on the thread that
-  // calls the previous Done; ops that block should post themselves elsewhere.
+  // calls the previous Done, which may hold `mu` or `freeze_mu`: an op posts its
+  // work elsewhere rather than taking those locks inline.
   void enqueue(Op op);
 
   // Applies `e` (caller holds mu): false, changing nothing, if not allowed.
   bool apply(Event e);
 
   std::mutex mu;
+  // Serialises freeze and thaw of the instance (a pause op on the strand, and a
+  // request that resumes the sandbox on its way in). Taken before `mu`.
+  std::mutex freeze_mu;
   control::SandboxRecord rec;  // rec.state follows `state` (see stored_name())
   State state;
   // Set by the first stop request (delete, ttl, idle, shutdown, agent loss);

@@ -114,6 +114,11 @@ void proc_done(const std::shared_ptr<BgProc>& bg, Result<ExecOutcome> r) {
   for (auto& w : waiters) w();
 }
 
+bool is_pooled(Sandbox& sb) {
+  std::lock_guard lk(sb.mu);
+  return sb.rec.pooled;
+}
+
 Error ended_while_creating(const std::string& id, EndReason why) {
   if (why == EndReason::kDeleted)
     return Error{Code::kConflict, 0, "sandbox " + id + " was deleted while creating"};
@@ -132,6 +137,7 @@ runtime::SandboxSpec spec_of(const SandboxRecord& r, const ResolvedImage& img) {
   spec.pids_max = static_cast<uint32_t>(r.pids);
   spec.disk_bytes = r.disk_mb << 20;
   spec.uid_base = r.uid_base;
+  spec.best_effort = r.priority == "best-effort";
   for (const auto& [k, v] : img.env) spec.env.emplace(k, v);
   for (const auto& [k, v] : r.env) spec.env[k] = v;
   return spec;
@@ -312,7 +318,7 @@ Result<bool> SandboxManager::adopt_one(SandboxRecord r) {
       }
       {
         std::lock_guard lk(mu_);
-        live_[r.id] = sb;
+        add_live_locked(sb);
       }
       watch_agent(sb);
       // Its commands: background processes come back, requests' commands are killed.
@@ -498,8 +504,7 @@ void SandboxManager::on_tick() {
       sb->unrecorded = false;
     }
     std::lock_guard lk(mu_);
-    auto it = live_.find(snap.id);
-    if (it != live_.end() && it->second == sb) live_.erase(it);
+    erase_live_locked(sb);
   }
 }
 
@@ -557,15 +562,28 @@ void SandboxManager::create(CreateParams p, RecordCb cb) {
   r.idle_timeout_seconds = p.idle_timeout_seconds;
   r.labels = p.labels;
   r.env = p.env;
+  r.priority = p.priority;
+  r.template_name = p.template_name;
+  r.job = p.job;
+  r.step = p.step;
+  r.pooled = p.pooled;
   r.created_at_ms = now_ms();
-  r.expires_at_ms = r.created_at_ms + static_cast<int64_t>(p.ttl_seconds) * 1000;
+  // A pooled sandbox has no TTL (nor idle timeout) until it is handed out.
+  r.expires_at_ms = p.pooled ? 0 : r.created_at_ms + static_cast<int64_t>(p.ttl_seconds) * 1000;
+  if (p.pooled) r.idle_timeout_seconds = 0;
   auto sb = std::make_shared<Sandbox>(std::move(r), State::kCreating);
   sb->backend = backend;
   sb->disk_bytes = p.disk_mb << 20;
   {
     std::lock_guard lk(mu_);
     if (stopping_) return reject(Error{Code::kUnavailable, 0, "daemon is shutting down"});
-    live_[sb->id()] = sb;  // visible as "creating"
+    // Quotas: checked and the sandbox counted in one step, so that concurrent
+    // creates of one job cannot both pass.
+    if (!p.job.empty()) {
+      if (!admission_) return reject(Error{Code::kNotFound, 0, "job '" + p.job + "' not found"});
+      if (auto a = admission_(p, job_use_locked(p.job)); !a) return reject(a.error());
+    }
+    add_live_locked(sb);  // visible as "creating"
   }
   int64_t start_us = mono_us();
   sb->enqueue([this, sb, cb, start_us](Sandbox::Done done) {
@@ -629,7 +647,7 @@ void SandboxManager::create_op(std::shared_ptr<Sandbox> sb, RecordCb cb, Sandbox
     }
     {
       std::lock_guard lk(mu_);
-      live_.erase(sb->id());
+      erase_live_locked(sb);
     }
     Error e = ins.error();
     for (auto& w : waiters) asio::post(io_, [w, e] { w(std::unexpected(e)); });
@@ -847,8 +865,7 @@ void SandboxManager::store_final(const std::shared_ptr<Sandbox>& sb, std::option
       snap.version = *v;
     }
     std::lock_guard lk(mu_);
-    auto it = live_.find(snap.id);
-    if (it != live_.end() && it->second == sb) live_.erase(it);
+    erase_live_locked(sb);
   }
   if (opts_.on_ended) opts_.on_ended(snap.id);
   std::vector<RecordCb> waiters;
@@ -937,7 +954,7 @@ void SandboxManager::request_release(std::shared_ptr<Sandbox> sb, std::function<
       }
       {
         std::lock_guard lk(mu_);
-        live_.erase(sb->id());
+        erase_live_locked(sb);
       }
       TP_SB_INFO(sb->id(), "released: it keeps running for the next daemon");
       asio::post(io_, done_cb);
@@ -948,10 +965,238 @@ void SandboxManager::request_release(std::shared_ptr<Sandbox> sb, std::function<
 
 // ---- queries -------------------------------------------------------------------
 
+void SandboxManager::add_live_locked(const std::shared_ptr<Sandbox>& sb) {
+  live_[sb->id()] = sb;
+  std::string job;
+  {
+    std::lock_guard lk(sb->mu);
+    job = sb->rec.job;
+  }
+  if (!job.empty()) by_job_[job].insert(sb);
+}
+
+void SandboxManager::erase_live_locked(const std::shared_ptr<Sandbox>& sb) {
+  auto it = live_.find(sb->id());
+  if (it == live_.end() || it->second != sb) return;
+  live_.erase(it);
+  std::string job;
+  {
+    std::lock_guard lk(sb->mu);
+    job = sb->rec.job;
+  }
+  if (auto j = by_job_.find(job); j != by_job_.end()) {
+    j->second.erase(sb);
+    if (j->second.empty()) by_job_.erase(j);
+  }
+}
+
+JobUse SandboxManager::job_use_locked(const std::string& job) {
+  JobUse u;
+  auto j = by_job_.find(job);
+  if (j == by_job_.end()) return u;
+  for (const auto& sb : j->second) {
+    std::lock_guard lk(sb->mu);
+    u.sandboxes++;
+    u.memory_mb += sb->rec.memory_mb;
+    u.cpus += sb->rec.cpus;
+  }
+  return u;
+}
+
 std::shared_ptr<Sandbox> SandboxManager::find_live(const std::string& id) {
   std::lock_guard lk(mu_);
   auto it = live_.find(id);
   return it == live_.end() ? nullptr : it->second;
+}
+
+std::shared_ptr<Sandbox> SandboxManager::find_for_request(const std::string& id) {
+  auto sb = find_live(id);
+  if (!sb) return nullptr;
+  bool paused;
+  {
+    std::lock_guard lk(sb->mu);
+    if (sb->rec.pooled) return nullptr;
+    paused = sb->state == State::kPaused;
+  }
+  if (paused && resume_now(sb)) TP_SB_INFO(id, "resumed by a request");
+  return sb;
+}
+
+bool SandboxManager::resume_now(const std::shared_ptr<Sandbox>& sb) {
+  std::lock_guard fz(sb->freeze_mu);
+  {
+    std::lock_guard lk(sb->mu);
+    if (sb->state != State::kPaused || sb->stop_reason != EndReason::kNone) return false;
+  }
+  auto r = sb->inst->thaw();
+  if (!r) {
+    TP_SB_ERROR(sb->id(), "resume: {}", r.error().message());
+    return false;
+  }
+  {
+    std::lock_guard lk(sb->mu);
+    sb->apply(Event::kResume);
+    sb->last_active_ms = now_ms();
+  }
+  metrics_.resumes++;
+  store_on_strand(sb);
+  return true;
+}
+
+void SandboxManager::store_on_strand(const std::shared_ptr<Sandbox>& sb) {
+  sb->enqueue([this, sb](Sandbox::Done done) {
+    asio::post(blocking_, [this, sb, done] {
+      SandboxRecord snap;
+      {
+        std::lock_guard lk(sb->mu);
+        if (is_final(sb->state) || sb->state == State::kStopping) return done();
+        snap = sb->rec;
+      }
+      auto v = store_.update(snap);
+      if (v) {
+        std::lock_guard lk(sb->mu);
+        sb->rec.version = *v;
+      } else {
+        TP_SB_WARN(sb->id(), "store: {}", v.error().message());
+      }
+      done();
+    });
+  });
+}
+
+void SandboxManager::pause(const std::string& id, RecordCb cb) {
+  auto sb = find_live(id);
+  if (sb && is_pooled(*sb)) sb = nullptr;
+  if (!sb) {
+    auto e = not_live_error(id);
+    asio::post(io_, [cb, e] { cb(std::unexpected(e)); });
+    return;
+  }
+  sb->enqueue([this, sb, cb](Sandbox::Done done) {
+    asio::post(blocking_, [this, sb, cb, done] {
+      auto r = pause_now(sb);
+      asio::post(io_, [cb, r] { cb(r); });
+      done();  // after freeze_mu is released: the next op may resume it
+    });
+  });
+}
+
+Result<SandboxRecord> SandboxManager::pause_now(const std::shared_ptr<Sandbox>& sb) {
+  std::lock_guard fz(sb->freeze_mu);
+  {
+    std::lock_guard lk(sb->mu);
+    if (sb->state == State::kPaused) return sb->rec;
+    if (sb->state != State::kRunning || sb->stop_reason != EndReason::kNone ||
+        sb->release_requested)
+      return fail(Code::kConflict, "sandbox " + sb->id() + " is " + std::string(name(sb->state)));
+  }
+  int64_t t0 = mono_us();
+  auto r = sb->inst->freeze();
+  if (!r) {
+    TP_SB_ERROR(sb->id(), "pause: {}", r.error().message());
+    return std::unexpected(r.error());
+  }
+  SandboxRecord snap;
+  {
+    std::lock_guard lk(sb->mu);
+    sb->apply(Event::kPause);
+    snap = sb->rec;
+  }
+  metrics_.pauses++;
+  metrics_.pause_seconds.observe(static_cast<double>(mono_us() - t0) / 1e6);
+  auto v = store_.update(snap);
+  if (v) {
+    std::lock_guard lk(sb->mu);
+    sb->rec.version = *v;
+    snap.version = *v;
+  }
+  TP_SB_INFO(sb->id(), "paused");
+  return snap;
+}
+
+void SandboxManager::resume(const std::string& id, RecordCb cb) {
+  auto sb = find_for_request(id);  // resumes it
+  if (!sb) {
+    auto e = not_live_error(id);
+    asio::post(io_, [cb, e] { cb(std::unexpected(e)); });
+    return;
+  }
+  // Answered after the strand's ops before it (a pause in flight, the record).
+  // Posted, like every op: the Done that starts it may run under a lock.
+  sb->enqueue([this, sb, cb](Sandbox::Done done) {
+    asio::post(io_, [this, sb, cb, done] {
+      if (resume_now(sb)) TP_SB_INFO(sb->id(), "resumed");
+      SandboxRecord snap;
+      {
+        std::lock_guard lk(sb->mu);
+        snap = sb->rec;
+      }
+      cb(snap);
+      done();
+    });
+  });
+}
+
+void SandboxManager::claim(const std::string& id, CreateParams p, RecordCb cb) {
+  auto reject = [&](Error e) { asio::post(io_, [cb, e] { cb(std::unexpected(e)); }); };
+  auto sb = find_live(id);
+  if (!sb) return reject(Error{Code::kNotFound, 0, "pooled sandbox " + id + " is gone"});
+  {
+    std::lock_guard lk(mu_);
+    if (!p.job.empty()) {
+      if (!admission_) return reject(Error{Code::kNotFound, 0, "job '" + p.job + "' not found"});
+      if (auto a = admission_(p, job_use_locked(p.job)); !a) return reject(a.error());
+    }
+    std::lock_guard lk2(sb->mu);
+    if (!sb->rec.pooled || sb->state != State::kRunning || sb->stop_reason != EndReason::kNone)
+      return reject(Error{Code::kNotFound, 0, "pooled sandbox " + id + " is not available"});
+    // The client's from now on: nobody else can claim it, its job counts it.
+    sb->rec.pooled = false;
+    sb->rec.job = p.job;
+    sb->rec.step = p.step;
+    if (!p.job.empty()) by_job_[p.job].insert(sb);
+    sb->rec.labels = p.labels;
+    sb->rec.env = p.env;
+    sb->rec.ttl_seconds = p.ttl_seconds;
+    sb->rec.idle_timeout_seconds = p.idle_timeout_seconds;
+    sb->rec.created_at_ms = now_ms();
+    sb->rec.expires_at_ms = sb->rec.created_at_ms + static_cast<int64_t>(p.ttl_seconds) * 1000;
+    sb->last_active_ms = sb->rec.created_at_ms;
+  }
+  // Stored before it is answered, on its strand: a restarted daemon must never
+  // see a handed-out sandbox as pooled (it would hand it out again).
+  sb->enqueue([this, sb, cb](Sandbox::Done done) {
+    asio::post(blocking_, [this, sb, cb, done] {
+      SandboxRecord snap;
+      {
+        std::lock_guard lk(sb->mu);
+        snap = sb->rec;
+      }
+      auto v = store_.update_with_labels(snap);
+      if (!v) {
+        TP_SB_ERROR(sb->id(), "cannot record the hand-out: {}", v.error().message());
+        Error e{v.error().code, v.error().sys_errno,
+                "cannot record sandbox: " + v.error().message()};
+        request_stop(sb, EndReason::kFailed, [this, cb, e](Result<SandboxRecord>) {
+          asio::post(io_, [cb, e] { cb(std::unexpected(e)); });
+        });
+        return done();
+      }
+      {
+        std::lock_guard lk(sb->mu);
+        sb->rec.version = *v;
+        snap.version = *v;
+      }
+      TP_SB_INFO(sb->id(), "handed out from the pool of {}", snap.template_name);
+      asio::post(io_, [cb, snap] { cb(snap); });
+      done();
+    });
+  });
+}
+
+void SandboxManager::set_admission(Admission a) {
+  std::lock_guard lk(mu_);
+  admission_ = std::move(a);
 }
 
 size_t SandboxManager::live_count() {
@@ -961,28 +1206,33 @@ size_t SandboxManager::live_count() {
 
 Error SandboxManager::not_live_error(const std::string& id) {
   auto rec = store_.get(id);
-  if (rec && *rec) return Error{Code::kConflict, 0, "sandbox " + id + " is " + (*rec)->state};
+  if (rec && *rec && !(*rec)->pooled)
+    return Error{Code::kConflict, 0, "sandbox " + id + " is " + (*rec)->state};
   return Error{Code::kNotFound, 0, "sandbox " + id + " not found"};
 }
 
 Result<SandboxRecord> SandboxManager::get(const std::string& id) {
   if (auto sb = find_live(id)) {
     std::lock_guard lk(sb->mu);
+    if (sb->rec.pooled) return fail(Code::kNotFound, "sandbox " + id + " not found");
     return sb->rec;
   }
   auto rec = store_.get(id);
   if (!rec) return std::unexpected(rec.error());
-  if (!*rec) return fail(Code::kNotFound, "sandbox " + id + " not found");
+  if (!*rec || (*rec)->pooled) return fail(Code::kNotFound, "sandbox " + id + " not found");
   return **rec;
 }
 
-Result<std::vector<SandboxRecord>> SandboxManager::list(
-    const std::map<std::string, std::string>& labels, const std::string& state, bool all) {
-  bool ended_too = all || state == "stopped" || state == "lost";
+Result<std::vector<SandboxRecord>> SandboxManager::list(const ListFilter& f) {
+  const auto& labels = f.labels;
+  const auto& state = f.state;
+  bool ended_too = f.all || state == "stopped" || state == "lost";
   control::SandboxQuery q;
   q.state = state;
   q.labels = labels;
   q.live_only = !ended_too;
+  q.job = f.job;
+  q.step = f.step;
   // Snapshot the live ones first: a sandbox that ends between the two reads is
   // then reported by its stored final record, not by a stale live one.
   std::vector<SandboxRecord> live;
@@ -1000,7 +1250,9 @@ Result<std::vector<SandboxRecord>> SandboxManager::list(
   for (auto& r : live) {
     auto it = merged.find(r.id);
     if (it != merged.end() && it->second.ended_at_ms != 0) continue;  // ended since the snapshot
-    bool match = (state.empty() || r.state == state) && (ended_too || r.ended_at_ms == 0);
+    bool match = (state.empty() || r.state == state) && (ended_too || r.ended_at_ms == 0) &&
+                 !r.pooled && (f.job.empty() || r.job == f.job) &&
+                 (f.step.empty() || r.step == f.step);
     for (const auto& [k, v] : labels) {
       auto l = r.labels.find(k);
       match = match && l != r.labels.end() && l->second == v;
@@ -1020,9 +1272,10 @@ Result<std::vector<SandboxRecord>> SandboxManager::list(
 
 void SandboxManager::destroy(const std::string& id, EndReason reason, RecordCb cb) {
   auto sb = find_live(id);
+  if (sb && reason == EndReason::kDeleted && is_pooled(*sb)) sb = nullptr;  // a pool's own
   if (!sb) {
     auto rec = store_.get(id);
-    if (rec && *rec) {
+    if (rec && *rec && !(*rec)->pooled) {
       // Already ended: deleting again is not an error; answer the record.
       SandboxRecord r = **rec;
       asio::post(io_, [cb, r] { cb(r); });
@@ -1037,7 +1290,7 @@ void SandboxManager::destroy(const std::string& id, EndReason reason, RecordCb c
 // ---- exec ------------------------------------------------------------------------
 
 Result<uint32_t> SandboxManager::exec(const std::string& id, ExecParams p, ExecCallbacks cb) {
-  auto sb = find_live(id);
+  auto sb = find_for_request(id);
   if (!sb) return std::unexpected(not_live_error(id));
   return start_exec(sb, std::move(p), std::move(cb), exec_meta());
 }
@@ -1135,7 +1388,7 @@ Result<uint32_t> SandboxManager::start_exec(const std::shared_ptr<Sandbox>& sb, 
 }
 
 void SandboxManager::signal_exec(const std::string& id, uint32_t exec_id, int signo) {
-  auto sb = find_live(id);
+  auto sb = find_for_request(id);
   if (!sb) return;
   {
     std::lock_guard lk(sb->mu);
@@ -1145,7 +1398,7 @@ void SandboxManager::signal_exec(const std::string& id, uint32_t exec_id, int si
 }
 
 void SandboxManager::credit_exec(const std::string& id, uint32_t exec_id, uint64_t bytes) {
-  auto sb = find_live(id);
+  auto sb = find_for_request(id);
   if (!sb) return;
   {
     std::lock_guard lk(sb->mu);
@@ -1157,7 +1410,7 @@ void SandboxManager::credit_exec(const std::string& id, uint32_t exec_id, uint64
 // ---- background processes ----------------------------------------------------------
 
 Result<ProcessInfo> SandboxManager::start_process(const std::string& id, ExecParams p) {
-  auto sb = find_live(id);
+  auto sb = find_for_request(id);
   if (!sb) return std::unexpected(not_live_error(id));
   auto bg = std::make_shared<BgProc>();
   {
@@ -1221,7 +1474,7 @@ Result<ProcessInfo> SandboxManager::start_process(const std::string& id, ExecPar
 }
 
 Result<std::shared_ptr<BgProc>> SandboxManager::find_proc(const std::string& id, uint32_t pid) {
-  auto sb = find_live(id);
+  auto sb = find_for_request(id);
   if (!sb) return std::unexpected(not_live_error(id));
   std::lock_guard lk(sb->mu);
   sb->last_active_ms = now_ms();
@@ -1232,7 +1485,7 @@ Result<std::shared_ptr<BgProc>> SandboxManager::find_proc(const std::string& id,
 }
 
 Result<std::vector<ProcessInfo>> SandboxManager::list_processes(const std::string& id) {
-  auto sb = find_live(id);
+  auto sb = find_for_request(id);
   if (!sb) return std::unexpected(not_live_error(id));
   std::vector<std::shared_ptr<BgProc>> procs;
   {
@@ -1307,7 +1560,7 @@ Result<void> SandboxManager::process_stdin(const std::string& id, uint32_t pid, 
       return fail(Code::kConflict, "process " + std::to_string(pid) + " has exited");
     eid = (*bg)->exec_id;
   }
-  auto sb = find_live(id);
+  auto sb = find_for_request(id);
   if (!sb) return std::unexpected(not_live_error(id));
   {
     std::lock_guard lk(sb->mu);
@@ -1320,7 +1573,7 @@ Result<void> SandboxManager::process_stdin(const std::string& id, uint32_t pid, 
 
 void SandboxManager::write_exec_stdin(const std::string& id, uint32_t exec_id, std::string data,
                                       bool eof, std::function<void(Result<void>)> cb) {
-  auto sb = find_live(id);
+  auto sb = find_for_request(id);
   Error err{Code::kOk, 0, ""};
   if (!sb) {
     err = not_live_error(id);
@@ -1371,7 +1624,7 @@ Result<void> SandboxManager::signal_process(const std::string& id, uint32_t pid,
 }
 
 Result<SandboxRef> SandboxManager::ref(const std::string& id) {
-  auto sb = find_live(id);
+  auto sb = find_for_request(id);
   if (!sb) return std::unexpected(not_live_error(id));
   std::lock_guard lk(sb->mu);
   if (sb->state != State::kRunning || sb->stop_reason != EndReason::kNone || sb->release_requested)

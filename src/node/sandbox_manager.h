@@ -55,6 +55,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -119,8 +120,7 @@ class SandboxManager : public Service {
 
   void create(CreateParams p, std::function<void(Result<control::SandboxRecord>)> cb) override;
   Result<control::SandboxRecord> get(const std::string& id) override;
-  Result<std::vector<control::SandboxRecord>> list(const std::map<std::string, std::string>& labels,
-                                                   const std::string& state, bool all) override;
+  Result<std::vector<control::SandboxRecord>> list(const ListFilter& f) override;
   void destroy(const std::string& id, EndReason reason,
                std::function<void(Result<control::SandboxRecord>)> cb) override;
   Result<uint32_t> exec(const std::string& id, ExecParams p, ExecCallbacks cb) override;
@@ -139,6 +139,13 @@ class SandboxManager : public Service {
                            std::function<void(Result<void>)> cb) override;
   Result<void> signal_process(const std::string& id, uint32_t pid, int signo) override;
   Result<SandboxRef> ref(const std::string& id) override;
+  void pause(const std::string& id,
+             std::function<void(Result<control::SandboxRecord>)> cb) override;
+  void resume(const std::string& id,
+              std::function<void(Result<control::SandboxRecord>)> cb) override;
+  void claim(const std::string& id, CreateParams p,
+             std::function<void(Result<control::SandboxRecord>)> cb) override;
+  void set_admission(Admission a) override;
   std::map<std::string, uint64_t> count_by_state() override;
   void after(std::chrono::milliseconds delay, std::function<void()> fn) override;
   const std::string& node_name() const override { return opts_.node_name; }
@@ -153,6 +160,19 @@ class SandboxManager : public Service {
  private:
   using RecordCb = Sandbox::RecordCb;
   std::shared_ptr<Sandbox> find_live(const std::string& id);
+  // live_ and by_job_ together (under mu_).
+  void add_live_locked(const std::shared_ptr<Sandbox>& sb);
+  void erase_live_locked(const std::shared_ptr<Sandbox>& sb);
+  JobUse job_use_locked(const std::string& job);
+  // find_live for a client's request: a pooled sandbox is not found, and a
+  // paused one is resumed first (its record follows on its strand).
+  std::shared_ptr<Sandbox> find_for_request(const std::string& id);
+  // Thaws a paused sandbox now; false if it is not paused (or thawing failed).
+  bool resume_now(const std::shared_ptr<Sandbox>& sb);
+  // The pause op's body (on a blocking thread, on the strand).
+  Result<control::SandboxRecord> pause_now(const std::shared_ptr<Sandbox>& sb);
+  // Stores the sandbox's current record on its strand (a state change made off it).
+  void store_on_strand(const std::shared_ptr<Sandbox>& sb);
   Result<std::shared_ptr<BgProc>> find_proc(const std::string& id, uint32_t pid);
   Error not_live_error(const std::string& id);
   std::string sandbox_dir(const std::string& id) const;
@@ -198,6 +218,9 @@ class SandboxManager : public Service {
   std::mutex mu_;
   std::map<std::string, std::shared_ptr<Sandbox>> live_;
   bool stopping_ = false;
+  Admission admission_;  // under mu_
+  // Live sandboxes by job (creating and stopping ones too: they hold their resources).
+  std::map<std::string, std::set<std::shared_ptr<Sandbox>>> by_job_;
 };
 
 // Milliseconds since the Unix epoch.

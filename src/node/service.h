@@ -16,6 +16,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -38,7 +39,35 @@ struct CreateParams {
   uint64_t idle_timeout_seconds = 0;
   std::map<std::string, std::string> labels;
   std::map<std::string, std::string> env;
+  std::string priority = "normal";  // or "best-effort": the lowest CPU weight and SCHED_IDLE
+  std::string template_name;        // made from this template ("" = none)
+  std::string job;                  // belongs to this job ("" = none): its quotas apply
+  std::string step;                 // tagged with this step of its job
+  // Internal: made for a warm pool (hidden, no TTL until handed out by claim()).
+  bool pooled = false;
+  // The request fields the client set (JSON names); a template fills in the rest.
+  std::set<std::string> given;
 };
+
+// Which sandboxes list() answers.
+struct ListFilter {
+  std::map<std::string, std::string> labels;  // all must match
+  std::string state;                          // "" = any
+  bool all = false;                           // ended ones too
+  std::string job;                            // "" = any
+  std::string step;                           // "" = any
+};
+
+// Checks a create against its job's quotas. `use` is what the job's live
+// sandboxes (creating ones included) hold now, taken atomically with the
+// create, so that concurrent creates cannot both pass. kNotFound / kConflict for
+// a job that does not exist or has ended, kResourceExhausted naming the quota.
+struct JobUse {
+  uint64_t sandboxes = 0;
+  uint64_t memory_mb = 0;
+  double cpus = 0;
+};
+using Admission = std::function<Result<void>(const CreateParams& p, const JobUse& use)>;
 
 struct ExecParams {
   std::vector<std::string> argv;
@@ -92,9 +121,8 @@ class Service {
   // deleted while creating"; its record is then stopped with that end reason.
   virtual void create(CreateParams p, std::function<void(Result<control::SandboxRecord>)> cb) = 0;
   virtual Result<control::SandboxRecord> get(const std::string& id) = 0;
-  // labels: all must match; state: empty = any; all: include ended sandboxes.
-  virtual Result<std::vector<control::SandboxRecord>> list(
-      const std::map<std::string, std::string>& labels, const std::string& state, bool all) = 0;
+  // Warm-pool sandboxes not handed out are never listed (nor found by get()).
+  virtual Result<std::vector<control::SandboxRecord>> list(const ListFilter& f) = 0;
   // Stops it; answers the final (stopped) record. Deleting an ended sandbox
   // answers its record; a second destroy while one runs answers the same record
   // with the first request's end reason.
@@ -129,6 +157,22 @@ class Service {
 
   // Agent of a running sandbox for file operations; marks the sandbox active.
   virtual Result<SandboxRef> ref(const std::string& id) = 0;
+
+  // Pause: every process frozen (its memory pushed out where the host allows);
+  // the record says paused. Any request to a paused sandbox (exec, files,
+  // processes) resumes it first, transparently. Pausing a paused sandbox, or
+  // resuming a running one, answers its record.
+  virtual void pause(const std::string& id,
+                     std::function<void(Result<control::SandboxRecord>)> cb) = 0;
+  virtual void resume(const std::string& id,
+                      std::function<void(Result<control::SandboxRecord>)> cb) = 0;
+  // Hands out a warm-pool sandbox (made with CreateParams::pooled): from now on it
+  // is the client's, with p's labels, env, ttl, idle timeout, job and step.
+  // kNotFound when it is no longer in a pool (taken, or gone).
+  virtual void claim(const std::string& id, CreateParams p,
+                     std::function<void(Result<control::SandboxRecord>)> cb) = 0;
+  // Quotas of jobs, asked for every create that names a job. Set before serving.
+  virtual void set_admission(Admission a) = 0;
 
   virtual std::map<std::string, uint64_t> count_by_state() = 0;
   // Runs fn on the io threads after a delay.

@@ -125,6 +125,14 @@ std::string_view to_string(EndReason r) {
       return "daemon_restart";
     case EndReason::kAgentLost:
       return "agent_lost";
+    case EndReason::kLeaseExpired:
+      return "lease_expired";
+    case EndReason::kJobEnded:
+      return "job_ended";
+    case EndReason::kStepEnded:
+      return "step_ended";
+    case EndReason::kPoolDrained:
+      return "pool_drained";
   }
   return "";
 }
@@ -132,7 +140,8 @@ std::string_view to_string(EndReason r) {
 std::optional<EndReason> end_reason_from_string(std::string_view s) {
   for (EndReason r : {EndReason::kNone, EndReason::kDeleted, EndReason::kTtl, EndReason::kIdle,
                       EndReason::kFailed, EndReason::kDaemonShutdown, EndReason::kDaemonRestart,
-                      EndReason::kAgentLost})
+                      EndReason::kAgentLost, EndReason::kLeaseExpired, EndReason::kJobEnded,
+                      EndReason::kStepEnded, EndReason::kPoolDrained})
     if (to_string(r) == s) return r;
   return std::nullopt;
 }

@@ -49,6 +49,10 @@ enum class EndReason {
   kDaemonShutdown,  // the daemon stopped it on exit (--stop-sandboxes-on-exit, or not adoptable)
   kDaemonRestart,   // a restarted daemon found it gone
   kAgentLost,       // a restarted daemon found it but could not reach its agent
+  kLeaseExpired,    // its job's lease lapsed and the grace period ran out
+  kJobEnded,        // its job was ended (DELETE /v1/jobs/{id})
+  kStepEnded,       // its job's step was ended
+  kPoolDrained,     // a warm-pool sandbox never handed out: its template changed or left
 };
 
 // The state after `e` in `s`, or nothing when `e` is not allowed in `s`.

@@ -52,6 +52,10 @@ struct SandboxSpec {
   // id), allocated by the node (node/uid_ranges.h) so that per-user kernel
   // limits are the sandbox's own. 0 = the backend's shared default range.
   uint32_t uid_base = 0;
+  // Best effort: the lowest CPU weight, and every process under SCHED_IDLE
+  // (which it cannot leave: that needs CAP_SYS_NICE on the host), so that it
+  // runs only on CPU time nothing else wants.
+  bool best_effort = false;
 };
 
 struct Usage {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <charconv>
+#include <cstdlib>
 #include <set>
 #include <sstream>
 
@@ -156,6 +157,8 @@ Result<void> CgroupManager::write_limits(const std::string& id, const CgroupLimi
                                                  std::to_string(kCpuPeriodUs)));
     }
     if (lim.pids_max) TP_TRY(sys_.write_file(d + "/pids.max", std::to_string(lim.pids_max)));
+    if (lim.lowest_cpu_weight && sys_.exists(d + "/cpu.weight"))
+      TP_TRY(sys_.write_file(d + "/cpu.weight", "1"));
     return {};
   }
   std::string mem = controller_dir("memory", id);
@@ -175,6 +178,8 @@ Result<void> CgroupManager::write_limits(const std::string& id, const CgroupLimi
       TP_TRY(sys_.write_file(mem + "/memory.kmem.tcp.limit_in_bytes",
                              std::to_string(lim.memory_bytes)));
   }
+  if (lim.lowest_cpu_weight)
+    TP_TRY(sys_.write_file(controller_dir("cpu", id) + "/cpu.shares", "2"));
   if (lim.cpus > 0) {
     std::string cpu = controller_dir("cpu", id);
     auto quota = static_cast<uint64_t>(lim.cpus * kCpuPeriodUs);
@@ -213,6 +218,26 @@ Result<void> CgroupManager::create(const std::string& id, const CgroupLimits& li
     return w;
   }
   return {};
+}
+
+Result<uint64_t> CgroupManager::reclaim_memory(const std::string& id) {
+  const bool v2 = layout_.version == CgroupVersion::kV2;
+  const std::string d = controller_dir(v2 ? "" : "memory", id);
+  const std::string usage_file = d + (v2 ? "/memory.current" : "/memory.usage_in_bytes");
+  auto usage = [&]() -> Result<uint64_t> {
+    auto t = sys_.read_file(usage_file);
+    if (!t) return std::unexpected(t.error());
+    return std::strtoull(t->c_str(), nullptr, 10);
+  };
+  auto before = usage();
+  if (!before) return std::unexpected(before.error());
+  if (v2) {
+    if (sys_.exists(d + "/memory.reclaim"))
+      (void)sys_.write_file(d + "/memory.reclaim", std::to_string(*before));  // EAGAIN: partial
+  } else if (sys_.exists(d + "/memory.force_empty")) {
+    (void)sys_.write_file(d + "/memory.force_empty", "0");  // EBUSY: what cannot go stays
+  }
+  return usage();
 }
 
 Result<void> CgroupManager::attach(const std::string& id, pid_t pid) {

@@ -48,9 +48,10 @@ Result<CgroupLayout> parse_layout(std::string_view mountinfo, SysApi& sys);
 Result<CgroupLayout> detect_layout(SysApi& sys);
 
 struct CgroupLimits {
-  uint64_t memory_bytes = 0;  // 0 = no limit
-  double cpus = 0;            // cores; <= 0 = no limit
-  uint32_t pids_max = 0;      // 0 = no limit
+  uint64_t memory_bytes = 0;       // 0 = no limit
+  double cpus = 0;                 // cores; <= 0 = no limit
+  uint32_t pids_max = 0;           // 0 = no limit
+  bool lowest_cpu_weight = false;  // best effort: v2 cpu.weight 1, v1 cpu.shares 2
 };
 
 struct CgroupStats {
@@ -98,6 +99,11 @@ class CgroupManager {
   // An error means the thread may still be in there.
   Result<void> leave_thread(const std::vector<std::string>& previous);
   Result<CgroupStats> stats(const std::string& id);
+  // Pushes as much of `id`'s memory out as the host allows (a paused sandbox):
+  // v2 memory.reclaim (page cache; anonymous and tmpfs pages only where there
+  // is swap), v1 memory.force_empty (the same, from a cgroup with tasks). Best
+  // effort: a partial reclaim is not an error. Answers the bytes charged after.
+  Result<uint64_t> reclaim_memory(const std::string& id);
   // OOM kills in the sandbox so far: one file read (the exec path asks around every command).
   Result<uint64_t> oom_kills(const std::string& id);
   // The directory delegated to sandbox `id`'s root: v2 the sandbox's cgroup, v1

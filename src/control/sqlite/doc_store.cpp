@@ -20,7 +20,7 @@ Doc doc_from_row(sqlite3_stmt* s) {
 }  // namespace
 
 Result<std::unique_ptr<SqliteDocStore>> SqliteDocStore::open(const std::string& path,
-                                                              const std::string& table) {
+                                                             const std::string& table) {
   if (table != "templates" && table != "jobs")
     return fail(Code::kInvalidArgument, "no document table '" + table + "'");
   auto db = open_database(path);

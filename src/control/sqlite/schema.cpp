@@ -97,18 +97,16 @@ Result<void> to_v3(sqlite3* db) {
 // 3 -> 4. Rows from before belong to no job or template, and ran at normal priority.
 Result<void> to_v4(sqlite3* db) {
   static const std::pair<const char*, const char*> kColumns[] = {
-      {"job", "TEXT NOT NULL DEFAULT ''"},
-      {"step", "TEXT NOT NULL DEFAULT ''"},
-      {"template", "TEXT NOT NULL DEFAULT ''"},
-      {"priority", "TEXT NOT NULL DEFAULT 'normal'"},
+      {"job", "TEXT NOT NULL DEFAULT ''"},      {"step", "TEXT NOT NULL DEFAULT ''"},
+      {"template", "TEXT NOT NULL DEFAULT ''"}, {"priority", "TEXT NOT NULL DEFAULT 'normal'"},
       {"pooled", "INTEGER NOT NULL DEFAULT 0"},
   };
   for (const auto& [col, decl] : kColumns) {
     auto has = has_column(db, "sandboxes", col);
     if (!has) return std::unexpected(has.error());
     if (!*has)
-      TP_TRY(exec_sql(db, (std::string("ALTER TABLE sandboxes ADD COLUMN ") + col + " " + decl)
-                              .c_str()));
+      TP_TRY(exec_sql(
+          db, (std::string("ALTER TABLE sandboxes ADD COLUMN ") + col + " " + decl).c_str()));
   }
   TP_TRY(exec_sql(db, "CREATE INDEX IF NOT EXISTS sandboxes_job ON sandboxes (job, step)"));
   for (const char* t : {"templates", "jobs"}) {
@@ -116,9 +114,9 @@ Result<void> to_v4(sqlite3* db) {
                          " (key TEXT PRIMARY KEY, body TEXT NOT NULL, live INTEGER NOT NULL,"
                          " ended_ms INTEGER NOT NULL, version INTEGER NOT NULL) WITHOUT ROWID")
                             .c_str()));
-    TP_TRY(exec_sql(db, (std::string("CREATE INDEX IF NOT EXISTS ") + t + "_live ON " + t +
-                         " (live, ended_ms)")
-                            .c_str()));
+    TP_TRY(exec_sql(
+        db, (std::string("CREATE INDEX IF NOT EXISTS ") + t + "_live ON " + t + " (live, ended_ms)")
+                .c_str()));
   }
   return {};
 }

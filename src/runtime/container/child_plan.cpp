@@ -133,6 +133,12 @@ void ChildPlan::set_rlimit(int resource, const std::string& name, uint64_t value
   limits.push_back(op);
 }
 
+void ChildPlan::sched_idle() {
+  Op op{OpKind::kSchedIdle};
+  op.step = step("sched_setscheduler(0, SCHED_IDLE)");
+  limits.push_back(op);
+}
+
 void ChildPlan::move_mount(int fd, const std::string& what, const std::string& target) {
   Op op{OpKind::kMoveMount};
   op.fd = fd;
@@ -333,6 +339,10 @@ long run_op(const Op& op, const ChildPlan& p) {
     }
     case OpKind::kMoveMount:
       return raw::call(SYS_move_mount, op.fd, "", AT_FDCWD, op.a, MOVE_MOUNT_F_EMPTY_PATH);
+    case OpKind::kSchedIdle: {
+      struct sched_param sp {};
+      return raw::call(SYS_sched_setscheduler, 0, SCHED_IDLE, &sp);
+    }
     case OpKind::kWriteFile: {
       long fd = raw::call(SYS_openat, AT_FDCWD, op.a, O_WRONLY | O_CLOEXEC);
       if (fd < 0) return fd;

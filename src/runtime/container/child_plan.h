@@ -36,6 +36,7 @@ enum class OpKind : uint8_t {
   kWriteFile,     // open(a, O_WRONLY) and write the string b (sysctls of the sandbox's namespaces)
   kSetRlimit,     // prlimit64(0, resource=mode, {flags, flags}): soft = hard = flags
   kMoveMount,  // move_mount(fd, "", AT_FDCWD, a, MOVE_MOUNT_F_EMPTY_PATH): attach a detached mount
+  kSchedIdle,  // sched_setscheduler(0, SCHED_IDLE): inherited by every process of the sandbox
 };
 
 struct Op {
@@ -89,6 +90,8 @@ struct ChildPlan {
   void write_file(const std::string& path, const std::string& data, bool ignore_missing);
   // Into `limits`: applied after every op and the fd moves, just before exec.
   void set_rlimit(int resource, const std::string& name, uint64_t value);
+  // Into `limits`: the sandbox runs under SCHED_IDLE (best effort).
+  void sched_idle();
   void move_mount(int fd, const std::string& what, const std::string& target);
   void simple(OpKind k, const std::string& desc, const std::string& a = {},
               unsigned long flags = 0);

@@ -245,6 +245,10 @@ class ContainerInstance final : public SandboxInstance {
       return r;
     }
     frozen_ = true;
+    // Frozen, its memory is idle: give back what the host can take (page cache,
+    // and with swap the rest). Best effort.
+    if (auto left = sh_->cgroups->reclaim_memory(id_); left)
+      TP_SB_DEBUG(id_, "paused; {} KiB still charged", *left >> 10);
     return {};
   }
 
@@ -638,6 +642,7 @@ Result<std::unique_ptr<SandboxInstance>> ContainerBackend::create_impl(const San
   // now that the child's euid (the sandbox's root) differs from ours.
   plan.set_rlimit(RLIMIT_NOFILE, "RLIMIT_NOFILE", spec.nofile);
   plan.set_rlimit(RLIMIT_CORE, "RLIMIT_CORE", 0);
+  if (spec.best_effort) plan.sched_idle();
   plan.finish();
   plan.seccomp = sh_->seccomp.get();
   plan.exe_fd = sh_->agent_exe.get();
@@ -816,7 +821,8 @@ Result<std::unique_ptr<SandboxInstance>> ContainerBackend::create_impl(const San
   char go = 1;
   if (::write(sync_wr.get(), &go, 1) != 1) return abort_child(sys_fail("write(sync pipe)").error());
   sync_wr.reset();
-  if (auto r = sh_->cgroups->write_limits(spec.id, {spec.memory_bytes, spec.cpus, spec.pids_max});
+  if (auto r = sh_->cgroups->write_limits(
+          spec.id, {spec.memory_bytes, spec.cpus, spec.pids_max, spec.best_effort});
       !r)
     return abort_child(r.error());
 
@@ -881,6 +887,12 @@ Result<std::unique_ptr<SandboxInstance>> ContainerBackend::adopt_impl(const Sand
   struct stat ss {};
   if (::lstat((dir + "/agent.sock").c_str(), &ss) != 0 || !S_ISSOCK(ss.st_mode))
     return fail(Code::kNotFound, "agent socket of sandbox " + spec.id + " is missing");
+  // Paused when the previous daemon left it: its agent must run to be reached
+  // again (the node pauses it again if its job's lease still says so).
+  if (auto frozen = sys::is_frozen(sys::real_sys(), *sh_->cgroups, spec.id); frozen && *frozen) {
+    TP_TRY(sys::set_frozen(sys::real_sys(), *sh_->cgroups, spec.id, false));
+    TP_SB_INFO(spec.id, "thawed to be adopted");
+  }
   TP_SB_INFO(spec.id, "adopted, pid {}", st->pid);
   auto inst = std::make_unique<ContainerInstance>(sh_, spec.id, std::move(proc), UniqueFd());
   inst->set_restore(true, true);

@@ -81,9 +81,10 @@ TEST_F(SpoolTest, BodyGoesToAnUnnamedFileAndIsReadBackInPieces) {
 
 TEST_F(SpoolTest, ChunkedBodiesAreSpooledToo) {
   boost::beast::error_code ec;
-  auto f = parse("PUT /x HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n\r\n"
-                 "5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n",
-                 &ec);
+  auto f = parse(
+      "PUT /x HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n\r\n"
+      "5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n",
+      &ec);
   ASSERT_TRUE(f) << ec.message();
   EXPECT_EQ(*f->read_all(), "hello world");
   EXPECT_EQ(f->sha256(), sha256("hello world"));

@@ -128,16 +128,16 @@ TEST_P(DocStoreContract, TemplatesAndJobsRoundTrip) {
 
 INSTANTIATE_TEST_SUITE_P(
     Stores, DocStoreContract,
-    ::testing::Values(
-        DocStoreMaker{"memory",
-                      [](const std::string&) -> std::unique_ptr<DocStore> {
-                        return std::make_unique<MemoryDocStore>();
-                      }},
-        DocStoreMaker{"sqlite",
-                      [](const std::string& dir) -> std::unique_ptr<DocStore> {
-                        auto s = sqlite::SqliteDocStore::open(dir + "/state.db", "jobs");
-                        return s ? std::move(*s) : nullptr;
-                      }}),
+    ::testing::Values(DocStoreMaker{"memory",
+                                    [](const std::string&) -> std::unique_ptr<DocStore> {
+                                      return std::make_unique<MemoryDocStore>();
+                                    }},
+                      DocStoreMaker{"sqlite",
+                                    [](const std::string& dir) -> std::unique_ptr<DocStore> {
+                                      auto s =
+                                          sqlite::SqliteDocStore::open(dir + "/state.db", "jobs");
+                                      return s ? std::move(*s) : nullptr;
+                                    }}),
     [](const auto& info) { return info.param.name; });
 
 TEST(SqliteDocStore, SurvivesReopenAndRefusesAnUnknownTable) {

@@ -51,6 +51,8 @@ class FakeInstance : public runtime::SandboxInstance {
   Result<void> destroy() override;
   std::string agent_address() const override { return address_; }
   void release() override;
+  Result<void> freeze() override;
+  Result<void> thaw() override;
 
  private:
   FakeBackend* b_;
@@ -138,6 +140,7 @@ class FakeBackend : public runtime::Backend {
   int cleanup_calls = 0;
   std::map<std::string, uint32_t> uid_bases;  // SandboxSpec::uid_base of each create/adopt
   std::set<std::string> failing_destroys;     // destroy() fails and the instance lives on
+  std::set<std::string> frozen;               // freeze()d and not thawed
 };
 
 inline FakeInstance::~FakeInstance() { (void)destroy(); }
@@ -146,8 +149,20 @@ inline Result<void> FakeInstance::destroy() {
   std::lock_guard lk(b_->mu);
   if (b_->failing_destroys.count(id_)) return fail(Code::kInternal, "fake destroy failure");
   destroyed_ = true;
+  b_->frozen.erase(id_);  // destroy thaws first (a v1-frozen task cannot die)
   b_->live.erase(id_);
   b_->destroyed.insert(id_);
+  return {};
+}
+inline Result<void> FakeInstance::freeze() {
+  std::lock_guard lk(b_->mu);
+  if (destroyed_) return fail(Code::kConflict, "destroyed");
+  b_->frozen.insert(id_);
+  return {};
+}
+inline Result<void> FakeInstance::thaw() {
+  std::lock_guard lk(b_->mu);
+  b_->frozen.erase(id_);
   return {};
 }
 inline void FakeInstance::release() {

@@ -37,6 +37,15 @@ T get_or_fail(std::future<T>& f) {
   return f.get();
 }
 
+// Runs an operation that answers a record; its answer as a future.
+std::future<Result<SandboxRecord>> record_future(
+    const std::function<void(std::function<void(Result<SandboxRecord>)>)>& op) {
+  auto pr = std::make_shared<std::promise<Result<SandboxRecord>>>();
+  auto f = pr->get_future();
+  op([pr](Result<SandboxRecord> r) { pr->set_value(r); });
+  return f;
+}
+
 class ManagerTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -83,7 +92,9 @@ class ManagerTest : public ::testing::Test {
   }
   std::set<std::string> ids_live(bool with_ended = false) {
     std::set<std::string> out;
-    auto l = mgr_->list({}, "", with_ended);
+    ListFilter f;
+    f.all = with_ended;
+    auto l = mgr_->list(f);
     EXPECT_TRUE(l);
     if (l)
       for (auto& r : *l) out.insert(r.id);
@@ -776,11 +787,11 @@ TEST_F(ManagerTest, RandomInterleavingsEndConsistent) {
     o.stop_on_exit = pick(2) == 0;
     make(o);
     std::vector<std::string> ids;
-    std::vector<std::future<Result<SandboxRecord>>> creates, deletes;
+    std::vector<std::future<Result<SandboxRecord>>> creates, deletes, pauses;
     std::vector<bool> gate_open;
     int steps = 4 + pick(12);
     for (int s = 0; s < steps; ++s) {
-      int what = pick(7);
+      int what = pick(9);
       if (what == 0 || ids.empty()) {
         CreateParams p;
         p.ttl_seconds = pick(3) == 0 ? 0 : 3600;
@@ -803,6 +814,12 @@ TEST_F(ManagerTest, RandomInterleavingsEndConsistent) {
         (void)mgr_->exec(ids[pick(static_cast<int>(ids.size()))], p, cb);
       } else if (what == 5) {
         mgr_->tick();
+      } else if (what == 7) {
+        const std::string& id = ids[pick(static_cast<int>(ids.size()))];
+        pauses.push_back(record_future([&](auto cb) { mgr_->pause(id, cb); }));
+      } else if (what == 8) {
+        const std::string& id = ids[pick(static_cast<int>(ids.size()))];
+        pauses.push_back(record_future([&](auto cb) { mgr_->resume(id, cb); }));
       } else {
         if (auto a = agent(ids[pick(static_cast<int>(ids.size()))])) a->die();
       }
@@ -825,6 +842,7 @@ TEST_F(ManagerTest, RandomInterleavingsEndConsistent) {
         EXPECT_EQ(r->state, "stopped") << "seed " << seed;
       }
     }
+    for (auto& p : pauses) (void)get_or_fail(p);  // each answered once, whatever it says
     if (!shut) {
       // Settle: stop what is left (agent deaths may still be stopping some).
       for (const auto& id : ids) {
@@ -842,7 +860,7 @@ TEST_F(ManagerTest, RandomInterleavingsEndConsistent) {
       } else {
         // Only a sandbox the shutdown handed over stays running.
         EXPECT_TRUE(shut) << "seed " << seed << " " << id << " " << r.state;
-        EXPECT_EQ(r.state, "running") << "seed " << seed;
+        EXPECT_TRUE(r.state == "running" || r.state == "paused") << "seed " << seed;
         EXPECT_EQ(r.end_reason, "") << "seed " << seed;
         EXPECT_TRUE(created_ok[id])
             << "seed " << seed << " " << id << " handed over but its create failed";
@@ -851,12 +869,152 @@ TEST_F(ManagerTest, RandomInterleavingsEndConsistent) {
     }
     EXPECT_EQ(backend_->live_count(), 0u) << "seed " << seed;
     EXPECT_EQ(mgr_->live_count(), 0u) << "seed " << seed;
+    for (const auto& id : ids) {
+      if (!backend_->released.count(id)) {
+        EXPECT_FALSE(backend_->frozen.count(id)) << "seed " << seed << " " << id << " still frozen";
+      }
+    }
     if (HasFailure()) {
       ADD_FAILURE() << "first failing seed " << seed;
       return;
     }
     mgr_.reset();
   }
+}
+
+}  // namespace
+}  // namespace tp::node
+
+namespace tp::node {
+namespace {
+
+TEST_F(ManagerTest, PauseFreezesAndTheNextRequestResumes) {
+  make();
+  auto r = create_sync();
+  ASSERT_TRUE(r);
+  const std::string id = r->id;
+  auto paused = record_future([&](auto cb) { mgr_->pause(id, cb); });
+  auto p = get_or_fail(paused);
+  ASSERT_TRUE(p) << p.error().message();
+  EXPECT_EQ(p->state, "paused");
+  EXPECT_EQ(stored(id).state, "paused");
+  EXPECT_TRUE(backend_->frozen.count(id));
+  // Pausing again answers the same record.
+  auto again = record_future([&](auto cb) { mgr_->pause(id, cb); });
+  EXPECT_EQ(get_or_fail(again)->state, "paused");
+  // An exec resumes it on the way in, and its record follows.
+  ExecParams ep;
+  ep.argv = {"true"};
+  ExecCallbacks cb;
+  cb.on_done = [](Result<ExecOutcome>) {};
+  ASSERT_TRUE(mgr_->exec(id, ep, cb));
+  EXPECT_FALSE(backend_->frozen.count(id));
+  EXPECT_EQ(mgr_->get(id)->state, "running");
+  auto settled = record_future([&](auto cb) { mgr_->resume(id, cb); });  // after the record op
+  EXPECT_EQ(get_or_fail(settled)->state, "running");
+  EXPECT_EQ(stored(id).state, "running");
+  EXPECT_EQ(metrics_.pauses.load(), 1u);
+  EXPECT_EQ(metrics_.resumes.load(), 1u);
+  // A paused sandbox can be deleted (thawed and destroyed).
+  ASSERT_TRUE(get_or_fail(*std::make_unique<std::future<Result<SandboxRecord>>>(
+      record_future([&](auto cb) { mgr_->pause(id, cb); }))));
+  auto d = destroy_async(id);
+  auto dr = get_or_fail(d);
+  ASSERT_TRUE(dr);
+  EXPECT_EQ(dr->state, "stopped");
+  EXPECT_FALSE(backend_->is_live(id));
+  EXPECT_FALSE(backend_->frozen.count(id));
+}
+
+TEST_F(ManagerTest, PooledSandboxesAreHiddenAndHandedOutOnce) {
+  make();
+  CreateParams pp;
+  pp.pooled = true;
+  pp.template_name = "tpl";
+  auto f = record_future([&](auto cb) { mgr_->create(pp, cb); });
+  auto made = get_or_fail(f);
+  ASSERT_TRUE(made) << made.error().message();
+  const std::string id = made->id;
+  EXPECT_TRUE(made->pooled);
+  EXPECT_EQ(made->expires_at_ms, 0);  // no TTL while pooled
+  EXPECT_TRUE(ids_live().empty());
+  EXPECT_EQ(mgr_->get(id).error().code, Code::kNotFound);
+  ExecParams ep;
+  ep.argv = {"true"};
+  EXPECT_EQ(mgr_->exec(id, ep, {}).error().code, Code::kNotFound);
+  EXPECT_EQ(get_or_fail(*std::make_unique<std::future<Result<SandboxRecord>>>(destroy_async(id)))
+                .error()
+                .code,
+            Code::kNotFound);  // not the client's to delete
+
+  CreateParams claim;
+  claim.labels = {{"who", "me"}};
+  claim.ttl_seconds = 60;
+  auto c1 = record_future([&](auto cb) { mgr_->claim(id, claim, cb); });
+  auto c2 = record_future([&](auto cb) { mgr_->claim(id, claim, cb); });
+  auto r1 = get_or_fail(c1), r2 = get_or_fail(c2);
+  ASSERT_TRUE(r1.has_value() != r2.has_value()) << "handed out twice, or never";
+  auto& got = r1 ? *r1 : *r2;
+  EXPECT_FALSE(got.pooled);
+  EXPECT_EQ(got.labels, claim.labels);
+  EXPECT_GT(got.expires_at_ms, got.created_at_ms);
+  EXPECT_EQ((r1 ? r2 : r1).error().code, Code::kNotFound);
+  auto st = stored(id);
+  EXPECT_FALSE(st.pooled);
+  EXPECT_EQ(st.labels, claim.labels);
+  EXPECT_EQ(ids_live(), std::set<std::string>{id});
+}
+
+TEST_F(ManagerTest, JobQuotasAreCheckedAtomicallyWithTheCreate) {
+  make();
+  std::atomic<int> asked{0};
+  mgr_->set_admission([&](const CreateParams& p, const JobUse& use) -> Result<void> {
+    asked++;
+    if (p.job != "j1") return fail(Code::kNotFound, "job '" + p.job + "' not found");
+    if (use.sandboxes + 1 > 3)
+      return fail(Code::kResourceExhausted,
+                  "job j1 quota: sandboxes " + std::to_string(use.sandboxes) + " of 3 in use");
+    return {};
+  });
+  CreateParams p;
+  p.job = "j1";
+  std::vector<std::future<Result<SandboxRecord>>> fs;
+  std::vector<std::thread> ts;
+  std::mutex fmu;
+  for (int i = 0; i < 8; ++i)
+    ts.emplace_back([&] {
+      auto f = record_future([&](auto cb) { mgr_->create(p, cb); });
+      std::lock_guard lk(fmu);
+      fs.push_back(std::move(f));
+    });
+  for (auto& t : ts) t.join();
+  int ok = 0, refused = 0;
+  for (auto& f : fs) {
+    auto r = get_or_fail(f);
+    if (r) {
+      ++ok;
+      EXPECT_EQ(r->job, "j1");
+    } else {
+      ++refused;
+      EXPECT_EQ(r.error().code, Code::kResourceExhausted);
+      EXPECT_NE(r.error().message().find("sandboxes"), std::string::npos);
+    }
+  }
+  EXPECT_EQ(ok, 3);
+  EXPECT_EQ(refused, 5);
+  ListFilter lf;
+  lf.job = "j1";
+  EXPECT_EQ(mgr_->list(lf)->size(), 3u);
+  // An ended sandbox gives its share back.
+  auto one = mgr_->list(lf)->front().id;
+  ASSERT_TRUE(
+      get_or_fail(*std::make_unique<std::future<Result<SandboxRecord>>>(destroy_async(one))));
+  auto f = record_future([&](auto cb) { mgr_->create(p, cb); });
+  EXPECT_TRUE(get_or_fail(f));
+  CreateParams other;
+  other.job = "nope";
+  auto g = record_future([&](auto cb) { mgr_->create(other, cb); });
+  EXPECT_EQ(get_or_fail(g).error().code, Code::kNotFound);
 }
 
 }  // namespace

@@ -74,8 +74,10 @@ TEST(StateMachine, StoredNamesAreTodaysStrings) {
 TEST(StateMachine, EndReasonsRoundTrip) {
   for (auto r : {EndReason::kNone, EndReason::kDeleted, EndReason::kTtl, EndReason::kIdle,
                  EndReason::kFailed, EndReason::kDaemonShutdown, EndReason::kDaemonRestart,
-                 EndReason::kAgentLost})
+                 EndReason::kAgentLost, EndReason::kLeaseExpired, EndReason::kJobEnded,
+                 EndReason::kStepEnded, EndReason::kPoolDrained})
     EXPECT_EQ(end_reason_from_string(to_string(r)), r);
+  EXPECT_EQ(to_string(EndReason::kLeaseExpired), "lease_expired");
   EXPECT_EQ(to_string(EndReason::kDeleted), "deleted");
   EXPECT_EQ(to_string(EndReason::kDaemonRestart), "daemon_restart");
   EXPECT_FALSE(end_reason_from_string("bogus"));

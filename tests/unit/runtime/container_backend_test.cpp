@@ -706,15 +706,21 @@ TEST(ContainerRealAgentTest, RunsACommandThroughTheWireProtocol) {
     ASSERT_EQ(m->type, proto::MsgType::kExit) << m->str(proto::Tag::kMessage);
     EXPECT_EQ(m->i64(proto::Tag::kExitCode), 7);
     {
-      // The command had a cgroup of its own; the agent removed it before kExit.
+      // The command had a cgroup of its own, which the agent emptied before kExit
+      // (and keeps for the next command).
       auto layout = sys::detect_layout(sys::real_sys());
       sys::CgroupManager cg(sys::real_sys(), *layout, o.cgroup_name);
       std::error_code ec;
       int subs = 0;
-      for (const auto& e : std::filesystem::directory_iterator(cg.delegated_dir(s.id), ec))
-        if (e.is_directory(ec)) ++subs;
+      for (const auto& e : std::filesystem::directory_iterator(cg.delegated_dir(s.id), ec)) {
+        if (!e.is_directory(ec)) continue;
+        ++subs;
+        std::ifstream procs(e.path() / "cgroup.procs");
+        std::string pid;
+        EXPECT_FALSE(procs >> pid) << "a process is left in " << e.path();
+      }
       EXPECT_FALSE(ec) << ec.message();
-      EXPECT_EQ(subs, 0);
+      EXPECT_EQ(subs, 1);
     }
     ASSERT_TRUE((*r)->destroy());
     auto layout = sys::detect_layout(sys::real_sys());
