@@ -17,8 +17,11 @@ UNITY ?= ON
 $(BUILD)/build.ninja:
 	cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) -DCMAKE_UNITY_BUILD=$(UNITY)
 
+# The microvm tier's guest (kernel, initrd with tp-agent, host image) is made after the
+# binaries: scripts/microvm-assets.sh (idempotent; apt for QEMU and the kernel package).
 build: deps $(BUILD)/build.ninja
 	cmake --build $(BUILD) --parallel
+	sh scripts/microvm-assets.sh $(BUILD)
 
 run: build
 	$(BUILD)/bin/tidepoold --listen $(LISTEN) --data-dir $(DATA_DIR)

@@ -36,6 +36,7 @@ enum class OpKind : uint8_t {
   kWriteFile,     // open(a, O_WRONLY) and write the string b (sysctls of the sandbox's namespaces)
   kSetRlimit,     // prlimit64(0, resource=mode, {flags, flags}): soft = hard = flags
   kMoveMount,  // move_mount(fd, "", AT_FDCWD, a, MOVE_MOUNT_F_EMPTY_PATH): attach a detached mount
+  kSetIds,     // setresgid(mode), setgroups(0), setresuid(flags): drop to an unprivileged id
 };
 
 struct Op {
@@ -71,6 +72,7 @@ struct ChildPlan {
   int sync_rd = -1, sync_wr = -1, err_rd = -1, err_wr = -1, agent_child = -1, exe_fd = -1;
   int cgroup_fd = -1;     // the sandbox's delegated cgroup directory, placed at fd 4 (-1: none)
   int agent_listen = -1;  // live restore: the agent's listening socket, placed at fd 5 (-1: none)
+  int log_fd = -1;        // stdout and stderr of the program (-1: /dev/null, like stdin)
   uint32_t exec_steps_base = 0;  // first of the fixed exec-sequence step descriptions
 
   const char* keep(std::string s) { return strings.emplace_back(std::move(s)).c_str(); }
@@ -90,6 +92,8 @@ struct ChildPlan {
   // Into `limits`: applied after every op and the fd moves, just before exec.
   void set_rlimit(int resource, const std::string& name, uint64_t value);
   void move_mount(int fd, const std::string& what, const std::string& target);
+  // Drops every capability: the ids of the current user namespace the program runs as.
+  void set_ids(uint32_t uid, uint32_t gid);
   void simple(OpKind k, const std::string& desc, const std::string& a = {},
               unsigned long flags = 0);
   // Appends the fixed step descriptions of the exec sequence; call last.

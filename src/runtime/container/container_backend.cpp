@@ -36,6 +36,7 @@
 #include "common/log.h"
 #include "image/host_image.h"
 #include "runtime/container/child_plan.h"
+#include "runtime/sandbox_state.h"
 #include "sys/cgroup.h"
 #include "sys/fd.h"
 #include "sys/pidfd.h"
@@ -86,14 +87,6 @@ unsigned long locked_flags(const std::string& path) {
   return f;
 }
 
-bool valid_name(const std::string& id) {
-  if (id.empty() || id.size() > 63) return false;
-  return std::all_of(id.begin(), id.end(), [](char c) {
-    return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-' || (c >= 'A' && c <= 'Z') ||
-           c == '_';
-  });
-}
-
 // Everything the backend and its instances share; read-only after construction.
 struct Shared {
   ContainerOptions opts;
@@ -118,21 +111,6 @@ struct Shared {
 // run adopts the right process and not one that reused the pid.
 std::string sandbox_run_dir(const Shared& sh, const std::string& id) {
   return sh.run_dir + "/" + id;
-}
-
-// Field 22 of /proc/<pid>/stat (start time in clock ticks since boot); 0 if unreadable.
-uint64_t proc_start_time(pid_t pid) {
-  std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
-  std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-  // comm (field 2) may hold spaces and parentheses: count from the last ')'.
-  size_t close = text.rfind(')');
-  if (close == std::string::npos) return 0;
-  std::istringstream rest(text.substr(close + 1));
-  std::string field;
-  for (int i = 3; i <= 22 && (rest >> field); ++i) {
-    if (i == 22) return std::strtoull(field.c_str(), nullptr, 10);
-  }
-  return 0;
 }
 
 void remove_run_dir(const std::string& dir) {
@@ -162,41 +140,6 @@ Result<UniqueFd> make_agent_socket(const std::string& dir) {
     return sys_fail("bind(" + path + ")");
   if (::listen(fd.get(), 4) != 0) return sys_fail("listen(" + path + ")");
   return fd;
-}
-
-// Writes <dir>/state atomically: "pid <pid>\nstarttime <ticks>\n".
-Result<void> write_state(const std::string& dir, pid_t pid) {
-  uint64_t start = proc_start_time(pid);
-  if (!start)
-    return fail(Code::kInternal, "no start time in /proc/" + std::to_string(pid) + "/stat");
-  const std::string tmp = dir + "/state.tmp";
-  std::string text = "pid " + std::to_string(pid) + "\nstarttime " + std::to_string(start) + "\n";
-  UniqueFd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600));
-  if (!fd) return sys_fail("open(" + tmp + ")");
-  if (::write(fd.get(), text.data(), text.size()) != static_cast<ssize_t>(text.size()))
-    return sys_fail("write(" + tmp + ")");
-  fd.reset();
-  if (::rename(tmp.c_str(), (dir + "/state").c_str()) != 0) return sys_fail("rename(" + tmp + ")");
-  return {};
-}
-
-struct SavedState {
-  pid_t pid = 0;
-  uint64_t start = 0;
-};
-
-Result<SavedState> read_state(const std::string& dir) {
-  std::ifstream f(dir + "/state");
-  if (!f) return fail(Code::kNotFound, "no state file in " + dir);
-  SavedState st;
-  std::string key;
-  uint64_t v;
-  while (f >> key >> v) {
-    if (key == "pid") st.pid = static_cast<pid_t>(v);
-    if (key == "starttime") st.start = v;
-  }
-  if (st.pid <= 0 || st.start == 0) return fail(Code::kNotFound, "malformed state file in " + dir);
-  return st;
 }
 
 class ContainerInstance final : public SandboxInstance {
@@ -573,7 +516,7 @@ class ContainerBackend final : public Backend {
 };
 
 Result<std::unique_ptr<SandboxInstance>> ContainerBackend::create_impl(const SandboxSpec& spec) {
-  if (!valid_name(spec.id))
+  if (!valid_sandbox_name(spec.id))
     return fail(Code::kInvalidArgument, "invalid sandbox id '" + spec.id + "'");
   if (spec.disk_bytes == 0 || spec.tmp_bytes == 0 || spec.memory_bytes == 0)
     return fail(Code::kInvalidArgument, "memory, disk and tmp sizes must be > 0");
@@ -856,23 +799,16 @@ Result<std::unique_ptr<SandboxInstance>> ContainerBackend::create_impl(const San
 }
 
 Result<std::unique_ptr<SandboxInstance>> ContainerBackend::adopt_impl(const SandboxSpec& spec) {
-  if (!valid_name(spec.id))
+  if (!valid_sandbox_name(spec.id))
     return fail(Code::kInvalidArgument, "invalid sandbox id '" + spec.id + "'");
   const std::string dir = sandbox_run_dir(*sh_, spec.id);
   auto st = read_state(dir);
   if (!st) return std::unexpected(st.error());
-  int pfd = static_cast<int>(::syscall(SYS_pidfd_open, st->pid, 0));
-  if (pfd < 0) {
-    if (errno == ESRCH)
-      return fail(Code::kNotFound,
-                  "init of sandbox " + spec.id + " (pid " + std::to_string(st->pid) + ") is gone");
-    return sys_fail("pidfd_open(" + std::to_string(st->pid) + ")");
-  }
-  sys::Pidfd proc(pfd, st->pid);
-  // Checked after pidfd_open: the pidfd then names the process whose start time matched.
-  if (proc_start_time(st->pid) != st->start || proc.exited())
+  auto opened = open_saved(*st);
+  if (!opened)
     return fail(Code::kNotFound,
                 "init of sandbox " + spec.id + " (pid " + std::to_string(st->pid) + ") is gone");
+  sys::Pidfd proc = std::move(*opened);
   for (const auto& d : sh_->cgroups->dirs(spec.id)) {
     struct stat cs {};
     if (::stat(d.c_str(), &cs) != 0 || !S_ISDIR(cs.st_mode))
