@@ -166,15 +166,16 @@ def mounts_of(sandbox_id: str, pids: Iterable[int] = ()) -> List[str]:
 
 
 def data_paths_of(sandbox_id: str, data_dir: Optional[str]) -> List[str]:
-    """Per-sandbox working paths under <data_dir>/containers (roots, uppers, sockets)."""
+    """Per-sandbox working paths under <data_dir>/containers (roots, uppers, sockets) and
+    <data_dir>/microvm/run (a VM's sockets, console and state)."""
     if not data_dir:
         return []
     found = []
-    top = os.path.join(data_dir, "containers")
-    for dirpath, dirnames, filenames in os.walk(top):
-        if dirpath[len(top):].count(os.sep) >= 3:
-            dirnames[:] = []
-        found.extend(os.path.join(dirpath, n) for n in dirnames + filenames if sandbox_id in n)
+    for top in (os.path.join(data_dir, "containers"), os.path.join(data_dir, "microvm", "run")):
+        for dirpath, dirnames, filenames in os.walk(top):
+            if dirpath[len(top):].count(os.sep) >= 3:
+                dirnames[:] = []
+            found.extend(os.path.join(dirpath, n) for n in dirnames + filenames if sandbox_id in n)
     return found
 
 
