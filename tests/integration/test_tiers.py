@@ -13,6 +13,7 @@ import pytest
 
 import test_exec
 import test_files
+import test_images
 import test_lifecycle
 import test_limits
 import test_process_world
@@ -50,6 +51,8 @@ CASES = [
     test_sdk_features.test_background_process_stdin_and_kill,
     test_process_world.test_background_process_is_found_and_stopped_by_later_execs,
     test_process_world.test_double_forked_daemon_dies_with_its_exec,
+    test_images.test_docker_save_import_and_run,
+    test_images.test_shared_base_stored_once_and_whiteouts,
     test_lifecycle.test_stopped_sandbox_refuses_work,
     test_lifecycle.test_create_env_reaches_commands,
     test_lifecycle.test_ttl_expiry,

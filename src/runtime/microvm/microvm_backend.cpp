@@ -392,6 +392,14 @@ class MicrovmInstance final : public SandboxInstance {
       return rm;
     }
     proc_.close();
+    // A guest kernel that panicked said so on its console (QEMU may still have
+    // been on its way out when the node, seeing the agent's stream end, got here).
+    if (std::string con = read_tail(q() + "/console.log", 16384);
+        con.find("Kernel panic") != std::string::npos) {
+      std::string line = con.substr(con.find("Kernel panic"));
+      line = line.substr(0, line.find('\n'));
+      TP_SB_WARN(id_, "the guest kernel panicked: {}", line);
+    }
     remove_tree(sandbox_dir(*sh_, id_));
     destroyed_ = true;
     TP_SB_DEBUG(id_, "destroyed");
