@@ -166,3 +166,23 @@ def test_cold_boot_without_templates(build_dir):
     finally:
         d.stop()
         d.cleanup()
+
+
+def test_cli_creates_a_microvm(vm_client, daemon, build_dir, track):
+    import subprocess
+    cli = str(build_dir / "bin" / "tidepool")
+    p = subprocess.run([cli, "create", "--tier", "microvm", "--ttl", "120"], capture_output=True,
+                       text=True, env=daemon.env(), timeout=120)
+    assert p.returncode == 0, p.stderr
+    sid = p.stdout.strip()
+    track(sid)
+    assert vm_client.get(sid).info.tier == "microvm"
+    p = subprocess.run([cli, "exec", sid, "--", "uname", "-r"], capture_output=True, text=True,
+                       env=daemon.env(), timeout=120)
+    assert p.returncode == 0 and p.stdout.strip() != os.uname().release, p
+    p = subprocess.run([cli, "rm", sid], capture_output=True, text=True, env=daemon.env(), timeout=120)
+    assert p.returncode == 0, p.stderr
+    # An unknown tier: a non-zero exit with a one-line reason.
+    p = subprocess.run([cli, "create", "--tier", "vmx"], capture_output=True, text=True,
+                       env=daemon.env(), timeout=60)
+    assert p.returncode != 0 and len(p.stderr.strip().splitlines()) == 1 and "tier" in p.stderr
