@@ -86,7 +86,9 @@ SAN_BUILD ?= build-san
 FUZZ_SECONDS ?= 45
 # What the ASan daemon runs through: the integration and fault suites minus the slow image build
 # (mmdebstrap: minutes of apt work that exercise no more daemon code than the imports).
-ASAN_PYTEST ?= tests/integration tests/faults -m "not slow"
+# The microvm tier's tests (marker vm) are left out: QEMU guests exercise no daemon code
+# that the container tier does not, at many times the cost.
+ASAN_PYTEST ?= tests/integration tests/faults -m "not slow and not vm"
 LLVM_SYMBOLIZER = /usr/lib/llvm-19/bin/llvm-symbolizer
 # Any report fails the run: ASan and UBSan halt (UBSan is also built -fno-sanitize-recover),
 # LSan reports leaks at exit (exit code != 0). .ci/lsan.supp says why each suppression is there.
@@ -138,7 +140,7 @@ TSAN_CMAKE = -DCMAKE_BUILD_TYPE=Debug -DCMAKE_C_FLAGS_DEBUG="$(SAN_OPT)" -DCMAKE
 # (test_race.py when present). The rest of the suite exercises no more of the daemon's
 # threading and is left to make test and test-asan, to keep CI's time in check.
 TSAN_PYTEST ?= $(wildcard tests/integration/test_race.py tests/integration/test_sdk_async.py \
-	tests/integration/test_streaming.py tests/integration/test_lifecycle.py) -m "not slow"
+	tests/integration/test_streaming.py tests/integration/test_lifecycle.py) -m "not slow and not vm"
 # Any report fails the run: halt_on_error stops the process at the first report and
 # exitcode makes that a failure even where the report comes from a destructor at exit.
 # .ci/tsan.supp says why each suppression is there.

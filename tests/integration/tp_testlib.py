@@ -199,7 +199,9 @@ def _comm(pid: int) -> str:
 def fd_count(pid: int, cached_userns: bool = True) -> int:
     """Open fds of a process. With cached_userns=False, a daemon's user-namespace fds are
     left out: the container backend keeps the idmap namespaces of recently used uid ranges
-    (at most 256, one fd each) for later sandboxes of the same range, a bounded cache."""
+    (at most 256, one fd each) for later sandboxes of the same range, a bounded cache; and
+    so are the microvm tier's template memories (one memfd per image and shape in use,
+    kept for the daemon's run: every later sandbox of that shape is a clone of it)."""
     try:
         fds = os.listdir(f"/proc/{pid}/fd")
     except OSError:
@@ -209,7 +211,8 @@ def fd_count(pid: int, cached_userns: bool = True) -> int:
     n = 0
     for fd in fds:
         try:
-            if os.readlink(f"/proc/{pid}/fd/{fd}").startswith("user:"):
+            t = os.readlink(f"/proc/{pid}/fd/{fd}")
+            if t.startswith("user:") or t.startswith("/memfd:tp-template"):
                 continue
         except OSError:
             continue

@@ -38,6 +38,7 @@
 #include "runtime/container/child_plan.h"
 #include "runtime/sandbox_state.h"
 #include "sys/cgroup.h"
+#include "sys/clone_support.h"
 #include "sys/fd.h"
 #include "sys/pidfd.h"
 #include "sys/raw_syscall.h"
@@ -71,21 +72,6 @@ const CloneFn libc_clone = reinterpret_cast<CloneFn>(::dlsym(RTLD_NEXT, "clone")
 #endif
 constexpr int kCloneFlags = CLONE_VM | CLONE_PIDFD | CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID |
                             CLONE_NEWUTS | CLONE_NEWIPC | CLONE_NEWNET | SIGCHLD;
-
-// Flags the kernel locks on a bind of `path` in a user namespace; a read-only
-// remount must repeat them or it fails with EPERM.
-unsigned long locked_flags(const std::string& path) {
-  struct statvfs sv {};
-  if (::statvfs(path.c_str(), &sv) != 0) return 0;
-  unsigned long f = 0;
-  if (sv.f_flag & ST_NOSUID) f |= MS_NOSUID;
-  if (sv.f_flag & ST_NODEV) f |= MS_NODEV;
-  if (sv.f_flag & ST_NOEXEC) f |= MS_NOEXEC;
-  if (sv.f_flag & ST_NOATIME) f |= MS_NOATIME;
-  if (sv.f_flag & ST_NODIRATIME) f |= MS_NODIRATIME;
-  if (sv.f_flag & ST_RELATIME) f |= MS_RELATIME;
-  return f;
-}
 
 // Everything the backend and its instances share; read-only after construction.
 struct Shared {
@@ -267,20 +253,6 @@ class ContainerInstance final : public SandboxInstance {
   bool frozen_ = false;
 };
 
-// Blocks every signal in this thread for the duration (the clone child starts with this mask).
-class SignalBlock {
- public:
-  SignalBlock() {
-    sigset_t all;
-    sigfillset(&all);
-    pthread_sigmask(SIG_SETMASK, &all, &old_);
-  }
-  ~SignalBlock() { pthread_sigmask(SIG_SETMASK, &old_, nullptr); }
-
- private:
-  sigset_t old_;
-};
-
 // Runs the enclosed code with this thread's effective uid switched to `uid`.
 // The real and saved uids stay 0, so the permitted capabilities survive and
 // become effective again on restore.
@@ -381,7 +353,7 @@ Result<Idmap> make_idmap_userns(uint32_t storage_base, uint32_t base) {
   // The child's argument lives at the bottom of its stack: it may first run after we returned.
   auto* arg = new (out.child.stack_) IdmapChildArg{rd.get(), wr.get()};
   {
-    SignalBlock block;
+    sys::SignalBlock block;
     out.child.pid_ =
         TP_CLONE(idmap_child, static_cast<char*>(out.child.stack_) + IdmapChild::kStack,
                  CLONE_VM | CLONE_NEWUSER | SIGCHLD, arg);
@@ -693,7 +665,7 @@ Result<std::unique_ptr<SandboxInstance>> ContainerBackend::create_impl(const San
   pid_t pid;
   int clone_errno = 0;
   {
-    SignalBlock block;
+    sys::SignalBlock block;
     // The kernel charges a user namespace's per-user counters (inotify instances
     // and watches, POSIX mqueue bytes, pending signals, processes) to the owner
     // of the namespace in the parent namespace too, and the owner is the
@@ -864,7 +836,7 @@ Result<void> prepare_shared_dirs(const std::string& containers_dir, container::R
   const std::string empty = containers_dir + "/empty";
   TP_TRY(ensure_node(empty, S_IFDIR, 0555, 0));
   r->empty_dir = empty;
-  r->prep_locked = locked_flags(empty);
+  r->prep_locked = sys::locked_flags(empty);
   const std::string dev = containers_dir + "/dev";
   struct statvfs sv {};
   if (::statvfs(containers_dir.c_str(), &sv) != 0)
@@ -887,7 +859,7 @@ Result<void> prepare_shared_dirs(const std::string& containers_dir, container::R
     TP_TRY(ensure_node(dev + "/" + container::kDevSymlinks[i][0], S_IFLNK, 0777, 0,
                        container::kDevSymlinks[i][1]));
   r->dev_dir = dev;
-  r->dev_locked = locked_flags(dev);
+  r->dev_locked = sys::locked_flags(dev);
   return {};
 }
 
@@ -986,7 +958,7 @@ Result<std::unique_ptr<Backend>> make_container_backend(const ContainerOptions& 
   auto host = image::ensure_host_image(dd, opts.uid_base);
   if (!host) return std::unexpected(host.error());
   sh->host = *host;
-  for (const auto& b : sh->host.ro_binds) sh->host_binds.emplace_back(b, locked_flags(b));
+  for (const auto& b : sh->host.ro_binds) sh->host_binds.emplace_back(b, sys::locked_flags(b));
   if (opts.ranges_ids > 0) {
     // Per-sandbox ranges need idmapped mounts of the data dir's file system
     // (Linux >= 5.12; overlayfs over idmapped layers >= 5.19): say so now rather

@@ -140,7 +140,13 @@ struct VmShared {
   std::string mnt_dir;  // root/mnt: the jails' mount point (in their namespaces)
   std::string assets_id;
   Accel accel = Accel::kTcg;
+  // TCG: the host TSC frequency, measured on first use (50 ms), not at every daemon start.
+  std::once_flag tsc_once;
   uint64_t tsc_khz = 0;
+  uint64_t tsc() {
+    std::call_once(tsc_once, [this] { tsc_khz = accel == Accel::kTcg ? measure_tsc_khz() : 0; });
+    return tsc_khz;
+  }
   UniqueFd qemu_exe;
   std::unique_ptr<sys::CgroupManager> cgroups;
   std::unique_ptr<ErofsStore> erofs;
@@ -520,7 +526,7 @@ class MicrovmBackend final : public Backend {
 Result<VmConfig> MicrovmBackend::config_of(const SandboxSpec& spec) {
   VmConfig cfg;
   cfg.accel = sh_->accel;
-  cfg.tsc_khz = sh_->tsc_khz;
+  cfg.tsc_khz = sh_->tsc();
   cfg.vcpus = static_cast<uint32_t>(std::clamp(std::ceil(spec.cpus), 1.0, 16.0));
   cfg.memory_mb = std::max<uint64_t>(spec.memory_bytes >> 20, 128);
   cfg.disk_kb = std::max<uint64_t>(spec.disk_bytes >> 10, 16 << 10);
@@ -786,7 +792,6 @@ Result<std::unique_ptr<Backend>> make_backend(const MicrovmOptions& opts) {
   } else if (opts.accel != "tcg") {
     return fail(Code::kInvalidArgument, "accelerator must be auto, kvm or tcg");
   }
-  if (sh->accel == Accel::kTcg) sh->tsc_khz = measure_tsc_khz();
   sh->root = opts.data_dir + "/microvm";
   sh->run_dir = sh->root + "/run";
   sh->tpl_dir = sh->root + "/templates";
@@ -817,7 +822,7 @@ Result<std::unique_ptr<Backend>> make_backend(const MicrovmOptions& opts) {
       sh->accel == Accel::kKvm ? "KVM" : "TCG",
       sh->accel == Accel::kKvm
           ? "hardware isolation"
-          : fmt::format("TCG: not a security boundary; {}; TSC {} kHz", why_tcg, sh->tsc_khz),
+          : fmt::format("not a security boundary: {}", why_tcg),
       opts.assets_dir, sh->assets_id, opts.templates ? "on" : "off");
   return std::unique_ptr<Backend>(std::make_unique<MicrovmBackend>(std::move(sh)));
 }

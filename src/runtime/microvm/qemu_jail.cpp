@@ -16,6 +16,7 @@
 #include <cerrno>
 
 #include "runtime/container/child_plan.h"
+#include "sys/clone_support.h"
 #include "sys/fd.h"
 #include "sys/userns.h"
 
@@ -44,34 +45,6 @@ constexpr size_t kStack = 256 << 10;
 constexpr int kFlags =
     CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWUTS | CLONE_NEWIPC | CLONE_NEWNET;
 
-// Flags the kernel locks on a bind of `path` made in a user namespace; the
-// read-only remount must repeat them.
-unsigned long locked_flags(const std::string& path) {
-  struct statvfs sv {};
-  if (::statvfs(path.c_str(), &sv) != 0) return 0;
-  unsigned long f = 0;
-  if (sv.f_flag & ST_NOSUID) f |= MS_NOSUID;
-  if (sv.f_flag & ST_NODEV) f |= MS_NODEV;
-  if (sv.f_flag & ST_NOEXEC) f |= MS_NOEXEC;
-  if (sv.f_flag & ST_NOATIME) f |= MS_NOATIME;
-  if (sv.f_flag & ST_NODIRATIME) f |= MS_NODIRATIME;
-  if (sv.f_flag & ST_RELATIME) f |= MS_RELATIME;
-  return f;
-}
-
-class BlockSignals {
- public:
-  BlockSignals() {
-    sigset_t all;
-    sigfillset(&all);
-    pthread_sigmask(SIG_SETMASK, &all, &old_);
-  }
-  ~BlockSignals() { pthread_sigmask(SIG_SETMASK, &old_, nullptr); }
-
- private:
-  sigset_t old_;
-};
-
 // Host directories the child attaches (move_mount): detached clones of their
 // mounts made by the parent, which can reach the paths (the run directory is
 // root's 0700, closed to the child's ids) and sets their flags.
@@ -97,7 +70,7 @@ void build_ops(const JailSpec& s, const DirFds& fds, ChildPlan* p) {
   p->mount("", "/", "", MS_REC | MS_PRIVATE, "");
   p->mount("tmpfs", m, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=0755");
   p->mkdir(m + "/usr", 0755);
-  p->bind_ro("/usr", m + "/usr", locked_flags("/usr"));
+  p->bind_ro("/usr", m + "/usr", sys::locked_flags("/usr"));
   for (const char* l : {"bin", "sbin", "lib", "lib64", "lib32", "libx32"}) {
     const std::string host = std::string("/") + l;
     struct stat st {};
@@ -109,7 +82,7 @@ void build_ops(const JailSpec& s, const DirFds& fds, ChildPlan* p) {
       p->symlink(std::string(target, static_cast<size_t>(n)), m + host);
     } else if (S_ISDIR(st.st_mode)) {  // a host without merged /usr
       p->mkdir(m + host, 0755);
-      p->bind_ro(host, m + host, locked_flags(host));
+      p->bind_ro(host, m + host, sys::locked_flags(host));
     }
   }
   p->mkdir(m + "/dev", 0755);
@@ -165,7 +138,7 @@ Result<sys::Pidfd> run_plan(ChildPlan& plan, int flags,
   pid_t pid;
   int clone_errno = 0;
   {
-    BlockSignals block;
+    sys::SignalBlock block;
     pid = jail_clone(container::run_child, static_cast<char*>(stack) + kStack,
                      CLONE_VM | CLONE_PIDFD | SIGCHLD | flags, &plan, &pidfd);
     if (pid < 0) clone_errno = errno;
