@@ -817,13 +817,11 @@ Result<std::unique_ptr<Backend>> make_backend(const MicrovmOptions& opts) {
       (void)sh->cgroups->kill_all(id);
       (void)sh->cgroups->remove(id);
     }
-  spdlog::info(
-      "microvm backend: {} ({}), assets {} ({}), templates {}",
-      sh->accel == Accel::kKvm ? "KVM" : "TCG",
-      sh->accel == Accel::kKvm
-          ? "hardware isolation"
-          : fmt::format("not a security boundary: {}", why_tcg),
-      opts.assets_dir, sh->assets_id, opts.templates ? "on" : "off");
+  spdlog::info("microvm backend: {} ({}), assets {} ({}), templates {}",
+               sh->accel == Accel::kKvm ? "KVM" : "TCG",
+               sh->accel == Accel::kKvm ? "hardware isolation"
+                                        : fmt::format("not a security boundary: {}", why_tcg),
+               opts.assets_dir, sh->assets_id, opts.templates ? "on" : "off");
   return std::unique_ptr<Backend>(std::make_unique<MicrovmBackend>(std::move(sh)));
 }
 
