@@ -8,6 +8,9 @@
 #include <sys/ioctl.h>
 #include <sys/mount.h>
 #include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
 
 #include "sys/raw_syscall.h"
 
@@ -437,6 +440,21 @@ int run_child(void* arg) {
   }
   r = raw::call(SYS_execveat, exe, "", p.argv.data(), p.envp.data(), AT_EMPTY_PATH);
   die(err_fd, e + kExec, r);
+}
+
+std::optional<Error> read_child_failure(int err_rd, const ChildPlan& plan,
+                                        const std::string& prefix, const char* unnamed) {
+  ChildFailure f{};
+  ssize_t n;
+  do n = ::read(err_rd, &f, sizeof f);
+  while (n < 0 && errno == EINTR);
+  if (n < 0) return Error{code_from_errno(errno), errno, prefix + "read(error pipe)"};
+  if (n == 0) return std::nullopt;
+  std::string step =
+      (n == sizeof f && f.step >= 0 && static_cast<size_t>(f.step) < plan.steps.size())
+          ? plan.steps[static_cast<size_t>(f.step)]
+          : unnamed;
+  return Error{code_from_errno(f.err), f.err, prefix + step};
 }
 
 }  // namespace tp::runtime::container

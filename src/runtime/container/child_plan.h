@@ -13,9 +13,11 @@
 
 #include <cstdint>
 #include <deque>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "common/result.h"
 #include "sys/seccomp.h"
 
 namespace tp::runtime::container {
@@ -161,5 +163,11 @@ extern const char* const kReadOnlyProcDirs[];
 
 // Entry point for clone(); `arg` is a ChildPlan*. Never returns on success (exec).
 int run_child(void* arg);
+
+// Waits on the error pipe (`err_rd`, the read end of ChildPlan::err_wr) until the
+// child exec'd (EOF: nothing to report) or reported a failed step: that step's
+// description (`unnamed` for an unknown step), `prefix` first, as an Error.
+std::optional<Error> read_child_failure(int err_rd, const ChildPlan& plan,
+                                        const std::string& prefix, const char* unnamed);
 
 }  // namespace tp::runtime::container

@@ -49,7 +49,6 @@
 namespace tp::runtime {
 namespace {
 
-using container::ChildFailure;
 using container::ChildPlan;
 using sys::UniqueFd;
 
@@ -736,18 +735,8 @@ Result<std::unique_ptr<SandboxInstance>> ContainerBackend::create_impl(const San
     return abort_child(r.error());
 
   // EOF = the exec succeeded (the pipe is CLOEXEC); a record = the step that failed.
-  ChildFailure f{};
-  ssize_t n;
-  do n = ::read(err_rd.get(), &f, sizeof f);
-  while (n < 0 && errno == EINTR);
-  if (n < 0) return abort_child(sys_fail("read(error pipe)").error());
-  if (n > 0) {
-    std::string step =
-        (n == sizeof f && f.step >= 0 && static_cast<size_t>(f.step) < plan.steps.size())
-            ? plan.steps[static_cast<size_t>(f.step)]
-            : "sandbox setup";
-    return abort_child(Error{code_from_errno(f.err), f.err, step});
-  }
+  if (auto failed = container::read_child_failure(err_rd.get(), plan, "", "sandbox setup"))
+    return abort_child(*failed);
   // EOF also comes when the child died without a word (killed, e.g. by the OOM killer).
   if (proc.exited()) {
     siginfo_t si{};

@@ -23,7 +23,6 @@
 namespace tp::runtime::microvm {
 namespace {
 
-using container::ChildFailure;
 using container::ChildPlan;
 using container::OpKind;
 using sys::UniqueFd;
@@ -160,18 +159,8 @@ Result<sys::Pidfd> run_plan(ChildPlan& plan, int flags,
   if (::write(sync_wr.get(), &go, 1) != 1) return abort_child(sys_fail("write(sync pipe)").error());
   sync_wr.reset();
   // EOF: the exec happened (the pipe is CLOEXEC); a record: the step that failed.
-  ChildFailure f{};
-  ssize_t n;
-  do n = ::read(err_rd.get(), &f, sizeof f);
-  while (n < 0 && errno == EINTR);
-  if (n < 0) return abort_child(sys_fail("read(error pipe)").error());
-  if (n > 0) {
-    std::string step =
-        (n == sizeof f && f.step >= 0 && static_cast<size_t>(f.step) < plan.steps.size())
-            ? plan.steps[static_cast<size_t>(f.step)]
-            : "setup";
-    return abort_child(Error{code_from_errno(f.err), f.err, what + ": " + step});
-  }
+  if (auto failed = container::read_child_failure(err_rd.get(), plan, what + ": ", "setup"))
+    return abort_child(*failed);
   return proc;
 }
 
