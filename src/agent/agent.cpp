@@ -125,6 +125,7 @@ class Agent {
   bool lose_ctl();  // the session ended; false: the agent must end
   void accept_ctl();
   void start_session();
+  void begin_session();
   // --serial: whether a host is connected to the port now (no POLLHUP).
   bool port_connected() const;
   void configure(const Message& m);
@@ -230,12 +231,17 @@ void Agent::accept_ctl() {
 
 // A new session on ctl_ (accepted, or a host connected to the serial port).
 void Agent::start_session() {
+  reader_.emplace();
+  reader_fed_ = 0;
+  begin_session();
+}
+
+// The session part of start_session(), the reader left as it is.
+void Agent::begin_session() {
   session_.end();
   // Windows belong to the session that set them: the new node knows nothing of
   // them and would never send kCredit. Held frames (acks) still bound memory.
   for (auto& [id, c] : cmds_) c->windowed = false;
-  reader_.emplace();
-  reader_fed_ = 0;
   session_.begin(static_cast<uint64_t>(::getpid()));
 }
 
@@ -353,6 +359,14 @@ void Agent::handle(const Message& m) {
       configure(m);
       return;
     case MsgType::kHello:
+      if (serial_ && session_.epoch() != 0 && m.u64(Tag::kEpoch) != session_.epoch()) {
+        // Another node's first frame in a session that already had one: it connected
+        // while the guest could not run (its host left and came back before we saw
+        // the port close). Its stream starts here, at a frame boundary: a new session
+        // on the same reader, so it gets kResumed, kReady and every held frame again.
+        log_line("tp-agent: a new host took the port; new session\n");
+        begin_session();
+      }
       session_.hello(m.u64(Tag::kEpoch));
       return;
     case MsgType::kAck:
