@@ -4,7 +4,7 @@
 # (bench/daemon_bench): exec in a running sandbox against a host spawn of the same binary,
 # its RSS under keyed 4 MiB execs, and a restart with 500 sandboxes alive (50 when quick);
 # then bench/hostile_bench.py: /health with 10,000 idle connections held open, and what a
-# uid range per sandbox adds to a create.
+# uid range per sandbox adds to a create; then bench/microvm_bench.py: the microvm tier.
 #
 #   make bench                      ~10 min on 2 cores: 20 latency rounds x 30 runs per tool,
 #                                   5 s per tool and concurrency, 1,000 idle sandboxes per tool
@@ -244,6 +244,29 @@ res = json.load(open(path))
 res["hostile"] = h
 json.dump(res, open(path, "w"))
 print(f"bench: hostile: {h}", file=sys.stderr)
+EOF
+# The microvm tier (bench/microvm_bench.py): cold boot and clone to first exec, exec round
+# trip, idle PSS per cloned VM, creation rate at 1 and 2 clients; two daemons of its own.
+echo "bench: microvm tier"
+if [ "${BENCH_QUICK:-0}" = 1 ]; then
+  VM_ARGS="--cold 2 --clones 5 --execs 20 --idle 4 --idle-seconds 2 --rate-seconds 4"
+else
+  VM_ARGS="--cold 5 --clones 20 --execs 50 --idle 10 --idle-seconds 5 --rate-seconds 10"
+fi
+# shellcheck disable=SC2086
+"$PY" "$ROOT/bench/microvm_bench.py" --bin "$BIN" $VM_ARGS >"$WORK/microvm.json" 2>"$WORK/microvm.log" || true
+"$PY" - "$WORK/results.json" "$WORK/microvm.json" "$WORK/microvm.log" <<'EOF'
+import json, sys
+path, out, log = sys.argv[1:]
+try:
+    lines = [l for l in open(out).read().splitlines() if l.startswith("{")]
+    v = json.loads(lines[-1])
+except (OSError, ValueError, IndexError):
+    v = {"error": open(log).read().strip()[-400:] or "microvm_bench failed"}
+res = json.load(open(path))
+res["microvm"] = v
+json.dump(res, open(path, "w"))
+print(f"bench: microvm: {v}", file=sys.stderr)
 EOF
 cp "$WORK/results.json" "$OUT/latest.json"
 README_ARG=""

@@ -1,9 +1,11 @@
 #include "agent/agent.h"
 
 #include <fcntl.h>
+#include <linux/random.h>
 #include <malloc.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/ioctl.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/signalfd.h>
@@ -103,6 +105,7 @@ class Agent {
   Agent(Options opts, int ctl, sys::UniqueFd sigfd, FileService files)
       : opts_(std::move(opts)), ctl_(ctl), sigfd_(std::move(sigfd)), files_(std::move(files)) {
     if (opts_.listen_fd >= 0) listen_.reset(opts_.listen_fd);
+    serial_ = opts_.serial;
   }
 
   int run();
@@ -121,6 +124,11 @@ class Agent {
   bool read_ctl();  // false: the session ended (see lose_ctl)
   bool lose_ctl();  // the session ended; false: the agent must end
   void accept_ctl();
+  void start_session();
+  void begin_session();
+  // --serial: whether a host is connected to the port now (no POLLHUP).
+  bool port_connected() const;
+  void configure(const Message& m);
   void handle(const Message& m);
   void handle_exec(const Message& m);
   void kill_command(Command& c);
@@ -164,6 +172,10 @@ class Agent {
   std::vector<CommandCgroup> spare_cgroups_;
   uint64_t last_drain_us_ = 0;
   int exit_code_ = 0;
+  // --serial: ctl_ is a virtio-serial port that stays open; port_up_ while a
+  // host is connected to it (a session runs).
+  bool serial_ = false;
+  bool port_up_ = false;
 };
 
 // Answers of a kExec (its kStarted, kOutput, kExit, or a kError for an id the
@@ -180,7 +192,7 @@ void Agent::send(Message m, uint32_t owner) {
 
 // Writes what the control stream takes now. False when the stream broke.
 bool Agent::flush() {
-  if (!ctl_) return true;
+  if (!ctl_ || (serial_ && !port_up_)) return true;
   return session_.flush(ctl_.get());
 }
 
@@ -188,6 +200,15 @@ bool Agent::flush() {
 // keep running and their answers wait for the next session; a protocol error
 // or no listening socket ends the agent.
 bool Agent::lose_ctl() {
+  if (serial_ && exit_code_ == 0) {
+    // The port stays open (closing it would drop what the host queued next).
+    port_up_ = false;
+    session_.end();
+    reader_.emplace();
+    reader_fed_ = 0;
+    log_line("tp-agent: the host left the port; commands keep running until it connects again\n");
+    return true;
+  }
   if (!listen_ || exit_code_ != 0) return false;
   ctl_.reset();
   session_.end();
@@ -205,13 +226,56 @@ void Agent::accept_ctl() {
   if (fd < 0) return;  // EAGAIN, or the peer gave up already
   if (ctl_) log_line("tp-agent: a new connection replaces the current session\n");
   ctl_.reset(fd);
+  start_session();
+}
+
+// A new session on ctl_ (accepted, or a host connected to the serial port).
+void Agent::start_session() {
+  reader_.emplace();
+  reader_fed_ = 0;
+  begin_session();
+}
+
+// The session part of start_session(), the reader left as it is.
+void Agent::begin_session() {
   session_.end();
   // Windows belong to the session that set them: the new node knows nothing of
   // them and would never send kCredit. Held frames (acks) still bound memory.
   for (auto& [id, c] : cmds_) c->windowed = false;
-  reader_.emplace();
-  reader_fed_ = 0;
   session_.begin(static_cast<uint64_t>(::getpid()));
+}
+
+bool Agent::port_connected() const {
+  pollfd p{ctl_.get(), POLLOUT, 0};
+  if (::poll(&p, 1, 0) < 0) return false;
+  return (p.revents & (POLLHUP | POLLERR | POLLNVAL)) == 0;
+}
+
+// kConfigure: a VM clone's own hostname, wall clock and random seed. Best effort:
+// what fails is logged (a container's agent cannot set the clock, for one).
+void Agent::configure(const Message& m) {
+  if (auto name = m.get(Tag::kName); name && !name->empty()) {
+    if (::sethostname(name->data(), name->size()) != 0)
+      log_line("tp-agent: configure: sethostname: %s\n", std::strerror(errno));
+  }
+  if (m.has(Tag::kRealtimeNs)) {
+    uint64_t ns = m.u64(Tag::kRealtimeNs);
+    timespec ts{static_cast<time_t>(ns / 1000000000ull), static_cast<long>(ns % 1000000000ull)};
+    if (::clock_settime(CLOCK_REALTIME, &ts) != 0)
+      log_line("tp-agent: configure: clock_settime: %s\n", std::strerror(errno));
+  }
+  if (auto seed = m.get(Tag::kData); seed && !seed->empty()) {
+    const size_t n = std::min<size_t>(seed->size(), 512);
+    std::vector<char> buf(sizeof(rand_pool_info) + n);
+    auto* info = reinterpret_cast<rand_pool_info*>(buf.data());
+    info->entropy_count = static_cast<int>(n * 8);
+    info->buf_size = static_cast<int>(n);
+    std::memcpy(buf.data() + sizeof(rand_pool_info), seed->data(), n);
+    sys::UniqueFd fd(::open("/dev/urandom", O_WRONLY | O_CLOEXEC));
+    // Credited entropy, then a reseed: the clone's next random bytes are its own.
+    if (!fd || ::ioctl(fd.get(), RNDADDENTROPY, info) != 0 || ::ioctl(fd.get(), RNDRESEEDCRNG) != 0)
+      log_line("tp-agent: configure: seeding /dev/urandom: %s\n", std::strerror(errno));
+  }
 }
 
 bool Agent::read_ctl() {
@@ -291,7 +355,18 @@ void Agent::handle(const Message& m) {
     case MsgType::kPing:
       send(Message(MsgType::kOk, m.id));
       return;
+    case MsgType::kConfigure:
+      configure(m);
+      return;
     case MsgType::kHello:
+      if (serial_ && session_.epoch() != 0 && m.u64(Tag::kEpoch) != session_.epoch()) {
+        // Another node's first frame in a session that already had one: it connected
+        // while the guest could not run (its host left and came back before we saw
+        // the port close). Its stream starts here, at a frame boundary: a new session
+        // on the same reader, so it gets kResumed, kReady and every held frame again.
+        log_line("tp-agent: a new host took the port; new session\n");
+        begin_session();
+      }
       session_.hello(m.u64(Tag::kEpoch));
       return;
     case MsgType::kAck:
@@ -750,10 +825,17 @@ void Agent::maybe_trim() {
 }
 
 int Agent::run() {
-  session_.begin(static_cast<uint64_t>(::getpid()));
+  if (!serial_ || port_connected()) {
+    port_up_ = serial_;
+    session_.begin(static_cast<uint64_t>(::getpid()));
+  }
   std::vector<pollfd> pfds;
   std::vector<Slot> slots;
   for (;;) {
+    if (serial_ && !port_up_ && port_connected()) {
+      port_up_ = true;
+      start_session();
+    }
     if (!flush() && !lose_ctl()) break;
     maybe_trim();
     pfds.clear();
@@ -762,7 +844,7 @@ int Agent::run() {
       pfds.push_back(pollfd{fd, ev, 0});
       slots.push_back(Slot{k, id});
     };
-    if (ctl_) {
+    if (ctl_ && (!serial_ || port_up_)) {
       short ctl_ev = (session_.unsent_bytes() < kMaxOutQueue ? POLLIN : 0) |
                      (session_.want_write() ? POLLOUT : 0);
       add(ctl_.get(), ctl_ev, Kind::kCtl, 0);
@@ -810,6 +892,9 @@ int Agent::run() {
     }
     int timeout = -1;
     if (next_deadline) timeout = static_cast<int>((next_deadline - now + 999) / 1000);
+    // A port without a host reports POLLHUP all the time: it is not polled then.
+    // SIGIO (signalfd) says when the host connects; the 1 s check is a backstop.
+    if (serial_ && !port_up_ && (timeout < 0 || timeout > 1000)) timeout = 1000;
     int n = ::poll(pfds.data(), pfds.size(), timeout);
     if (n < 0) {
       if (errno == EINTR) continue;
@@ -900,7 +985,7 @@ int main(int argc, char** argv) {
     log_line("tp-agent: %s\n", opts.error().message().c_str());
     log_line(
         "usage: tp-agent [--fd N] [--listen-fd N] [--orphan-timeout S] [--root DIR] [--cgroup-fd "
-        "N] "
+        "N] [--serial] "
         "[--resolve auto|openat2|walk]\n");
     return 2;
   }
@@ -931,6 +1016,13 @@ int main(int argc, char** argv) {
   sigset_t chld;
   sigemptyset(&chld);
   sigaddset(&chld, SIGCHLD);
+  if (opts->serial) {
+    // The port raises SIGIO when the host connects or leaves (and on data): it
+    // wakes the poll loop through the signalfd while the port itself is not polled.
+    sigaddset(&chld, SIGIO);
+    ::fcntl(opts->fd, F_SETOWN, ::getpid());
+    ::fcntl(opts->fd, F_SETFL, ::fcntl(opts->fd, F_GETFL) | O_ASYNC);
+  }
   ::sigprocmask(SIG_BLOCK, &chld, nullptr);
   int sfd = ::signalfd(-1, &chld, SFD_CLOEXEC | SFD_NONBLOCK);
   if (sfd < 0) {

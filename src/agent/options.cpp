@@ -42,6 +42,8 @@ Result<Options> parse_options(int argc, char** argv) {
         o.listen_fd = static_cast<int>(n);
       else
         o.orphan_timeout_s = static_cast<unsigned>(n);
+    } else if (a == "--serial" && !has_val) {
+      o.serial = true;
     } else if (a == "--root") {
       auto v = need();
       if (!v) return std::unexpected(v.error());
@@ -62,6 +64,8 @@ Result<Options> parse_options(int argc, char** argv) {
       return fail(Code::kInvalidArgument, "unknown argument: " + std::string(argv[i]));
     }
   }
+  if (o.serial && o.listen_fd >= 0)
+    return fail(Code::kInvalidArgument, "--serial and --listen-fd exclude each other");
   return o;
 }
 

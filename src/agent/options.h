@@ -1,7 +1,7 @@
 // Command line of tp-agent.
 //
 //   tp-agent [--fd N] [--listen-fd N] [--orphan-timeout S] [--root DIR] [--cgroup-fd N]
-//            [--resolve auto|openat2|walk]
+//            [--serial] [--resolve auto|openat2|walk]
 //
 //   --fd N        the control stream (default 3)
 //   --listen-fd N a listening unix stream socket: when the control stream ends
@@ -16,6 +16,10 @@
 //                 v1 freezer hierarchy): each command gets a cgroup under it
 //                 (command_cgroup.h). Without it (a plain host process, unit
 //                 tests) commands run under command inits (command.h, fallback)
+//   --serial      the control stream is a virtio-serial port (the microvm tier):
+//                 it is never closed, EOF means "no host connected", and a
+//                 session starts whenever a host connects (src/protocol/README.md,
+//                 "VM clones"). No --orphan-timeout. Excludes --listen-fd.
 //   --resolve M   test-only: force the path resolver (default auto)
 //
 // Thread rules: pure function.
@@ -34,6 +38,7 @@ struct Options {
   unsigned orphan_timeout_s = 3600;
   std::string root = "/";
   int cgroup_fd = -1;  // -1: none
+  bool serial = false;
   Resolver::Mode resolve = Resolver::Mode::kAuto;
 };
 

@@ -61,6 +61,8 @@ class Session {
   bool connected() const { return connected_; }
   // kHello from the node: from now on held frames wait for acks.
   void hello(uint64_t epoch);
+  // EPOCH of this session's kHello (0: none yet).
+  uint64_t epoch() const { return epoch_; }
   // kAck: drops held frames up to `seq` (never beyond what was written in
   // this session).
   void ack(uint64_t seq);

@@ -33,6 +33,7 @@
 #include "node/sandbox_manager.h"
 #include "node/step_log.h"
 #include "runtime/container/container_backend.h"
+#include "runtime/microvm/microvm_backend.h"
 #include "runtime/registry.h"
 
 namespace tp::api {
@@ -112,6 +113,10 @@ int daemon_main(int argc, char** argv) {
   std::string socket_path = "/run/tidepool/tidepool.sock";
   bool insecure_tcp = false;
   std::vector<std::string> import_roots;
+  // The microvm tier (src/runtime/microvm/): on when its assets are there.
+  std::string microvm_assets;
+  std::string microvm_templates = "on";
+  std::string microvm_accel = "auto";
   uint32_t uid_first = node::UidRanges::kDefaultFirst;
   uint32_t uid_ranges = node::UidRanges::kDefaultCount;
   app.add_option("--listen", listen, "HOST:PORT to serve HTTP on (API keys required; '' = no TCP)")
@@ -152,6 +157,16 @@ int daemon_main(int argc, char** argv) {
   app.add_option("--uid-ranges", uid_ranges,
                  "how many 65536-id ranges (so how many sandboxes at once); 0 = every sandbox "
                  "shares one range (per-user kernel limits are then shared)")
+      ->capture_default_str();
+  app.add_option("--microvm-assets", microvm_assets,
+                 "kernel, initrd and host image of the microvm tier (scripts/microvm-assets.sh); "
+                 "default: ../microvm beside this binary, the tier is off when they are missing");
+  app.add_option("--microvm-templates", microvm_templates,
+                 "on: microVMs start as copy-on-write clones of a booted template; off: cold boots")
+      ->check(CLI::IsMember({"on", "off"}))
+      ->capture_default_str();
+  app.add_option("--microvm-accel", microvm_accel, "auto (KVM when /dev/kvm opens), kvm or tcg")
+      ->check(CLI::IsMember({"auto", "kvm", "tcg"}))
       ->capture_default_str();
   app.add_flag(
       "--stop-sandboxes-on-exit", stop_sandboxes_on_exit,
@@ -287,9 +302,10 @@ int daemon_main(int argc, char** argv) {
   copts.layers = *images;
   if (uid_ranges > 0) {
     // Apart from the ids image files are stored as and from the builds' ids.
-    auto v = node::UidRanges::validate(
-        uid_first, uid_ranges,
-        {{copts.uid_base, node::UidRanges::kSize}, {image::kBuildIdBase, image::kBuildIdCount}});
+    auto v = node::UidRanges::validate(uid_first, uid_ranges,
+                                       {{copts.uid_base, node::UidRanges::kSize},
+                                        {image::kBuildIdBase, image::kBuildIdCount},
+                                        {runtime::MicrovmOptions{}.default_uid_base, 2}});
     if (!v) return die(v.error().message());
     copts.ranges_first = uid_first;
     copts.ranges_ids = uint64_t{uid_ranges} * node::UidRanges::kSize;
@@ -299,6 +315,26 @@ int daemon_main(int argc, char** argv) {
 
   runtime::Registry registry;
   if (auto r = registry.add(std::move(*backend)); !r) return die(r.error().message());
+  {
+    runtime::MicrovmOptions vopts;
+    vopts.data_dir = data_dir;
+    vopts.assets_dir = microvm_assets.empty()
+                           ? std::filesystem::path(self_dir()).parent_path().string() + "/microvm"
+                           : microvm_assets;
+    vopts.cgroup_name = copts.cgroup_name;
+    vopts.storage_uid_base = copts.uid_base;
+    vopts.templates = microvm_templates == "on";
+    vopts.accel = microvm_accel;
+    vopts.layers = *images;
+    auto vm = runtime::make_microvm_backend(vopts);
+    if (vm) {
+      if (auto r = registry.add(std::move(*vm)); !r) return die(r.error().message());
+    } else if (!microvm_assets.empty()) {
+      return die("microvm tier: " + vm.error().message());
+    } else {
+      spdlog::info("microvm tier off: {}", vm.error().message());
+    }
+  }
 
   asio::io_context io;
   Metrics metrics;
@@ -316,6 +352,7 @@ int daemon_main(int argc, char** argv) {
   };
   node::SandboxManager mgr(io, registry, **store, metrics, std::move(mopts));
   Api api(mgr, metrics);
+  api.set_tiers(registry.tiers());
   api.set_max_download(max_download_mb << 20);
   auto retention = node::StepLog::parse_duration(step_retention);
   if (!retention) return die("--step-retention: " + retention.error().message());

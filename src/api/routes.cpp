@@ -248,9 +248,10 @@ void Api::health(Request&, const Params&, std::shared_ptr<Responder> res) {
 }
 
 void Api::version(Request&, const Params&, std::shared_ptr<Responder> res) {
-  res->send_json(
-      200,
-      json::object{{"version", TP_VERSION}, {"api", "v1"}, {"tiers", json::array{"container"}}});
+  json::array tiers;
+  for (const auto& t : tiers_) tiers.emplace_back(t);
+  res->send_json(200,
+                 json::object{{"version", TP_VERSION}, {"api", "v1"}, {"tiers", std::move(tiers)}});
 }
 
 void Api::metrics(Request&, const Params&, std::shared_ptr<Responder> res) {

@@ -44,6 +44,8 @@ class Api {
   // Largest file or tar download (--max-download-mb). Downloads stream (api/download.h):
   // this bounds what one request may send, not what the daemon holds. Set before serving.
   void set_max_download(uint64_t bytes) { max_download_ = bytes; }
+  // The tiers /version lists (the node's registry). Set before serving.
+  void set_tiers(std::vector<std::string> tiers) { tiers_ = std::move(tiers); }
   static constexpr uint64_t kDefaultMaxDownload = 8ull << 30;
   // The routes this server serves (for the contract test).
   static std::vector<RouteInfo> routes();
@@ -90,6 +92,7 @@ class Api {
   std::vector<std::shared_ptr<RouteProvider>> providers_;
   IdempotencyCache idempotency_;
   uint64_t max_download_ = kDefaultMaxDownload;
+  std::vector<std::string> tiers_{"container"};
 };
 
 }  // namespace tp::api

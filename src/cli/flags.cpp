@@ -32,7 +32,8 @@ int64_t ceil_seconds(double s) { return static_cast<int64_t>(std::ceil(s - 1e-9)
 
 void CreateFlags::add_to(CLI::App* app) {
   app->add_option("--image", image, "image to start from (default: host)")->type_name("IMAGE");
-  app->add_option("--tier", tier, "isolation tier (default: container)")->type_name("TIER");
+  app->add_option("--tier", tier, "isolation tier: container or microvm (default: container)")
+      ->type_name("TIER");
   app->add_option("--memory", memory,
                   "memory limit; K, M, G, T suffixes (binary), plain number = MiB (default 512M)")
       ->type_name("SIZE");

@@ -32,6 +32,7 @@
 //   kMkdir     -> kOk or kError
 //   kPing      -> kOk
 //   kCredit    -> no answer (LENGTH more output bytes for a kExec with WINDOW)
+//   kConfigure -> no answer (NAME, REALTIME_NS, DATA: a VM clone's own hostname, clock, seed)
 // The agent sends kReady (id 0, VERSION, PID, HIGH_ID, SESSION, FEATURES) at the start
 // of every session, when it is ready to serve.
 // Sessions (README.md): the node's first frame is kHello (EPOCH). Answers of
@@ -87,6 +88,10 @@ enum class MsgType : uint8_t {
   kCredit = 6,      // id = a kExec with WINDOW: LENGTH more output bytes may be read. No answer.
   kStdinWrite = 7,  // EXEC_ID, DATA, EOF: stdin for a command, answered (kOk) once written
                     // into its pipe: a node pacing an upload holds one piece at a time
+  // Per-sandbox settings of an agent started from a shared VM template (the microvm
+  // tier sends it first on a clone's first session): NAME = hostname, REALTIME_NS =
+  // the host's wall clock, DATA = seed for the kernel's random pool. No answer.
+  kConfigure = 8,
   kFileWrite = 10,
   kFileRead = 11,
   kFileStat = 12,
@@ -166,6 +171,7 @@ enum class Tag : uint16_t {
   kPrevEpoch = 85,     // u64: kReady, EPOCH of the last kHello of an earlier session (0: none)
   kResumedCount = 86,  // u64: kReady, how many kResumed frames preceded it
   kFeatures = 87,      // u64: kReady, bit set of kFeature* this agent understands
+  kRealtimeNs = 88,    // u64: kConfigure, CLOCK_REALTIME in nanoseconds since the epoch
 };
 
 // kReady FEATURES bits. A node uses a feature only when the agent announced it

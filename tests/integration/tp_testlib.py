@@ -166,15 +166,16 @@ def mounts_of(sandbox_id: str, pids: Iterable[int] = ()) -> List[str]:
 
 
 def data_paths_of(sandbox_id: str, data_dir: Optional[str]) -> List[str]:
-    """Per-sandbox working paths under <data_dir>/containers (roots, uppers, sockets)."""
+    """Per-sandbox working paths under <data_dir>/containers (roots, uppers, sockets) and
+    <data_dir>/microvm/run (a VM's sockets, console and state)."""
     if not data_dir:
         return []
     found = []
-    top = os.path.join(data_dir, "containers")
-    for dirpath, dirnames, filenames in os.walk(top):
-        if dirpath[len(top):].count(os.sep) >= 3:
-            dirnames[:] = []
-        found.extend(os.path.join(dirpath, n) for n in dirnames + filenames if sandbox_id in n)
+    for top in (os.path.join(data_dir, "containers"), os.path.join(data_dir, "microvm", "run")):
+        for dirpath, dirnames, filenames in os.walk(top):
+            if dirpath[len(top):].count(os.sep) >= 3:
+                dirnames[:] = []
+            found.extend(os.path.join(dirpath, n) for n in dirnames + filenames if sandbox_id in n)
     return found
 
 
@@ -198,7 +199,9 @@ def _comm(pid: int) -> str:
 def fd_count(pid: int, cached_userns: bool = True) -> int:
     """Open fds of a process. With cached_userns=False, a daemon's user-namespace fds are
     left out: the container backend keeps the idmap namespaces of recently used uid ranges
-    (at most 256, one fd each) for later sandboxes of the same range, a bounded cache."""
+    (at most 256, one fd each) for later sandboxes of the same range, a bounded cache; and
+    so are the microvm tier's template memories (one memfd per image and shape in use,
+    kept for the daemon's run: every later sandbox of that shape is a clone of it)."""
     try:
         fds = os.listdir(f"/proc/{pid}/fd")
     except OSError:
@@ -208,7 +211,8 @@ def fd_count(pid: int, cached_userns: bool = True) -> int:
     n = 0
     for fd in fds:
         try:
-            if os.readlink(f"/proc/{pid}/fd/{fd}").startswith("user:"):
+            t = os.readlink(f"/proc/{pid}/fd/{fd}")
+            if t.startswith("user:") or t.startswith("/memfd:tp-template"):
                 continue
         except OSError:
             continue

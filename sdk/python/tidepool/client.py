@@ -131,7 +131,8 @@ class Client(ClientBase):
 
         Args:
             image: image name; ``"host"`` is a read-only view of the host's system.
-            tier: isolation tier (``"container"``).
+            tier: isolation tier: ``"container"`` or ``"microvm"`` (a VM with its own kernel;
+                GET /version lists the tiers a daemon offers).
             memory_mb: memory limit in MiB (no swap); server default when None.
             cpus: CPU quota in cores, e.g. ``0.5``.
             ttl: lifetime in seconds (or a ``timedelta``); the sandbox stops afterwards.

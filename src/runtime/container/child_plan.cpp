@@ -8,6 +8,9 @@
 #include <sys/ioctl.h>
 #include <sys/mount.h>
 #include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
 
 #include "sys/raw_syscall.h"
 
@@ -156,6 +159,14 @@ void ChildPlan::simple(OpKind k, const std::string& desc, const std::string& a,
   ops.push_back(op);
 }
 
+void ChildPlan::set_ids(uint32_t uid, uint32_t gid) {
+  Op op{OpKind::kSetIds};
+  op.flags = uid;
+  op.mode = gid;
+  op.step = step("setresgid/setgroups/setresuid(" + std::to_string(uid) + ")");
+  ops.push_back(op);
+}
+
 void ChildPlan::finish() {
   exec_steps_base = static_cast<uint32_t>(steps.size());
   steps.push_back("fcntl(F_DUPFD_CLOEXEC)");
@@ -295,6 +306,12 @@ long run_op(const Op& op, const ChildPlan& p) {
       if (n == 0) raw::exit_now(126);  // parent gave up; it reaps us
       return 0;
     }
+    case OpKind::kSetIds: {
+      long r = raw::call(SYS_setresgid, op.mode, op.mode, op.mode);
+      if (r == 0) r = raw::call(SYS_setgroups, 0, nullptr);
+      if (r == 0) r = raw::call(SYS_setresuid, op.flags, op.flags, op.flags);
+      return r;
+    }
     case OpKind::kBecomeRoot: {
       long r = raw::call(SYS_setresgid, 0, 0, 0);
       if (r == 0) r = raw::call(SYS_setgroups, 0, nullptr);
@@ -377,6 +394,8 @@ int run_child(void* arg) {
   long listen =
       p.agent_listen >= 0 ? raw::call(SYS_fcntl, p.agent_listen, F_DUPFD_CLOEXEC, 10) : -1;
   if (p.agent_listen >= 0 && listen < 0) die(err_fd, e + kDupFds, listen);
+  long log = p.log_fd >= 0 ? raw::call(SYS_fcntl, p.log_fd, F_DUPFD_CLOEXEC, 10) : -1;
+  if (p.log_fd >= 0 && log < 0) die(err_fd, e + kDupFds, log);
   if (err >= 0) err_fd = static_cast<int>(err);
   if (exe < 0 || err < 0 || agent < 0 || cg < 0)
     die(err_fd, e + kDupFds, exe < 0 ? exe : err < 0 ? err : agent < 0 ? agent : cg);
@@ -388,6 +407,10 @@ int run_child(void* arg) {
     if (r < 0) die(err_fd, e + kStdio, r);
   }
   if (null_fd > 2) raw::call(SYS_close, null_fd);
+  for (int i = 1; log >= 0 && i < 3; ++i) {
+    long d = raw::call(SYS_dup3, log, i, 0);
+    if (d < 0) die(err_fd, e + kStdio, d);
+  }
   long r = raw::call(SYS_dup3, agent, 3, 0);
   if (r < 0) die(err_fd, e + kAgentFd, r);
   if (p.cgroup_fd >= 0) {
@@ -427,6 +450,21 @@ int run_child(void* arg) {
   }
   r = raw::call(SYS_execveat, exe, "", p.argv.data(), p.envp.data(), AT_EMPTY_PATH);
   die(err_fd, e + kExec, r);
+}
+
+std::optional<Error> read_child_failure(int err_rd, const ChildPlan& plan,
+                                        const std::string& prefix, const char* unnamed) {
+  ChildFailure f{};
+  ssize_t n;
+  do n = ::read(err_rd, &f, sizeof f);
+  while (n < 0 && errno == EINTR);
+  if (n < 0) return Error{code_from_errno(errno), errno, prefix + "read(error pipe)"};
+  if (n == 0) return std::nullopt;
+  std::string step =
+      (n == sizeof f && f.step >= 0 && static_cast<size_t>(f.step) < plan.steps.size())
+          ? plan.steps[static_cast<size_t>(f.step)]
+          : unnamed;
+  return Error{code_from_errno(f.err), f.err, prefix + step};
 }
 
 }  // namespace tp::runtime::container

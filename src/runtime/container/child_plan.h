@@ -13,9 +13,11 @@
 
 #include <cstdint>
 #include <deque>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "common/result.h"
 #include "sys/seccomp.h"
 
 namespace tp::runtime::container {
@@ -37,6 +39,7 @@ enum class OpKind : uint8_t {
   kSetRlimit,     // prlimit64(0, resource=mode, {flags, flags}): soft = hard = flags
   kMoveMount,  // move_mount(fd, "", AT_FDCWD, a, MOVE_MOUNT_F_EMPTY_PATH): attach a detached mount
   kSchedIdle,  // sched_setscheduler(0, SCHED_IDLE): inherited by every process of the sandbox
+  kSetIds,     // setresgid(mode), setgroups(0), setresuid(flags): drop to an unprivileged id
 };
 
 struct Op {
@@ -72,6 +75,7 @@ struct ChildPlan {
   int sync_rd = -1, sync_wr = -1, err_rd = -1, err_wr = -1, agent_child = -1, exe_fd = -1;
   int cgroup_fd = -1;     // the sandbox's delegated cgroup directory, placed at fd 4 (-1: none)
   int agent_listen = -1;  // live restore: the agent's listening socket, placed at fd 5 (-1: none)
+  int log_fd = -1;        // stdout and stderr of the program (-1: /dev/null, like stdin)
   uint32_t exec_steps_base = 0;  // first of the fixed exec-sequence step descriptions
 
   const char* keep(std::string s) { return strings.emplace_back(std::move(s)).c_str(); }
@@ -93,6 +97,8 @@ struct ChildPlan {
   // Into `limits`: the sandbox runs under SCHED_IDLE (best effort).
   void sched_idle();
   void move_mount(int fd, const std::string& what, const std::string& target);
+  // Drops every capability: the ids of the current user namespace the program runs as.
+  void set_ids(uint32_t uid, uint32_t gid);
   void simple(OpKind k, const std::string& desc, const std::string& a = {},
               unsigned long flags = 0);
   // Appends the fixed step descriptions of the exec sequence; call last.
@@ -160,5 +166,11 @@ extern const char* const kReadOnlyProcDirs[];
 
 // Entry point for clone(); `arg` is a ChildPlan*. Never returns on success (exec).
 int run_child(void* arg);
+
+// Waits on the error pipe (`err_rd`, the read end of ChildPlan::err_wr) until the
+// child exec'd (EOF: nothing to report) or reported a failed step: that step's
+// description (`unnamed` for an unknown step), `prefix` first, as an Error.
+std::optional<Error> read_child_failure(int err_rd, const ChildPlan& plan,
+                                        const std::string& prefix, const char* unnamed);
 
 }  // namespace tp::runtime::container

@@ -36,7 +36,9 @@
 #include "common/log.h"
 #include "image/host_image.h"
 #include "runtime/container/child_plan.h"
+#include "runtime/sandbox_state.h"
 #include "sys/cgroup.h"
+#include "sys/clone_support.h"
 #include "sys/fd.h"
 #include "sys/pidfd.h"
 #include "sys/raw_syscall.h"
@@ -47,7 +49,6 @@
 namespace tp::runtime {
 namespace {
 
-using container::ChildFailure;
 using container::ChildPlan;
 using sys::UniqueFd;
 
@@ -70,29 +71,6 @@ const CloneFn libc_clone = reinterpret_cast<CloneFn>(::dlsym(RTLD_NEXT, "clone")
 #endif
 constexpr int kCloneFlags = CLONE_VM | CLONE_PIDFD | CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID |
                             CLONE_NEWUTS | CLONE_NEWIPC | CLONE_NEWNET | SIGCHLD;
-
-// Flags the kernel locks on a bind of `path` in a user namespace; a read-only
-// remount must repeat them or it fails with EPERM.
-unsigned long locked_flags(const std::string& path) {
-  struct statvfs sv {};
-  if (::statvfs(path.c_str(), &sv) != 0) return 0;
-  unsigned long f = 0;
-  if (sv.f_flag & ST_NOSUID) f |= MS_NOSUID;
-  if (sv.f_flag & ST_NODEV) f |= MS_NODEV;
-  if (sv.f_flag & ST_NOEXEC) f |= MS_NOEXEC;
-  if (sv.f_flag & ST_NOATIME) f |= MS_NOATIME;
-  if (sv.f_flag & ST_NODIRATIME) f |= MS_NODIRATIME;
-  if (sv.f_flag & ST_RELATIME) f |= MS_RELATIME;
-  return f;
-}
-
-bool valid_name(const std::string& id) {
-  if (id.empty() || id.size() > 63) return false;
-  return std::all_of(id.begin(), id.end(), [](char c) {
-    return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-' || (c >= 'A' && c <= 'Z') ||
-           c == '_';
-  });
-}
 
 // Everything the backend and its instances share; read-only after construction.
 struct Shared {
@@ -118,21 +96,6 @@ struct Shared {
 // run adopts the right process and not one that reused the pid.
 std::string sandbox_run_dir(const Shared& sh, const std::string& id) {
   return sh.run_dir + "/" + id;
-}
-
-// Field 22 of /proc/<pid>/stat (start time in clock ticks since boot); 0 if unreadable.
-uint64_t proc_start_time(pid_t pid) {
-  std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
-  std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-  // comm (field 2) may hold spaces and parentheses: count from the last ')'.
-  size_t close = text.rfind(')');
-  if (close == std::string::npos) return 0;
-  std::istringstream rest(text.substr(close + 1));
-  std::string field;
-  for (int i = 3; i <= 22 && (rest >> field); ++i) {
-    if (i == 22) return std::strtoull(field.c_str(), nullptr, 10);
-  }
-  return 0;
 }
 
 void remove_run_dir(const std::string& dir) {
@@ -162,41 +125,6 @@ Result<UniqueFd> make_agent_socket(const std::string& dir) {
     return sys_fail("bind(" + path + ")");
   if (::listen(fd.get(), 4) != 0) return sys_fail("listen(" + path + ")");
   return fd;
-}
-
-// Writes <dir>/state atomically: "pid <pid>\nstarttime <ticks>\n".
-Result<void> write_state(const std::string& dir, pid_t pid) {
-  uint64_t start = proc_start_time(pid);
-  if (!start)
-    return fail(Code::kInternal, "no start time in /proc/" + std::to_string(pid) + "/stat");
-  const std::string tmp = dir + "/state.tmp";
-  std::string text = "pid " + std::to_string(pid) + "\nstarttime " + std::to_string(start) + "\n";
-  UniqueFd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600));
-  if (!fd) return sys_fail("open(" + tmp + ")");
-  if (::write(fd.get(), text.data(), text.size()) != static_cast<ssize_t>(text.size()))
-    return sys_fail("write(" + tmp + ")");
-  fd.reset();
-  if (::rename(tmp.c_str(), (dir + "/state").c_str()) != 0) return sys_fail("rename(" + tmp + ")");
-  return {};
-}
-
-struct SavedState {
-  pid_t pid = 0;
-  uint64_t start = 0;
-};
-
-Result<SavedState> read_state(const std::string& dir) {
-  std::ifstream f(dir + "/state");
-  if (!f) return fail(Code::kNotFound, "no state file in " + dir);
-  SavedState st;
-  std::string key;
-  uint64_t v;
-  while (f >> key >> v) {
-    if (key == "pid") st.pid = static_cast<pid_t>(v);
-    if (key == "starttime") st.start = v;
-  }
-  if (st.pid <= 0 || st.start == 0) return fail(Code::kNotFound, "malformed state file in " + dir);
-  return st;
 }
 
 class ContainerInstance final : public SandboxInstance {
@@ -328,20 +256,6 @@ class ContainerInstance final : public SandboxInstance {
   bool frozen_ = false;
 };
 
-// Blocks every signal in this thread for the duration (the clone child starts with this mask).
-class SignalBlock {
- public:
-  SignalBlock() {
-    sigset_t all;
-    sigfillset(&all);
-    pthread_sigmask(SIG_SETMASK, &all, &old_);
-  }
-  ~SignalBlock() { pthread_sigmask(SIG_SETMASK, &old_, nullptr); }
-
- private:
-  sigset_t old_;
-};
-
 // Runs the enclosed code with this thread's effective uid switched to `uid`.
 // The real and saved uids stay 0, so the permitted capabilities survive and
 // become effective again on restore.
@@ -442,7 +356,7 @@ Result<Idmap> make_idmap_userns(uint32_t storage_base, uint32_t base) {
   // The child's argument lives at the bottom of its stack: it may first run after we returned.
   auto* arg = new (out.child.stack_) IdmapChildArg{rd.get(), wr.get()};
   {
-    SignalBlock block;
+    sys::SignalBlock block;
     out.child.pid_ =
         TP_CLONE(idmap_child, static_cast<char*>(out.child.stack_) + IdmapChild::kStack,
                  CLONE_VM | CLONE_NEWUSER | SIGCHLD, arg);
@@ -577,7 +491,7 @@ class ContainerBackend final : public Backend {
 };
 
 Result<std::unique_ptr<SandboxInstance>> ContainerBackend::create_impl(const SandboxSpec& spec) {
-  if (!valid_name(spec.id))
+  if (!valid_sandbox_name(spec.id))
     return fail(Code::kInvalidArgument, "invalid sandbox id '" + spec.id + "'");
   if (spec.disk_bytes == 0 || spec.tmp_bytes == 0 || spec.memory_bytes == 0)
     return fail(Code::kInvalidArgument, "memory, disk and tmp sizes must be > 0");
@@ -755,7 +669,7 @@ Result<std::unique_ptr<SandboxInstance>> ContainerBackend::create_impl(const San
   pid_t pid;
   int clone_errno = 0;
   {
-    SignalBlock block;
+    sys::SignalBlock block;
     // The kernel charges a user namespace's per-user counters (inotify instances
     // and watches, POSIX mqueue bytes, pending signals, processes) to the owner
     // of the namespace in the parent namespace too, and the owner is the
@@ -827,18 +741,8 @@ Result<std::unique_ptr<SandboxInstance>> ContainerBackend::create_impl(const San
     return abort_child(r.error());
 
   // EOF = the exec succeeded (the pipe is CLOEXEC); a record = the step that failed.
-  ChildFailure f{};
-  ssize_t n;
-  do n = ::read(err_rd.get(), &f, sizeof f);
-  while (n < 0 && errno == EINTR);
-  if (n < 0) return abort_child(sys_fail("read(error pipe)").error());
-  if (n > 0) {
-    std::string step =
-        (n == sizeof f && f.step >= 0 && static_cast<size_t>(f.step) < plan.steps.size())
-            ? plan.steps[static_cast<size_t>(f.step)]
-            : "sandbox setup";
-    return abort_child(Error{code_from_errno(f.err), f.err, step});
-  }
+  if (auto failed = container::read_child_failure(err_rd.get(), plan, "", "sandbox setup"))
+    return abort_child(*failed);
   // EOF also comes when the child died without a word (killed, e.g. by the OOM killer).
   if (proc.exited()) {
     siginfo_t si{};
@@ -862,23 +766,16 @@ Result<std::unique_ptr<SandboxInstance>> ContainerBackend::create_impl(const San
 }
 
 Result<std::unique_ptr<SandboxInstance>> ContainerBackend::adopt_impl(const SandboxSpec& spec) {
-  if (!valid_name(spec.id))
+  if (!valid_sandbox_name(spec.id))
     return fail(Code::kInvalidArgument, "invalid sandbox id '" + spec.id + "'");
   const std::string dir = sandbox_run_dir(*sh_, spec.id);
   auto st = read_state(dir);
   if (!st) return std::unexpected(st.error());
-  int pfd = static_cast<int>(::syscall(SYS_pidfd_open, st->pid, 0));
-  if (pfd < 0) {
-    if (errno == ESRCH)
-      return fail(Code::kNotFound,
-                  "init of sandbox " + spec.id + " (pid " + std::to_string(st->pid) + ") is gone");
-    return sys_fail("pidfd_open(" + std::to_string(st->pid) + ")");
-  }
-  sys::Pidfd proc(pfd, st->pid);
-  // Checked after pidfd_open: the pidfd then names the process whose start time matched.
-  if (proc_start_time(st->pid) != st->start || proc.exited())
+  auto opened = open_saved(*st);
+  if (!opened)
     return fail(Code::kNotFound,
                 "init of sandbox " + spec.id + " (pid " + std::to_string(st->pid) + ") is gone");
+  sys::Pidfd proc = std::move(*opened);
   for (const auto& d : sh_->cgroups->dirs(spec.id)) {
     struct stat cs {};
     if (::stat(d.c_str(), &cs) != 0 || !S_ISDIR(cs.st_mode))
@@ -940,7 +837,7 @@ Result<void> prepare_shared_dirs(const std::string& containers_dir, container::R
   const std::string empty = containers_dir + "/empty";
   TP_TRY(ensure_node(empty, S_IFDIR, 0555, 0));
   r->empty_dir = empty;
-  r->prep_locked = locked_flags(empty);
+  r->prep_locked = sys::locked_flags(empty);
   const std::string dev = containers_dir + "/dev";
   struct statvfs sv {};
   if (::statvfs(containers_dir.c_str(), &sv) != 0)
@@ -963,7 +860,7 @@ Result<void> prepare_shared_dirs(const std::string& containers_dir, container::R
     TP_TRY(ensure_node(dev + "/" + container::kDevSymlinks[i][0], S_IFLNK, 0777, 0,
                        container::kDevSymlinks[i][1]));
   r->dev_dir = dev;
-  r->dev_locked = locked_flags(dev);
+  r->dev_locked = sys::locked_flags(dev);
   return {};
 }
 
@@ -1062,7 +959,7 @@ Result<std::unique_ptr<Backend>> make_container_backend(const ContainerOptions& 
   auto host = image::ensure_host_image(dd, opts.uid_base);
   if (!host) return std::unexpected(host.error());
   sh->host = *host;
-  for (const auto& b : sh->host.ro_binds) sh->host_binds.emplace_back(b, locked_flags(b));
+  for (const auto& b : sh->host.ro_binds) sh->host_binds.emplace_back(b, sys::locked_flags(b));
   if (opts.ranges_ids > 0) {
     // Per-sandbox ranges need idmapped mounts of the data dir's file system
     // (Linux >= 5.12; overlayfs over idmapped layers >= 5.19): say so now rather

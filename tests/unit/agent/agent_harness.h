@@ -117,6 +117,7 @@ struct AgentOptions {
   bool mount_proc = false;    // run the agent in a private mount ns with proc at <root>/proc
   bool listen = false;        // --listen-fd 4: a unix socket at <root>.sock (see socket_path())
   int orphan_timeout_s = -1;  // --orphan-timeout, when >= 0
+  bool serial = false;        // --serial: the socketpair stands in for a virtio-serial port
 };
 
 class AgentProcess {
@@ -151,6 +152,10 @@ class AgentProcess {
     }
     if (o.orphan_timeout_s >= 0)
       args.insert(args.end(), {"--orphan-timeout", std::to_string(o.orphan_timeout_s)});
+    if (o.serial) {
+      args.push_back("--serial");
+      listen_ = true;  // EOF does not end it either: killed on destruction
+    }
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);

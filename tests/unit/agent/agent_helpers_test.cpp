@@ -50,6 +50,17 @@ TEST(AgentOptions, RejectsBadInput) {
   EXPECT_FALSE(parse({"tp-agent", "--no-pid-ns"}).has_value());
 }
 
+TEST(AgentOptions, SerialPort) {
+  EXPECT_FALSE(parse({"tp-agent"})->serial);
+  auto o = parse({"tp-agent", "--fd", "3", "--serial", "--cgroup-fd", "4"});
+  ASSERT_TRUE(o.has_value());
+  EXPECT_TRUE(o->serial);
+  EXPECT_EQ(o->fd, 3);
+  // A port has no listening socket: the two ways of reconnecting exclude each other.
+  EXPECT_FALSE(parse({"tp-agent", "--serial", "--listen-fd", "5"}).has_value());
+  EXPECT_FALSE(parse({"tp-agent", "--serial=yes"}).has_value());
+}
+
 TEST(AgentOptions, ListenFdAndOrphanTimeout) {
   auto d = parse({"tp-agent"});
   ASSERT_TRUE(d.has_value());

@@ -362,5 +362,62 @@ TEST_F(AgentSessionTest, ProtocolErrorStillEndsTheAgent) {
   EXPECT_EQ(WEXITSTATUS(st), 1);
 }
 
+// --serial (a VM's port; a connected socketpair stands in for it): a second node's
+// kHello in one session means a new host took the port without the agent seeing the
+// old one leave. It starts a new session on the same stream: the unacknowledged
+// answers come again after kResumed and kReady, and the port stays open.
+TEST_F(AgentSessionTest, SerialPortNewNodeHelloStartsANewSession) {
+  AgentOptions o;
+  o.serial = true;
+  agent_ = std::make_unique<AgentProcess>(root_.path(), o);
+  ASSERT_GE(agent_->fd(), 0);
+  Raw r(::dup(agent_->fd()));
+  agent_->close_fd();
+  auto ready = r.next();
+  ASSERT_TRUE(ready);
+  ASSERT_EQ(ready->type, MsgType::kReady);
+  EXPECT_EQ(ready->u64(Tag::kSession), 1u);
+  r.hello(111);
+  r.send(exec_msg(5, "echo one", "m5"));
+  std::string first;
+  for (;;) {  // the answers, not acknowledged
+    auto m = r.next();
+    ASSERT_TRUE(m);
+    if (m->type == MsgType::kOutput) first += m->get(Tag::kData).value_or("");
+    if (m->type == MsgType::kExit) break;
+  }
+  EXPECT_EQ(first, "one\n");
+  // The same node again is not a new session.
+  r.hello(111);
+  r.send(Message(MsgType::kPing, 6));
+  auto pong = r.next();
+  ASSERT_TRUE(pong);
+  EXPECT_EQ(pong->type, MsgType::kOk);
+  // Another node: a new session, the ended command listed and its answers again.
+  r.hello(222);
+  auto resumed = r.next();
+  ASSERT_TRUE(resumed);
+  ASSERT_EQ(resumed->type, MsgType::kResumed);
+  EXPECT_EQ(resumed->id, 5u);
+  EXPECT_EQ(resumed->str(Tag::kMeta), "m5");
+  EXPECT_FALSE(resumed->flag(Tag::kRunning));
+  auto ready2 = r.next();
+  ASSERT_TRUE(ready2);
+  ASSERT_EQ(ready2->type, MsgType::kReady);
+  EXPECT_EQ(ready2->u64(Tag::kSession), 2u);
+  EXPECT_EQ(ready2->u64(Tag::kPrevEpoch), 111u);
+  std::string again;
+  uint64_t last = 0;
+  Message x = drain_to_exit(r, 5, &again, &last);
+  EXPECT_EQ(x.type, MsgType::kExit);
+  EXPECT_EQ(again, "one\n");
+  // Requests after it are served in that session.
+  r.send(Message(MsgType::kPing, 7));
+  auto pong2 = r.next();
+  ASSERT_TRUE(pong2);
+  EXPECT_EQ(pong2->type, MsgType::kOk);
+  EXPECT_EQ(pong2->id, 7u);
+}
+
 }  // namespace
 }  // namespace tp::agent_test
