@@ -1,39 +1,50 @@
 #include "api/idempotency.h"
 
+#include <fmt/format.h>
 #include <openssl/evp.h>
 
+#include <boost/json.hpp>
 #include <chrono>
 
+#include "api/step_summary.h"
 #include "common/log.h"
 
 namespace tp::api {
 
+namespace json = boost::json;
+
 namespace {
 
-int64_t now_us() {
-  return std::chrono::duration_cast<std::chrono::microseconds>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
+using SteadyClock = std::chrono::steady_clock;
 
 // Replays carry the recorded answer whole (a stream becomes one body).
-void replay(Responder& res, int status, const std::string& ct, std::string body) {
+void replay(Responder& res, int status, const std::string& ct, std::string body,
+            std::optional<SteadyClock::time_point> since) {
   res.add_header("Idempotent-Replayed", "true");
+  if (since) {
+    double ms = std::chrono::duration<double, std::milli>(SteadyClock::now() - *since).count();
+    res.add_header("Server-Timing", fmt::format("replay;dur={:.3f}", ms));
+  }
   res.send(status, ct, std::move(body));
 }
 
-void replay_record(Responder& res, Result<node::StepRecord>& rec) {
+void replay_record(Responder& res, Result<node::StepRecord>& rec,
+                   std::optional<SteadyClock::time_point> since = std::nullopt) {
   if (!rec) {
     res.send_error(
         Error{Code::kInternal, 0, "the recorded answer cannot be read: " + rec.error().message()});
     return;
   }
-  replay(res, rec->status, rec->content_type, std::move(rec->answer));
+  replay(res, rec->status, rec->content_type, std::move(rec->answer), since);
 }
 
 constexpr const char* kIncomplete =
     R"({"code":"unavailable","message":"the first request with this key did not complete"})"
     "\n";
+
+std::string scope_of_target(const std::string& target) {
+  return node::StepLog::scope_of(std::string_view(target).substr(0, target.find('?')));
+}
 
 }  // namespace
 
@@ -49,6 +60,20 @@ node::StepFingerprint IdempotencyCache::fingerprint(const Request& req) {
   return fp;
 }
 
+std::string IdempotencyCache::caller_json(const Caller& c) {
+  json::object o;
+  if (c.unix_socket()) {
+    o["transport"] = "unix";
+    o["uid"] = c.uid;
+    o["gid"] = c.gid;
+  } else {
+    o["transport"] = "tcp";
+    if (!c.key_id.empty()) o["key_id"] = c.key_id;
+    if (!c.scope.empty()) o["scope"] = c.scope;
+  }
+  return json::serialize(o);
+}
+
 // Forwards the answer to the client once it is recorded; a streamed answer goes
 // to a side file chunk by chunk and to the client at once, but its end (and the
 // terminal exit/error event of an exec stream) only once the record is durable,
@@ -58,10 +83,13 @@ class IdempotencyCache::Recorder : public Responder {
   Recorder(IdempotencyCache& cache, std::string key, std::string scope, node::StepRecord rec,
            std::shared_ptr<Responder> inner)
       : cache_(cache),
+        log_(cache.log_.get()),
         key_(std::move(key)),
         scope_(std::move(scope)),
         rec_(std::move(rec)),
-        inner_(std::move(inner)) {}
+        inner_(std::move(inner)) {
+    if (!scope_.empty()) log_->hold(scope_);
+  }
   ~Recorder() override {
     // An answer that never completed is recorded as such; it also releases the waiters.
     std::lock_guard lk(mu_);
@@ -82,6 +110,7 @@ class IdempotencyCache::Recorder : public Responder {
     done_ = true;
     rec_.status = status;
     rec_.content_type = std::move(ct);
+    if (rec_.content_type.starts_with("application/json")) rec_.summary = summarize_json(body);
     commit(std::move(body), false);
   }
   void start_stream(int status, std::string ct) override {
@@ -89,7 +118,8 @@ class IdempotencyCache::Recorder : public Responder {
     if (done_ || rec_.status) return;
     rec_.status = status;
     rec_.content_type = ct;
-    auto side = cache_.log_->new_side(scope_);
+    events_ = ct.starts_with("application/x-ndjson");
+    auto side = log_->new_side(scope_);
     if (side)
       side_ = std::move(*side);
     else
@@ -100,6 +130,7 @@ class IdempotencyCache::Recorder : public Responder {
     std::lock_guard lk(mu_);
     if (done_ || d.empty()) return;
     if (side_) (void)side_->write(d);  // a failure is seen at commit
+    if (events_) stream_summary_.feed(d);
     if (!held_.empty()) inner_->write_chunk(std::move(held_));
     held_.clear();
     // Output goes on at once (a stream must not lag); the terminal event of an exec
@@ -150,37 +181,45 @@ class IdempotencyCache::Recorder : public Responder {
  private:
   // Appends the record; the answer goes to the client (and the waiters) when it is durable.
   void commit(std::string body, bool stream) {
-    rec_.finished_us = now_us();
+    rec_.finished_us = log_->now_us();
+    if (stream && events_) rec_.summary = stream_summary_.json();
     if (stream && !side_) {
       // The side file could not be made: nothing can be recorded; the client gets its answer.
       if (!held_.empty()) inner_->write_chunk(std::move(held_));
       inner_->end_stream();
-      cache_.finished(key_, fail(Code::kInternal, "streamed answer could not be recorded"));
+      if (!key_.empty())
+        cache_.finished(key_, fail(Code::kInternal, "streamed answer could not be recorded"));
+      if (!scope_.empty()) log_->release(scope_);
       return;
     }
     auto* cache = &cache_;
     int status = rec_.status;
     std::string ct = rec_.content_type;
-    cache_.log_->append(scope_, std::move(rec_), std::move(body), std::move(side_),
-                        [cache, key = key_, inner = inner_, stream, status, ct = std::move(ct),
-                         held = std::move(held_)](Result<void> r, std::string answer) mutable {
-                          if (stream) {
-                            if (!held.empty()) inner->write_chunk(std::move(held));
-                            inner->end_stream();
-                          } else {
-                            inner->send(status, std::move(ct), std::move(answer));
-                          }
-                          cache->finished(key, r);
-                        });
+    log_->append(scope_, std::move(rec_), std::move(body), std::move(side_),
+                 [cache, key = key_, inner = inner_, stream, status, ct = std::move(ct),
+                  held = std::move(held_)](Result<void> r, std::string answer) mutable {
+                   if (stream) {
+                     if (!held.empty()) inner->write_chunk(std::move(held));
+                     inner->end_stream();
+                   } else {
+                     inner->send(status, std::move(ct), std::move(answer));
+                   }
+                   if (!key.empty()) cache->finished(key, r);
+                 });
+    // Queued: a sandbox's "ended" event may follow it now.
+    if (!scope_.empty()) log_->release(scope_);
   }
 
   IdempotencyCache& cache_;
+  node::StepLog* log_;  // the cache's, which outlives every recorder
   const std::string key_, scope_;
   std::mutex mu_;
   node::StepRecord rec_;
   std::shared_ptr<Responder> inner_;
   std::unique_ptr<node::StepSideFile> side_;
   std::string held_;
+  bool events_ = false;  // an NDJSON exec stream
+  StreamSummary stream_summary_;
   bool done_ = false;
 };
 
@@ -188,8 +227,25 @@ IdempotencyCache::~IdempotencyCache() { log_.reset(); }
 
 void IdempotencyCache::set_log(std::shared_ptr<node::StepLog> log) { log_ = std::move(log); }
 
+void IdempotencyCache::record_unkeyed(std::function<bool(const std::string&)> known) {
+  known_ = std::move(known);
+}
+
+std::shared_ptr<Responder> IdempotencyCache::recorder(const Request& req, const std::string& key,
+                                                      std::string scope, node::StepFingerprint fp,
+                                                      std::shared_ptr<Responder> res) {
+  node::StepRecord rec;
+  rec.key = key;
+  rec.request = std::move(fp);
+  if (req.body.size() <= log_->max_request_body()) rec.request_body = req.body;
+  rec.caller = caller_json(req.caller);
+  rec.started_us = log_->now_us();
+  return std::make_shared<Recorder>(*this, key, std::move(scope), std::move(rec), std::move(res));
+}
+
 std::shared_ptr<Responder> IdempotencyCache::begin(const Request& req, const std::string& key,
                                                    std::shared_ptr<Responder> res) {
+  auto t0 = SteadyClock::now();
   if (key.empty() || key.size() > kMaxKeyLength) {
     res->send_error(Error{Code::kInvalidArgument, 0, "Idempotency-Key must be 1-200 characters"});
     return nullptr;
@@ -202,6 +258,7 @@ std::shared_ptr<Responder> IdempotencyCache::begin(const Request& req, const std
         "Idempotency-Key was used for " + first.describe() + "; this request is " + fp.describe()});
     return nullptr;
   };
+  std::string scope = node::StepLog::scope_of(req.path);
   std::unique_lock lk(mu_);
   if (auto it = flights_.find(key); it != flights_.end()) {
     if (!(it->second->fp == fp)) {
@@ -217,7 +274,7 @@ std::shared_ptr<Responder> IdempotencyCache::begin(const Request& req, const std
     lk.unlock();
     auto rec = log_->read(*loc, true);
     if (rec && !(rec->request == fp)) return conflict(rec->request);
-    replay_record(*res, rec);
+    replay_record(*res, rec, t0);
     return nullptr;
   }
   if (flights_.size() >= max_in_flight_) {
@@ -234,15 +291,42 @@ std::shared_ptr<Responder> IdempotencyCache::begin(const Request& req, const std
   }
   auto f = std::make_shared<Flight>();
   f->fp = fp;
+  f->scope = scope;
   flights_[key] = f;
   lk.unlock();
-  node::StepRecord rec;
-  rec.key = key;
-  rec.request = std::move(fp);
-  if (req.body.size() <= log_->inline_max()) rec.request_body = req.body;
-  rec.started_us = now_us();
-  return std::make_shared<Recorder>(*this, key, node::StepLog::scope_of(req.path), std::move(rec),
-                                    std::move(res));
+  return recorder(req, key, std::move(scope), std::move(fp), std::move(res));
+}
+
+std::shared_ptr<Responder> IdempotencyCache::record(const Request& req,
+                                                    std::shared_ptr<Responder> res) {
+  if (!log_ || !known_) return res;
+  std::string scope = node::StepLog::scope_of(req.path);
+  if (scope.empty() || !known_(scope)) return res;
+  return recorder(req, "", std::move(scope), fingerprint(req), std::move(res));
+}
+
+void IdempotencyCache::fetch(const std::string& key, const std::string& scope,
+                             std::shared_ptr<Responder> res) {
+  auto none = [&] {
+    res->send_error(Error{Code::kNotFound, 0,
+                          "the log of sandbox " + scope + " has no call with key '" + key + "'"});
+  };
+  if (!log_) return none();
+  std::unique_lock lk(mu_);
+  if (auto it = flights_.find(key); it != flights_.end()) {
+    if (it->second->scope != scope) {
+      lk.unlock();
+      return none();
+    }
+    it->second->waiters.push_back(std::move(res));
+    return;
+  }
+  auto loc = log_->find(key);
+  lk.unlock();
+  if (!loc) return none();
+  auto rec = log_->read(*loc, true);
+  if (rec && scope_of_target(rec->request.target) != scope) return none();
+  replay_record(*res, rec);
 }
 
 void IdempotencyCache::finished(const std::string& key, const Result<void>& recorded) {
