@@ -99,8 +99,10 @@ void proc_output(const std::shared_ptr<BgProc>& bg, int stream, std::string_view
     append_capped(bg->out_fd, bg->limit, &bg->out_bytes, data);
 }
 
-void proc_done(const std::shared_ptr<BgProc>& bg, Result<ExecOutcome> r) {
+void proc_done(const std::shared_ptr<BgProc>& bg, Result<ExecOutcome> r, const std::string& id,
+               const ProcessExitHook& on_exit) {
   std::vector<std::function<void()>> waiters;
+  ProcessInfo snap;
   {
     std::lock_guard lk(bg->mu);
     bg->info.exited = true;
@@ -110,8 +112,10 @@ void proc_done(const std::shared_ptr<BgProc>& bg, Result<ExecOutcome> r) {
       bg->info.error = r.error();
     bg->close_files();
     waiters.swap(bg->waiters);
+    snap = bg->info;
   }
   for (auto& w : waiters) w();
+  if (on_exit) on_exit(id, snap);
 }
 
 Error ended_while_creating(const std::string& id, EndReason why) {
@@ -423,23 +427,23 @@ void SandboxManager::attach_proc(const std::shared_ptr<Sandbox>& sb, std::shared
   }
   ExecHandlers h;
   h.on_output = [bg](int stream, std::string_view data) { proc_output(bg, stream, data); };
-  h.on_done = [sb, bg](Result<ExecResult> r) {
+  h.on_done = [sb, bg, hook = opts_.on_process_exit](Result<ExecResult> r) {
     {
       std::lock_guard lk(sb->mu);
       sb->running_execs--;
       sb->last_active_ms = now_ms();
     }
-    if (!r) return proc_done(bg, std::unexpected(r.error()));
+    if (!r) return proc_done(bg, std::unexpected(r.error()), sb->id(), hook);
     ExecOutcome o;
     o.result = *r;
-    proc_done(bg, o);
+    proc_done(bg, o, sb->id(), hook);
   };
   if (auto a = sb->agent->attach(bg->exec_id, std::move(h)); !a) {
     {
       std::lock_guard lk(sb->mu);
       sb->running_execs--;
     }
-    proc_done(bg, std::unexpected(a.error()));
+    proc_done(bg, std::unexpected(a.error()), sb->id(), opts_.on_process_exit);
   }
 }
 
@@ -726,6 +730,7 @@ void SandboxManager::agent_ready(std::shared_ptr<Sandbox> sb, RecordCb cb, Sandb
       metrics_.creations++;
       metrics_.create_seconds.observe(static_cast<double>(mono_us() - start_us) / 1e6);
       TP_SB_INFO(snap.id, "running (pid {})", sb->inst->pid());
+      if (opts_.on_created) opts_.on_created(snap);
       answer(snap);
       return done();
     }
@@ -1174,7 +1179,9 @@ Result<ProcessInfo> SandboxManager::start_process(const std::string& id, ExecPar
   }
   ExecCallbacks cb;
   cb.on_output = [bg](int stream, std::string_view data) { proc_output(bg, stream, data); };
-  cb.on_done = [bg](Result<ExecOutcome> r) { proc_done(bg, std::move(r)); };
+  cb.on_done = [bg, id, hook = opts_.on_process_exit](Result<ExecOutcome> r) {
+    proc_done(bg, std::move(r), id, hook);
+  };
   std::string meta = process_meta(bg->info, bg->limit);
   auto eid = start_exec(sb, std::move(p), std::move(cb), std::move(meta));
   if (!eid) {

@@ -71,6 +71,8 @@ namespace tp::node {
 
 // Resolves an image reference ("name:version", ...). Called on a blocking thread.
 using ImageResolver = std::function<Result<ResolvedImage>(const std::string& image)>;
+// A background process of sandbox `id` ended (info.outcome or info.error is set).
+using ProcessExitHook = std::function<void(const std::string& id, const ProcessInfo& info)>;
 
 struct ManagerOptions {
   std::string node_name = "n0";
@@ -90,6 +92,12 @@ struct ManagerOptions {
   // Called once a sandbox's final record is stored (the step log starts its
   // retention clock then). Any thread.
   std::function<void(const std::string& id)> on_ended;
+  // Called once a sandbox runs and its record is stored, before its create is
+  // answered, on a blocking thread; it may block briefly (the trajectory log makes
+  // the creation durable then).
+  std::function<void(const control::SandboxRecord& rec)> on_created;
+  // Called when a background process ends, after its waiters were answered. Any thread.
+  ProcessExitHook on_process_exit;
   // One host uid range per sandbox (node/uid_ranges.h): allocated before the
   // record is stored, recorded in it, held again for adopted sandboxes, freed
   // once the sandbox is destroyed. Unset = every sandbox gets the backend's

@@ -1,0 +1,151 @@
+#include "node/trajectory_events.h"
+
+#include <boost/json.hpp>
+#include <condition_variable>
+#include <mutex>
+
+#include "common/json_util.h"
+#include "common/log.h"
+
+namespace tp::node {
+
+namespace json = boost::json;
+
+std::string created_detail(const control::SandboxRecord& r) {
+  json::object o;
+  o["id"] = r.id;
+  o["tier"] = r.tier;
+  o["image"] = r.image;
+  json::array layers;
+  for (const auto& l : r.layers) layers.emplace_back(l);
+  o["layers"] = std::move(layers);
+  o["node"] = r.node;
+  o["memory_mb"] = r.memory_mb;
+  o["cpus"] = r.cpus;
+  o["pids"] = r.pids;
+  o["disk_mb"] = r.disk_mb;
+  o["ttl_seconds"] = r.ttl_seconds;
+  o["idle_timeout_seconds"] = r.idle_timeout_seconds;
+  json::object labels, env;
+  for (const auto& [k, v] : r.labels) labels[k] = v;
+  for (const auto& [k, v] : r.env) env[k] = v;
+  o["labels"] = std::move(labels);
+  o["env"] = std::move(env);
+  o["created_at"] = json_util::rfc3339(r.created_at_ms);
+  return json_util::serialize_utf8(o);
+}
+
+Result<control::SandboxRecord> record_of_created(std::string_view detail) {
+  auto v = json_util::parse_object(detail);
+  if (!v) return std::unexpected(v.error());
+  const json::object& o = *v;
+  control::SandboxRecord r;
+  auto str = [&](const char* k) -> Result<std::string> { return json_util::get_string(o, k, ""); };
+  auto num = [&](const char* k) -> Result<int64_t> {
+    return json_util::get_int(o, k, 0, 0, int64_t{1} << 40);
+  };
+  auto id = str("id");
+  auto tier = str("tier");
+  auto image = str("image");
+  auto mem = num("memory_mb");
+  auto cpus = json_util::get_number(o, "cpus", 1, 0, 1024);
+  auto pids = num("pids");
+  auto disk = num("disk_mb");
+  auto ttl = num("ttl_seconds");
+  auto idle = num("idle_timeout_seconds");
+  auto layers = json_util::get_string_list(o, "layers");
+  auto labels = json_util::get_string_map(o, "labels");
+  auto env = json_util::get_string_map(o, "env");
+  for (auto* e : {&id, &tier, &image})
+    if (!*e) return std::unexpected(e->error());
+  for (auto* e : {&mem, &pids, &disk, &ttl, &idle})
+    if (!*e) return std::unexpected(e->error());
+  if (!cpus) return std::unexpected(cpus.error());
+  if (!layers) return std::unexpected(layers.error());
+  if (!labels) return std::unexpected(labels.error());
+  if (!env) return std::unexpected(env.error());
+  r.id = *id;
+  r.tier = *tier;
+  r.image = *image;
+  r.layers = *layers;
+  r.memory_mb = static_cast<uint64_t>(*mem);
+  r.cpus = *cpus;
+  r.pids = static_cast<uint64_t>(*pids);
+  r.disk_mb = static_cast<uint64_t>(*disk);
+  r.ttl_seconds = static_cast<uint64_t>(*ttl);
+  r.idle_timeout_seconds = static_cast<uint64_t>(*idle);
+  r.labels = *labels;
+  r.env = *env;
+  return r;
+}
+
+std::string process_exit_detail(const ProcessInfo& i) {
+  json::object o;
+  o["pid"] = i.pid;
+  json::array cmd;
+  for (const auto& a : i.argv) cmd.emplace_back(a);
+  o["cmd"] = std::move(cmd);
+  if (i.outcome) {
+    const auto& r = i.outcome->result;
+    o["exit_code"] = r.exit_code;
+    o["signal"] = r.signal;
+    o["timed_out"] = r.timed_out;
+    o["oom_killed"] = i.outcome->oom_killed;
+    o["duration"] = static_cast<double>(r.wall_us) / 1e6;
+  }
+  if (i.error) {
+    o["error"] = json::object{{"code", std::string(code_name(i.error->code))},
+                              {"message", i.error->message()}};
+  }
+  return json_util::serialize_utf8(o);
+}
+
+std::string ended_detail(const control::SandboxRecord& r) {
+  json::object o;
+  o["state"] = r.state;
+  o["end_reason"] = r.end_reason;
+  o["ended_at"] = json_util::rfc3339(r.ended_at_ms);
+  return json_util::serialize_utf8(o);
+}
+
+void TrajectoryEvents::attach(ManagerOptions& opts) {
+  opts.on_created = [st = st_](const control::SandboxRecord& r) {
+    StepLog* log = st->log.load();
+    if (!log || !st->events) return;
+    // Durable before the create is answered: a replay finds what to recreate.
+    std::mutex m;
+    std::condition_variable cv;
+    bool done = false;
+    log->append_event(r.id, "created", created_detail(r), false,
+                      [&](Result<void> res, std::string) {
+                        if (!res) TP_SB_WARN(r.id, "trajectory log: {}", res.error().message());
+                        std::lock_guard lk(m);
+                        done = true;
+                        cv.notify_all();
+                      });
+    std::unique_lock lk(m);
+    cv.wait(lk, [&] { return done; });
+  };
+  opts.on_process_exit = [st = st_](const std::string& id, const ProcessInfo& info) {
+    StepLog* log = st->log.load();
+    if (log && st->events) log->append_event(id, "process_exit", process_exit_detail(info), false);
+  };
+  opts.on_ended = [st = st_](const std::string& id) {
+    StepLog* log = st->log.load();
+    if (!log) return;
+    if (st->events) {
+      auto r = st->get ? st->get(id) : fail(Code::kNotFound, "no record source");
+      json::object none{{"end_reason", "unknown"}};
+      log->append_event(id, "ended", r ? ended_detail(*r) : json::serialize(none), true);
+    }
+    log->sandbox_ended(id);
+  };
+}
+
+void TrajectoryEvents::set_log(StepLog* log, bool events, GetRecord get) {
+  st_->events = events;
+  st_->get = std::move(get);
+  st_->log = log;
+}
+
+}  // namespace tp::node
