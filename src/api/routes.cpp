@@ -129,6 +129,15 @@ Api::Api(node::Service& mgr, Metrics& metrics) : mgr_(mgr), metrics_(metrics) {
   metrics_.set_state_source([this] { return mgr_.count_by_state(); });
 }
 
+void Api::set_trajectory_log(bool every_call) {
+  if (!every_call) return idempotency_.record_unkeyed(nullptr);
+  // Calls on a live sandbox: one that ended refuses them, and changes nothing.
+  idempotency_.record_unkeyed([this](const std::string& id) {
+    auto r = mgr_.get(id);
+    return r && (r->state == "creating" || r->state == "running" || r->state == "paused");
+  });
+}
+
 const std::vector<Api::Route>& Api::table() {
   static const std::vector<Route> t = {
       {"GET", "/health", &Api::health},
@@ -190,6 +199,8 @@ void Api::handle(Request& req, std::shared_ptr<Responder> raw) {
     if (key != req.headers.end()) {
       res = idempotency_.begin(req, key->second, std::move(res));
       if (!res) return;  // answered from the record, waiting for the first, or refused
+    } else {
+      res = idempotency_.record(req, std::move(res));  // the trajectory log, when on
     }
   }
   for (auto& p : providers_)
@@ -489,20 +500,13 @@ void Api::exec(Request& req, const Params& p, std::shared_ptr<Responder> res) {
   auto exec_id = mgr_.exec(id, std::move(ep), std::move(cb));
   if (!exec_id) return res->send_error(exec_id.error());
   if (paced) paced->attach(*exec_id);
-  // A client that goes away mid-command must not leave the command running. With
-  // an Idempotency-Key the client may be retrying after a network fault: the
-  // command keeps running for a grace period and is killed only if no repeat of
-  // the key came to wait for its result, so a step is neither lost nor run twice.
-  auto key = req.headers.find("idempotency-key");
-  if (key == req.headers.end()) {
+  // A client that goes away mid-command must not leave the command running, unless
+  // the call carried an Idempotency-Key: then its result is recorded in the trajectory
+  // log and is the client's to fetch by key (a retry, GET .../log/result), so the
+  // command runs to its end (its timeout, the sandbox's end) and a step is neither
+  // lost nor run twice.
+  if (req.headers.find("idempotency-key") == req.headers.end())
     res->set_on_abort([this, id, eid = *exec_id] { mgr_.signal_exec(id, eid, 9); });
-  } else {
-    res->set_on_abort([this, id, eid = *exec_id, k = key->second] {
-      mgr_.after(kRetryGrace, [this, id, eid, k] {
-        if (!idempotency_.has_waiters(k)) mgr_.signal_exec(id, eid, 9);
-      });
-    });
-  }
 }
 
 void Api::file_read(Request& req, const Params& p, std::shared_ptr<Responder> res) {
