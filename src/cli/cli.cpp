@@ -139,6 +139,7 @@ int main(int argc, char** argv) {
   add("rm", add_rm);
   add("version", add_version);
   add("image", add_image);
+  add("log", add_log);
 
   try {
     app.parse(argc, argv);
