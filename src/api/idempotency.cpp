@@ -8,6 +8,7 @@
 
 #include "api/step_summary.h"
 #include "common/log.h"
+#include "node/trajectory_events.h"
 
 namespace tp::api {
 
@@ -58,6 +59,13 @@ node::StepFingerprint IdempotencyCache::fingerprint(const Request& req) {
   fp.body_sha256.assign(reinterpret_cast<const char*>(d), len);
   fp.body_len = req.body.size();
   return fp;
+}
+
+std::string IdempotencyCache::step_tag(const Request& req) {
+  auto key = req.headers.find("idempotency-key");
+  if (key == req.headers.end() || key->second.empty() || key->second.size() > kMaxKeyLength)
+    return "";
+  return node::step_tag(key->second, fingerprint(req), caller_json(req.caller));
 }
 
 std::string IdempotencyCache::caller_json(const Caller& c) {

@@ -70,6 +70,10 @@ class IdempotencyCache {
 
   // What identifies a request (method, target, sha256 and length of the body).
   static node::StepFingerprint fingerprint(const Request& req);
+  // The note a keyed call's command carries (node::ExecParams::step_tag): its key and
+  // what identifies the request, so that a restarted daemon can record its outcome
+  // (node::step_lost_record). "" without a key.
+  static std::string step_tag(const Request& req);
   // Who made a request, as the log records it: {"transport":"unix","uid":..,"gid":..}
   // or {"transport":"tcp","key_id":..,"scope":..}.
   static std::string caller_json(const Caller& c);

@@ -469,6 +469,7 @@ void Api::exec(Request& req, const Params& p, std::shared_ptr<Responder> res) {
   auto spec = parse_exec(*body, false);
   if (!spec) return res->send_error(spec.error());
   node::ExecParams ep = std::move(spec->params);
+  ep.step_tag = IdempotencyCache::step_tag(req);
   auto stream = &spec->stream;
   std::string id = p[0];
   node::ExecCallbacks cb;
@@ -612,6 +613,7 @@ void Api::process_start(Request& req, const Params& p, std::shared_ptr<Responder
   if (!body) return res->send_error(body.error());
   auto spec = parse_exec(*body, true);
   if (!spec) return res->send_error(spec.error());
+  spec->params.step_tag = IdempotencyCache::step_tag(req);
   auto info = mgr_.start_process(p[0], std::move(spec->params));
   if (!info) return res->send_error(info.error());
   res->send_json(201, process_json(*info, false));

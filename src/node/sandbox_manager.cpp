@@ -52,10 +52,17 @@ constexpr size_t kMaxProcs = 1024;
 // ExecRequest::meta of a command: what a restarted daemon needs to take it over.
 //   {"kind":"exec"}  a request's command (its client is gone after a restart: killed)
 //   {"kind":"process","handle":N,"argv":[..],"started_ms":T,"limit":L}  a background process
-std::string exec_meta() { return R"({"kind":"exec"})"; }
-std::string process_meta(const ProcessInfo& i, uint64_t limit) {
+// Either may carry "step": ExecParams::step_tag, the keyed call it answers.
+std::string exec_meta(const std::string& step_tag) {
+  json::object o;
+  o["kind"] = "exec";
+  if (!step_tag.empty()) o["step"] = step_tag;
+  return json::serialize(o);
+}
+std::string process_meta(const ProcessInfo& i, uint64_t limit, const std::string& step_tag) {
   json::object o;
   o["kind"] = "process";
+  if (!step_tag.empty()) o["step"] = step_tag;
   o["handle"] = i.pid;
   json::array a;
   for (const auto& s : i.argv) a.emplace_back(json::string(s));
@@ -326,6 +333,11 @@ Result<bool> SandboxManager::adopt_one(SandboxRecord r) {
         const json::object* o = (!ec && m.is_object()) ? &m.as_object() : nullptr;
         const json::value* kind = o ? o->if_contains("kind") : nullptr;
         const json::value* handle = o ? o->if_contains("handle") : nullptr;
+        const json::value* step = o ? o->if_contains("step") : nullptr;
+        auto step_lost = [&](uint32_t pid) {
+          if (step && step->is_string() && opts_.on_step_lost)
+            opts_.on_step_lost(r.id, std::string(step->as_string()), pid);
+        };
         if (kind && kind->is_string() && kind->as_string() == "process" && handle &&
             handle->is_int64()) {
           auto bg = std::make_shared<BgProc>();
@@ -340,11 +352,13 @@ Result<bool> SandboxManager::adopt_one(SandboxRecord r) {
             bg->limit = l->to_number<uint64_t>();
           bg->exec_id = c.id;
           attach_proc(sb, bg);
+          step_lost(bg->info.pid);
         } else {
           ExecHandlers h;
           h.on_done = [](Result<ExecResult>) {};
           (void)sb->agent->attach(c.id, std::move(h));
           sb->agent->signal(c.id, 9);
+          step_lost(0);
         }
       }
       TP_SB_INFO(r.id, "adopted from a previous run");
@@ -1044,7 +1058,8 @@ void SandboxManager::destroy(const std::string& id, EndReason reason, RecordCb c
 Result<uint32_t> SandboxManager::exec(const std::string& id, ExecParams p, ExecCallbacks cb) {
   auto sb = find_live(id);
   if (!sb) return std::unexpected(not_live_error(id));
-  return start_exec(sb, std::move(p), std::move(cb), exec_meta());
+  std::string meta = exec_meta(p.step_tag);
+  return start_exec(sb, std::move(p), std::move(cb), std::move(meta));
 }
 
 Result<uint32_t> SandboxManager::start_exec(const std::shared_ptr<Sandbox>& sb, ExecParams p,
@@ -1182,7 +1197,7 @@ Result<ProcessInfo> SandboxManager::start_process(const std::string& id, ExecPar
   cb.on_done = [bg, id, hook = opts_.on_process_exit](Result<ExecOutcome> r) {
     proc_done(bg, std::move(r), id, hook);
   };
-  std::string meta = process_meta(bg->info, bg->limit);
+  std::string meta = process_meta(bg->info, bg->limit, p.step_tag);
   auto eid = start_exec(sb, std::move(p), std::move(cb), std::move(meta));
   if (!eid) {
     std::lock_guard lk(bg->mu);

@@ -108,6 +108,66 @@ std::string ended_detail(const control::SandboxRecord& r) {
   return json_util::serialize_utf8(o);
 }
 
+namespace {
+std::string hex(std::string_view raw) {
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string h;
+  for (unsigned char c : raw) {
+    h.push_back(kHex[c >> 4]);
+    h.push_back(kHex[c & 15]);
+  }
+  return h;
+}
+std::string unhex(std::string_view h) {
+  auto v = [](char c) { return c <= '9' ? c - '0' : c - 'a' + 10; };
+  std::string raw;
+  for (size_t i = 0; i + 1 < h.size(); i += 2)
+    raw.push_back(static_cast<char>(v(h[i]) * 16 + v(h[i + 1])));
+  return raw;
+}
+}  // namespace
+
+std::string step_tag(const std::string& key, const StepFingerprint& fp, const std::string& caller) {
+  json::object o{{"key", key},
+                 {"method", fp.method},
+                 {"target", fp.target},
+                 {"sha256", hex(fp.body_sha256)},
+                 {"len", fp.body_len}};
+  boost::system::error_code ec;
+  auto c = json::parse(caller, ec);
+  if (!ec) o["caller"] = std::move(c);
+  return json_util::serialize_utf8(o);
+}
+
+Result<StepRecord> step_lost_record(const std::string& tag, uint32_t pid, int64_t now_us) {
+  auto o = json_util::parse_object(tag);
+  if (!o) return std::unexpected(o.error());
+  auto key = json_util::get_string(*o, "key", "");
+  auto method = json_util::get_string(*o, "method", "");
+  auto target = json_util::get_string(*o, "target", "");
+  auto sha = json_util::get_string(*o, "sha256", "");
+  auto len = json_util::get_int(*o, "len", 0, 0, int64_t{1} << 50);
+  if (!key || key->empty() || !method || !target || !sha || sha->size() != 64 || !len)
+    return fail(Code::kInvalidArgument, "not a step tag: " + tag);
+  StepRecord r;
+  r.key = *key;
+  r.request.method = *method;
+  r.request.target = *target;
+  r.request.body_sha256 = unhex(*sha);
+  r.request.body_len = static_cast<uint64_t>(*len);
+  if (const auto* c = o->if_contains("caller"); c && c->is_object()) r.caller = json::serialize(*c);
+  r.status = 503;
+  r.content_type = "application/json";
+  std::string what = pid ? "it runs on as background process " + std::to_string(pid)
+                         : "its command was stopped; its result is lost";
+  json::object err{{"code", "unavailable"},
+                   {"message", "the daemon restarted while this call was being answered: " + what}};
+  r.answer = json::serialize(err) + "\n";
+  r.summary = json::serialize(err);
+  r.started_us = r.finished_us = now_us;
+  return r;
+}
+
 void TrajectoryEvents::attach(ManagerOptions& opts) {
   opts.on_created = [st = st_](const control::SandboxRecord& r) {
     StepLog* log = st->log.load();
@@ -129,6 +189,17 @@ void TrajectoryEvents::attach(ManagerOptions& opts) {
   opts.on_process_exit = [st = st_](const std::string& id, const ProcessInfo& info) {
     StepLog* log = st->log.load();
     if (log && st->events) log->append_event(id, "process_exit", process_exit_detail(info), false);
+  };
+  opts.on_step_lost = [st = st_](const std::string& id, const std::string& tag, uint32_t pid) {
+    StepLog* log = st->log.load();
+    if (!log) return;
+    auto rec = step_lost_record(tag, pid, log->now_us());
+    if (!rec) return TP_SB_WARN(id, "trajectory log: {}", rec.error().message());
+    if (log->find(rec->key)) return;  // answered and recorded before the restart
+    std::string answer = std::move(rec->answer);
+    TP_SB_WARN(id, "keyed call {} was unanswered at the restart: recorded as 503", rec->key);
+    if (auto r = log->append_sync(id, std::move(*rec), std::move(answer)); !r)
+      TP_SB_WARN(id, "trajectory log: {}", r.error().message());
   };
   opts.on_ended = [st = st_](const std::string& id) {
     StepLog* log = st->log.load();

@@ -4,6 +4,11 @@
 // pid, command, exit status) and "ended" (end reason and time). It installs the
 // manager's hooks (ManagerOptions::on_created, on_process_exit, on_ended).
 //
+// A keyed call whose command a restarted daemon found still unanswered (the daemon
+// died while it ran) is recorded as answered 503 naming what happened to it (stopped;
+// or, a background process, running as pid N), unless its key is recorded already:
+// its retry gets that answer and the step never runs twice.
+//
 // "created" is durable before the create is answered; "process_exit" is appended as the
 // process ends; "ended" once every call of the sandbox that was being answered is in
 // the log, so it is the last record of every call that ran. Without events
@@ -32,6 +37,11 @@ std::string created_detail(const control::SandboxRecord& r);
 Result<control::SandboxRecord> record_of_created(std::string_view detail);
 std::string process_exit_detail(const ProcessInfo& info);
 std::string ended_detail(const control::SandboxRecord& r);
+// A keyed call's note for its command (ExecParams::step_tag): key, request, caller.
+std::string step_tag(const std::string& key, const StepFingerprint& fp, const std::string& caller);
+// The record of a keyed call whose command a restarted daemon found unanswered (see
+// ManagerOptions::on_step_lost): answered 503, so that its retry is not run again.
+Result<StepRecord> step_lost_record(const std::string& step_tag, uint32_t pid, int64_t now_us);
 
 class TrajectoryEvents {
  public:
