@@ -14,7 +14,8 @@
 // before the record naming it is appended; a record is appended and the log
 // fdatasync'ed before append()'s callback runs, i.e. before the caller sends the
 // answer. One writer thread does every append: the records that arrive while it syncs
-// are written and synced together (group commit). A log grows in preallocated pieces
+// are written and synced together (group commit), the logs of a batch at once (their
+// flushes merge in the block layer). A log grows in preallocated pieces
 // (zeros written and synced once), so that an append overwrites allocated blocks and
 // its fdatasync need not commit a new file size; the zeros after the last record are
 // cut away when its sandbox ends, and at open.
@@ -193,6 +194,7 @@ class StepLog {
   struct File;
   struct Pending;
   struct Log;
+  class SyncPool;
   explicit StepLog(Options opts);
   Result<void> load_all();
   Result<void> load(uint32_t log);
@@ -221,6 +223,7 @@ class StepLog {
   std::mutex files_mu_;  // files_ against sandbox_ended/sweep from other threads
   std::mutex fire_mu_;   // held while when_after callbacks run (drop_waiters waits for it)
   void fire(std::vector<std::function<void()>>& wake);
+  std::unique_ptr<SyncPool> sync_pool_;
   std::thread writer_;
 };
 
