@@ -1,4 +1,4 @@
-"""Durable idempotency (docs/step-log.md): every answer of a keyed request is recorded in
+"""Durable idempotency (docs/trajectory-log.md): every answer of a keyed request is recorded in
 the step log before it is sent; a repeat of the key is answered from the record, runs
 nothing, and this holds for 5xx answers and across a daemon restart (kill -9)."""
 import base64
@@ -71,7 +71,7 @@ def test_a_step_sent_twice_with_one_key_runs_once(daemon, sandbox):
 
 def test_a_streamed_step_whose_client_leaves_completes_for_the_retry(daemon, sandbox):
     """A streamed exec with a key prints 3 MB (more than the stream's 256 KiB window) and
-    its client leaves after the first event. Within the grace period the command must go
+    its client leaves after the first event. The keyed command must go
     on (its window comes back although nothing reaches the gone client) and the retry with
     the same key gets the whole recorded stream, ending with its exit event; the step ran
     once."""
