@@ -7,6 +7,7 @@
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
+#include <boost/json.hpp>
 #include <chrono>
 #include <optional>
 #include <string>
@@ -93,6 +94,35 @@ class Conn {
 struct Target {
   std::string host = "127.0.0.1", port = "7070";
 };
+
+// An exec's answer: 200 and exit code 0.
+inline bool exec_ok(const Conn::Answer& a) {
+  if (a.status != 200) return false;
+  boost::system::error_code ec;
+  auto v = boost::json::parse(a.body, ec);
+  if (ec || !v.is_object()) return false;
+  const auto* code = v.as_object().if_contains("exit_code");
+  return code && code->is_int64() && code->as_int64() == 0;
+}
+
+// A failed answer in one line.
+inline std::string describe(const Conn::Answer& a) {
+  if (a.status == 0) return a.error;
+  return "HTTP " + std::to_string(a.status) + ": " + a.body.substr(0, 300);
+}
+
+// Creates a sandbox (256 MiB, 1 CPU); its id, or nullopt with the reason in *why.
+inline std::optional<std::string> create_sandbox(Conn& c, const std::string& image, int ttl,
+                                                 std::string* why) {
+  auto a = c.request(http::verb::post, "/v1/sandboxes",
+                     boost::json::serialize(boost::json::object{
+                         {"image", image}, {"memory_mb", 256}, {"cpus", 1}, {"ttl_seconds", ttl}}));
+  if (a.status != 200 && a.status != 201) {
+    *why = describe(a);
+    return std::nullopt;
+  }
+  return std::string(boost::json::parse(a.body).as_object().at("id").as_string());
+}
 
 // "http://host:port" (or "host:port").
 inline std::optional<Target> parse_url(std::string u) {

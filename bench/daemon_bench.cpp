@@ -47,6 +47,8 @@ namespace http = beast::http;
 namespace json = boost::json;
 using tp::bench::Clock;
 using tp::bench::Conn;
+using tp::bench::describe;
+using tp::bench::exec_ok;
 using tp::bench::ms_since;
 using tp::bench::parse_url;
 using tp::bench::pct;
@@ -62,30 +64,11 @@ std::string exec_body(const std::vector<std::string>& argv) {
   return json::serialize(json::object{{"cmd", a}});
 }
 
-// A successful exec that exited 0.
-bool exec_ok(const Conn::Answer& a) {
-  if (a.status != 200) return false;
-  boost::system::error_code ec;
-  auto v = json::parse(a.body, ec);
-  if (ec || !v.is_object()) return false;
-  const auto* code = v.as_object().if_contains("exit_code");
-  return code && code->is_int64() && code->as_int64() == 0;
-}
-
-std::string describe(const Conn::Answer& a) {
-  if (a.status == 0) return a.error;
-  return "HTTP " + std::to_string(a.status) + ": " + a.body.substr(0, 300);
-}
-
 std::optional<std::string> create(Conn& c, const std::string& image, int ttl) {
-  auto a = c.request(http::verb::post, "/v1/sandboxes",
-                     json::serialize(json::object{
-                         {"image", image}, {"memory_mb", 256}, {"cpus", 1}, {"ttl_seconds", ttl}}));
-  if (a.status != 200 && a.status != 201) {
-    std::fprintf(stderr, "daemon_bench: create: %s\n", describe(a).c_str());
-    return std::nullopt;
-  }
-  return std::string(json::parse(a.body).as_object().at("id").as_string());
+  std::string why;
+  auto id = tp::bench::create_sandbox(c, image, ttl, &why);
+  if (!id) std::fprintf(stderr, "daemon_bench: create: %s\n", why.c_str());
+  return id;
 }
 
 long vm_rss_kb(int pid) {

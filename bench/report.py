@@ -191,6 +191,10 @@ def tables(res, for_readme=False):
     return L
 
 
+def verdict(ok):
+    return "**met**" if ok else "**missed**"
+
+
 def daemon_rows(res):
     """The daemon alone (bench/daemon_bench, same run): exec path, RSS, restart."""
     ex, rss, rs = res.get("exec_path"), res.get("daemon_rss"), res.get("restart")
@@ -199,9 +203,6 @@ def daemon_rows(res):
     cfg = res["config"]
     L = ["**The daemon alone** (same run; bench/daemon_bench):", "",
          "| measurement | measured | target | |", "|---|---|---:|---|"]
-
-    def verdict(ok):
-        return "**met**" if ok else "**missed**"
 
     if ex and ex.get("sandbox_p50_ms") and ex.get("host_p50_ms"):
         r = ex["sandbox_p50_ms"] / ex["host_p50_ms"]
@@ -246,9 +247,6 @@ def hostile_rows(res, idle_total_kb):
     L = ["**Hostile code and clients, round two** (same run; bench/hostile_bench.py):", "",
          "| measurement | measured | target | |", "|---|---|---:|---|"]
 
-    def verdict(ok):
-        return "**met**" if ok else "**missed**"
-
     uid = h.get("uid_ranges") or {}
     for im in ("host", "bb3:1"):
         u = uid.get(im) or {}
@@ -291,9 +289,6 @@ def trajectory_rows(res):
     L = ["**Trajectory log** (same run; bench/trajlog_bench: two more daemons of this build, "
          "`--trajectory-log on` and `off`, interleaved):", "",
          "| measurement | measured | target | |", "|---|---|---:|---|"]
-
-    def verdict(ok):
-        return "**met**" if ok else "**missed**"
 
     on, off = t.get("exec_on") or {}, t.get("exec_off") or {}
     what = ("exec of `/bin/true` without a key in a running sandbox (one connection each): the log on "

@@ -118,22 +118,10 @@ class Daemon {
 };
 
 std::optional<std::string> create(Conn& c) {
-  auto a = c.request(http::verb::post, "/v1/sandboxes",
-                     R"({"image":"host","memory_mb":256,"cpus":1,"ttl_seconds":3600})");
-  if (a.status != 201) {
-    log("create: HTTP " + std::to_string(a.status) + " " + a.body.substr(0, 200) + a.error);
-    return std::nullopt;
-  }
-  return std::string(json::parse(a.body).as_object().at("id").as_string());
-}
-
-bool exit0(const Conn::Answer& a) {
-  if (a.status != 200) return false;
-  boost::system::error_code ec;
-  auto v = json::parse(a.body, ec);
-  if (ec || !v.is_object()) return false;
-  const auto* code = v.as_object().if_contains("exit_code");
-  return code && code->is_int64() && code->as_int64() == 0;
+  std::string why;
+  auto id = tp::bench::create_sandbox(c, "host", 3600, &why);
+  if (!id) log("create: " + why);
+  return id;
 }
 
 // "replay;dur=0.083" -> 0.083
@@ -174,7 +162,7 @@ json::object rate(Daemon& d, int clients, double seconds, std::vector<std::strin
       const std::string target = "/v1/sandboxes/" + sandboxes[static_cast<size_t>(i)] + "/exec";
       while (!stop) {
         auto a = c->request(http::verb::post, target, R"({"cmd":["/bin/true"]})");
-        (exit0(a) ? done : failed)++;
+        (tp::bench::exec_ok(a) ? done : failed)++;
       }
     });
   auto t0 = Clock::now();
@@ -237,13 +225,13 @@ int main(int argc, char** argv) {
         auto t0 = Clock::now();
         auto a = s.conn->request(http::verb::post, target, body);
         double ms = ms_since(t0);
-        exit0(a) ? s.exec_ms.push_back(ms) : (void)failures++;
+        tp::bench::exec_ok(a) ? s.exec_ms.push_back(ms) : (void)failures++;
         std::vector<std::pair<std::string, std::string>> key = {
             {"Idempotency-Key", "bench-" + s.name + "-" + std::to_string(++key_seq)}};
         t0 = Clock::now();
         a = s.conn->request(http::verb::post, target, body, key);
         ms = ms_since(t0);
-        exit0(a) ? s.keyed_ms.push_back(ms) : (void)failures++;
+        tp::bench::exec_ok(a) ? s.keyed_ms.push_back(ms) : (void)failures++;
       }
     }
   out["exec_on"] = stats(sides[0].exec_ms);

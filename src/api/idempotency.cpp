@@ -20,17 +20,14 @@ using SteadyClock = std::chrono::steady_clock;
 
 // Replays carry the recorded answer whole (a stream becomes one body).
 void replay(Responder& res, int status, const std::string& ct, std::string body,
-            std::optional<SteadyClock::time_point> since) {
+            SteadyClock::time_point since) {
   res.add_header("Idempotent-Replayed", "true");
-  if (since) {
-    double ms = std::chrono::duration<double, std::milli>(SteadyClock::now() - *since).count();
-    res.add_header("Server-Timing", fmt::format("replay;dur={:.3f}", ms));
-  }
+  double ms = std::chrono::duration<double, std::milli>(SteadyClock::now() - since).count();
+  res.add_header("Server-Timing", fmt::format("replay;dur={:.3f}", ms));
   res.send(status, ct, std::move(body));
 }
 
-void replay_record(Responder& res, Result<node::StepRecord>& rec,
-                   std::optional<SteadyClock::time_point> since = std::nullopt) {
+void replay_record(Responder& res, Result<node::StepRecord>& rec, SteadyClock::time_point since) {
   if (!rec) {
     res.send_error(
         Error{Code::kInternal, 0, "the recorded answer cannot be read: " + rec.error().message()});
@@ -274,7 +271,7 @@ std::shared_ptr<Responder> IdempotencyCache::begin(const Request& req, const std
       lk.unlock();
       return conflict(first);
     }
-    it->second->waiters.push_back(std::move(res));
+    it->second->waiters.push_back({std::move(res), t0});
     return nullptr;
   }
   // Flights end only after their record is in the index, so a key is always in one of the two.
@@ -315,6 +312,7 @@ std::shared_ptr<Responder> IdempotencyCache::record(const Request& req,
 
 void IdempotencyCache::fetch(const std::string& key, const std::string& scope,
                              std::shared_ptr<Responder> res) {
+  auto t0 = SteadyClock::now();
   auto none = [&] {
     res->send_error(Error{Code::kNotFound, 0,
                           "the log of sandbox " + scope + " has no call with key '" + key + "'"});
@@ -326,7 +324,7 @@ void IdempotencyCache::fetch(const std::string& key, const std::string& scope,
       lk.unlock();
       return none();
     }
-    it->second->waiters.push_back(std::move(res));
+    it->second->waiters.push_back({std::move(res), t0});
     return;
   }
   auto loc = log_->find(key);
@@ -334,11 +332,11 @@ void IdempotencyCache::fetch(const std::string& key, const std::string& scope,
   if (!loc) return none();
   auto rec = log_->read(*loc, true);
   if (rec && scope_of_target(rec->request.target) != scope) return none();
-  replay_record(*res, rec);
+  replay_record(*res, rec, t0);
 }
 
 void IdempotencyCache::finished(const std::string& key, const Result<void>& recorded) {
-  std::vector<std::shared_ptr<Responder>> waiters;
+  std::vector<Flight::Waiter> waiters;
   {
     std::lock_guard lk(mu_);
     auto it = flights_.find(key);
@@ -349,7 +347,7 @@ void IdempotencyCache::finished(const std::string& key, const Result<void>& reco
   if (waiters.empty()) return;
   if (!recorded) {
     for (auto& w : waiters)
-      w->send_error(Error{
+      w.res->send_error(Error{
           Code::kUnavailable, 0,
           "the first request with this key could not be recorded: " + recorded.error().message()});
     return;
@@ -358,7 +356,7 @@ void IdempotencyCache::finished(const std::string& key, const Result<void>& reco
   for (auto& w : waiters) {
     Result<node::StepRecord> rec =
         loc ? log_->read(*loc, true) : fail(Code::kInternal, "key not in the step log");
-    replay_record(*w, rec);
+    replay_record(*w.res, rec, w.since);
   }
 }
 

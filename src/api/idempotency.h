@@ -9,7 +9,8 @@
 // being answered waits for that answer. A key reused for a different request (method,
 // path and query, or body) is refused with 409 naming both. Replays carry the headers
 // `Idempotent-Replayed: true` and `Server-Timing: replay;dur=<ms>` (the time from the
-// request reaching this layer to the recorded answer handed to the connection). New
+// request reaching this layer to the recorded answer handed to the connection, waiting
+// for the first request included). New
 // keys are refused (429) while max_in_flight keyed requests are in flight or the log's
 // index is full.
 //
@@ -29,6 +30,7 @@
 // Thread rules: safe from any thread.
 #pragma once
 
+#include <chrono>
 #include <functional>
 #include <map>
 #include <memory>
@@ -82,7 +84,11 @@ class IdempotencyCache {
   struct Flight {
     node::StepFingerprint fp;
     std::string scope;
-    std::vector<std::shared_ptr<Responder>> waiters;
+    struct Waiter {
+      std::shared_ptr<Responder> res;
+      std::chrono::steady_clock::time_point since;  // when the repeat arrived
+    };
+    std::vector<Waiter> waiters;
   };
   class Recorder;
   std::shared_ptr<Responder> recorder(const Request& req, const std::string& key, std::string scope,

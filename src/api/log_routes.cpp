@@ -19,16 +19,8 @@ namespace {
 constexpr size_t kDefaultLimit = 1000;
 constexpr size_t kMaxLimit = 10000;
 constexpr size_t kFollowBatch = 64;
-
-std::string hex(std::string_view raw) {
-  static constexpr char kHex[] = "0123456789abcdef";
-  std::string h;
-  for (unsigned char c : raw) {
-    h.push_back(kHex[c >> 4]);
-    h.push_back(kHex[c & 15]);
-  }
-  return h;
-}
+// Answers (output=true) in one listing or one followed chunk at most, beyond the first.
+constexpr uint64_t kMaxAnswerBytes = 32u << 20;
 
 json::value parsed_or_null(const std::string& s) {
   if (s.empty()) return nullptr;
@@ -58,7 +50,7 @@ json::object entry_json(const node::StepRecord& r, bool output) {
   o["duration_ms"] = static_cast<double>(r.finished_us - r.started_us) / 1000.0;
   o["status"] = r.status;
   o["caller"] = parsed_or_null(r.caller);
-  json::object req{{"bytes", r.request.body_len}, {"sha256", hex(r.request.body_sha256)}};
+  json::object req{{"bytes", r.request.body_len}, {"sha256", node::hex_of(r.request.body_sha256)}};
   if (r.request_body && !r.request_body->empty() && (*r.request_body)[0] == '{') {
     if (auto b = json_util::parse_object(*r.request_body)) req["body"] = std::move(*b);
   }
@@ -199,7 +191,7 @@ class LogRoutes::Follower : public std::enable_shared_from_this<Follower> {
   void pump() {
     std::lock_guard lk(mu_);  // one pump at a time: the cursor moves under it
     if (gone_) return;
-    auto recs = owner_.log_->list(id_, cursor_, kFollowBatch, output_);
+    auto recs = owner_.log_->list(id_, cursor_, kFollowBatch, output_, kMaxAnswerBytes);
     if (!recs) {
       if (!started_) return res_->send_error(recs.error());
       spdlog::error("[{}] log follow: {}", id_, recs.error().message());
@@ -332,7 +324,7 @@ void LogRoutes::list(Request& req, const std::string& id, std::shared_ptr<Respon
                  std::make_shared<Follower>(*this, id, after, output, res)->start();
                  return;
                }
-               auto recs = log_->list(id, after, limit, output);
+               auto recs = log_->list(id, after, limit, output, kMaxAnswerBytes);
                if (!recs) return res->send_error(recs.error());
                json::array entries;
                uint64_t next = after;

@@ -9,6 +9,8 @@
 #include "api/exec_stream.h"
 #include "common/json_util.h"
 #include "common/log.h"
+#include "common/path.h"
+#include "node/record_json.h"
 
 namespace tp::api {
 
@@ -47,33 +49,6 @@ class CountingResponder : public Responder {
   Metrics& m_;
 };
 
-json::object to_json(const SandboxRecord& r) {
-  json::object o;
-  o["id"] = r.id;
-  o["state"] = r.state;
-  o["tier"] = r.tier;
-  o["image"] = r.image;
-  o["node"] = r.node;
-  o["memory_mb"] = r.memory_mb;
-  o["cpus"] = r.cpus;
-  o["pids"] = r.pids;
-  o["disk_mb"] = r.disk_mb;
-  o["ttl_seconds"] = r.ttl_seconds;
-  o["idle_timeout_seconds"] = r.idle_timeout_seconds;
-  json::object labels, env;
-  for (const auto& [k, v] : r.labels) labels[k] = v;
-  for (const auto& [k, v] : r.env) env[k] = v;
-  o["labels"] = std::move(labels);
-  o["env"] = std::move(env);
-  o["created_at"] = json_util::rfc3339(r.created_at_ms);
-  o["expires_at"] = json_util::rfc3339(r.expires_at_ms);
-  if (r.ended_at_ms) {
-    o["ended_at"] = json_util::rfc3339(r.ended_at_ms);
-    o["end_reason"] = r.end_reason;
-  }
-  return o;
-}
-
 json::object entry_json(const node::FileEntry& e) {
   json::object j;
   j["name"] = e.name;
@@ -106,22 +81,6 @@ Result<std::string> file_path(const Request& req) {
 }
 
 bool truthy(const std::string* v) { return v && (*v == "1" || *v == "true" || *v == "yes"); }
-
-// Splits a path into segments ("/a/b" -> {"a","b"}).
-std::vector<std::string_view> segments(std::string_view p) {
-  std::vector<std::string_view> out;
-  while (!p.empty()) {
-    if (p[0] == '/') {
-      p.remove_prefix(1);
-      continue;
-    }
-    auto s = p.find('/');
-    out.push_back(p.substr(0, s));
-    if (s == std::string_view::npos) break;
-    p.remove_prefix(s);
-  }
-  return out;
-}
 
 }  // namespace
 
@@ -174,7 +133,7 @@ std::vector<RouteInfo> Api::routes() {
 }
 
 bool Api::takes_upload(const std::string& method, const std::string& path) {
-  auto s = segments(path);
+  auto s = path_segments(path);
   auto is = [&](std::initializer_list<std::string_view> want) {
     if (s.size() != want.size()) return false;
     size_t i = 0;
@@ -205,10 +164,10 @@ void Api::handle(Request& req, std::shared_ptr<Responder> raw) {
   }
   for (auto& p : providers_)
     if (p->handle(req, res)) return;
-  auto have = segments(req.path);
+  auto have = path_segments(req.path);
   bool path_matched = false;
   for (const auto& r : table()) {
-    auto want = segments(r.pattern);
+    auto want = path_segments(r.pattern);
     if (want.size() != have.size()) continue;
     Params params;
     bool ok = true;
@@ -387,7 +346,7 @@ void Api::create(Request& req, const Params&, std::shared_ptr<Responder> res) {
   if (!p) return res->send_error(p.error());
   mgr_.create(std::move(*p), [res](Result<SandboxRecord> r) {
     if (!r) return res->send_error(r.error());
-    res->send_json(201, to_json(*r));
+    res->send_json(201, node::sandbox_json(*r));
   });
 }
 
@@ -417,7 +376,7 @@ void Api::create_batch(Request& req, const Params&, std::shared_ptr<Responder> r
       for (size_t k = 0; k < acc->items.size(); ++k) {
         const auto& it = *acc->items[k];
         if (it) {
-          ok.push_back(to_json(*it));
+          ok.push_back(node::sandbox_json(*it));
         } else {
           errors.push_back(json::object{{"index", k},
                                         {"code", std::string(code_name(it.error().code))},
@@ -446,20 +405,20 @@ void Api::list(Request& req, const Params&, std::shared_ptr<Responder> res) {
   auto recs = mgr_.list(labels, state, truthy(req.q("all")));
   if (!recs) return res->send_error(recs.error());
   json::array arr;
-  for (const auto& r : *recs) arr.push_back(to_json(r));
+  for (const auto& r : *recs) arr.push_back(node::sandbox_json(r));
   res->send_json(200, json::object{{"sandboxes", std::move(arr)}});
 }
 
 void Api::get(Request&, const Params& p, std::shared_ptr<Responder> res) {
   auto r = mgr_.get(p[0]);
   if (!r) return res->send_error(r.error());
-  res->send_json(200, to_json(*r));
+  res->send_json(200, node::sandbox_json(*r));
 }
 
 void Api::destroy(Request&, const Params& p, std::shared_ptr<Responder> res) {
   mgr_.destroy(p[0], node::EndReason::kDeleted, [res](Result<SandboxRecord> r) {
     if (!r) return res->send_error(r.error());
-    res->send_json(200, to_json(*r));
+    res->send_json(200, node::sandbox_json(*r));
   });
 }
 

@@ -213,20 +213,6 @@ std::vector<std::string> row_of(const json::object& e) {
           clip(result_of_call(e), 60)};
 }
 
-void print_rows(const std::vector<std::vector<std::string>>& rows) {
-  std::vector<size_t> width(rows.front().size(), 0);
-  for (const auto& r : rows)
-    for (size_t i = 0; i < r.size(); ++i) width[i] = std::max(width[i], r[i].size());
-  for (const auto& r : rows) {
-    std::string line;
-    for (size_t i = 0; i < r.size(); ++i) {
-      line += r[i];
-      if (i + 1 < r.size()) line += std::string(width[i] - r[i].size() + 2, ' ');
-    }
-    std::printf("%s\n", line.c_str());
-  }
-}
-
 const std::vector<std::string> kHeader = {"SEQ", "TIME (UTC)", "KEY", "STEP", "RESULT"};
 
 }  // namespace
@@ -304,7 +290,7 @@ Action add_log(CLI::App& root, Context& ctx) {
     std::vector<std::vector<std::string>> rows{kHeader};
     for (const auto& v : *entries)
       if (v.is_object()) rows.push_back(row_of(v.get_object()));
-    print_rows(rows);
+    print_table(rows);
     return kExitOk;
   };
 }

@@ -56,6 +56,9 @@ int usage_error(const std::string& message);
 // Writes all bytes to fd (retrying short writes and EINTR). False on failure (EPIPE...).
 bool write_all(int fd, std::string_view data);
 
+// Prints rows as columns two spaces apart, each as wide as its widest cell.
+void print_table(const std::vector<std::vector<std::string>>& rows);
+
 // Reads a whole fd (stdin, a file) into memory.
 Result<std::string> read_all(int fd, const std::string& what);
 

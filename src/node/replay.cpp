@@ -7,6 +7,7 @@
 
 #include "common/json_util.h"
 #include "common/log.h"
+#include "common/path.h"
 #include "node/trajectory_events.h"
 
 namespace tp::node {
@@ -26,22 +27,6 @@ void replace_all(std::string& s, const std::string& from, const std::string& to)
   if (from.empty() || from == to) return;
   for (size_t i = s.find(from); i != std::string::npos; i = s.find(from, i + to.size()))
     s.replace(i, from.size(), to);
-}
-
-std::vector<std::string_view> segments(std::string_view p) {
-  std::vector<std::string_view> out;
-  p = p.substr(0, p.find('?'));
-  while (!p.empty()) {
-    if (p[0] == '/') {
-      p.remove_prefix(1);
-      continue;
-    }
-    auto s = p.find('/');
-    out.push_back(p.substr(0, s));
-    if (s == std::string_view::npos) break;
-    p.remove_prefix(s);
-  }
-  return out;
 }
 
 std::string scalar_text(const json::value& v) {
@@ -145,7 +130,7 @@ std::string rewrite_target(const std::string& target, const std::string& from,
 }  // namespace
 
 bool Replayer::replayable(const std::string& method, const std::string& target) {
-  auto s = segments(target);
+  auto s = path_segments(std::string_view(target).substr(0, target.find('?')));
   if (s.size() < 4 || s[0] != "v1" || s[1] != "sandboxes") return false;
   auto rest = std::vector<std::string_view>(s.begin() + 3, s.end());
   auto is = [&](std::initializer_list<std::string_view> want) {

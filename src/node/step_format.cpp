@@ -84,14 +84,29 @@ uint32_t crc32c(uint32_t crc, const void* data, size_t n) {
   return ~crc32c_table(~crc, p, n);
 }
 
-std::string StepFingerprint::describe() const {
+std::string hex_of(std::string_view raw) {
   static constexpr char kHex[] = "0123456789abcdef";
   std::string h;
-  for (unsigned char c : body_sha256.substr(0, 8)) {
+  for (unsigned char c : raw) {
     h.push_back(kHex[c >> 4]);
     h.push_back(kHex[c & 15]);
   }
-  return fmt::format("{} {} (body sha256:{}..., {} bytes)", method, target, h, body_len);
+  return h;
+}
+
+std::string bytes_of_hex(std::string_view h) {
+  auto v = [](char c) {
+    return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+  };
+  std::string raw;
+  for (size_t i = 0; i + 1 < h.size() && v(h[i]) >= 0 && v(h[i + 1]) >= 0; i += 2)
+    raw.push_back(static_cast<char>(v(h[i]) * 16 + v(h[i + 1])));
+  return raw;
+}
+
+std::string StepFingerprint::describe() const {
+  return fmt::format("{} {} (body sha256:{}..., {} bytes)", method, target,
+                     hex_of(std::string_view(body_sha256).substr(0, 8)), body_len);
 }
 
 namespace step_format {

@@ -23,6 +23,9 @@
 namespace tp::node {
 
 uint32_t crc32c(uint32_t crc, const void* data, size_t n);
+// Lower-case hex of raw bytes (digests), and back (invalid input: what parses).
+std::string hex_of(std::string_view raw);
+std::string bytes_of_hex(std::string_view hex);
 
 enum class StepKind : uint8_t {
   kCall = 1,   // an answered state-changing call (keyed or not)

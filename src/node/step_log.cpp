@@ -629,7 +629,8 @@ StepLogInfo StepLog::info(const std::string& scope) {
 }
 
 Result<std::vector<StepRecord>> StepLog::list(const std::string& scope, uint64_t after,
-                                              size_t limit, bool with_answer) {
+                                              size_t limit, bool with_answer,
+                                              uint64_t max_answer_bytes) {
   std::vector<std::pair<uint64_t, uint64_t>> want;
   {
     std::lock_guard lk(mu_);
@@ -646,6 +647,7 @@ Result<std::vector<StepRecord>> StepLog::list(const std::string& scope, uint64_t
   std::string path = dir + "/" + log_name(scope);
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return sys_fail("open " + path);
+  uint64_t answers = 0;
   for (const auto& [seq, off] : want) {
     auto rec = read_at(fd, path, off);
     if (!rec) {
@@ -653,6 +655,10 @@ Result<std::vector<StepRecord>> StepLog::list(const std::string& scope, uint64_t
       return std::unexpected(rec.error());
     }
     rec->seq = seq;
+    if (with_answer) {
+      answers += rec->answer_len;
+      if (answers > max_answer_bytes && !out.empty()) break;
+    }
     if (with_answer && !rec->answer_side.empty()) {
       if (auto r = read_side(dir, rec->answer_side, rec->answer_len, &rec->answer); !r) {
         ::close(fd);

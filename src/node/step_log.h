@@ -148,9 +148,10 @@ class StepLog {
   // ---- a sandbox's log in order
   StepLogInfo info(const std::string& scope);
   // The records with seq > after, in order, at most `limit` of them; with_answer also
-  // reads each answer (and request body) from its side file.
+  // reads each answer from its side file, and stops before the record whose answer
+  // would bring their total past max_answer_bytes (the first one always comes).
   Result<std::vector<StepRecord>> list(const std::string& scope, uint64_t after, size_t limit,
-                                       bool with_answer);
+                                       bool with_answer, uint64_t max_answer_bytes = UINT64_MAX);
   // The request body of a call record (inline or from its side file); nullopt when it
   // was not kept (larger than the recorded maximum).
   Result<std::optional<std::string>> request_body(const std::string& scope, const StepRecord& rec);

@@ -6,32 +6,17 @@
 
 #include "common/json_util.h"
 #include "common/log.h"
+#include "node/record_json.h"
 
 namespace tp::node {
 
 namespace json = boost::json;
 
 std::string created_detail(const control::SandboxRecord& r) {
-  json::object o;
-  o["id"] = r.id;
-  o["tier"] = r.tier;
-  o["image"] = r.image;
+  json::object o = sandbox_json(r);
   json::array layers;
   for (const auto& l : r.layers) layers.emplace_back(l);
   o["layers"] = std::move(layers);
-  o["node"] = r.node;
-  o["memory_mb"] = r.memory_mb;
-  o["cpus"] = r.cpus;
-  o["pids"] = r.pids;
-  o["disk_mb"] = r.disk_mb;
-  o["ttl_seconds"] = r.ttl_seconds;
-  o["idle_timeout_seconds"] = r.idle_timeout_seconds;
-  json::object labels, env;
-  for (const auto& [k, v] : r.labels) labels[k] = v;
-  for (const auto& [k, v] : r.env) env[k] = v;
-  o["labels"] = std::move(labels);
-  o["env"] = std::move(env);
-  o["created_at"] = json_util::rfc3339(r.created_at_ms);
   return json_util::serialize_utf8(o);
 }
 
@@ -108,30 +93,11 @@ std::string ended_detail(const control::SandboxRecord& r) {
   return json_util::serialize_utf8(o);
 }
 
-namespace {
-std::string hex(std::string_view raw) {
-  static constexpr char kHex[] = "0123456789abcdef";
-  std::string h;
-  for (unsigned char c : raw) {
-    h.push_back(kHex[c >> 4]);
-    h.push_back(kHex[c & 15]);
-  }
-  return h;
-}
-std::string unhex(std::string_view h) {
-  auto v = [](char c) { return c <= '9' ? c - '0' : c - 'a' + 10; };
-  std::string raw;
-  for (size_t i = 0; i + 1 < h.size(); i += 2)
-    raw.push_back(static_cast<char>(v(h[i]) * 16 + v(h[i + 1])));
-  return raw;
-}
-}  // namespace
-
 std::string step_tag(const std::string& key, const StepFingerprint& fp, const std::string& caller) {
   json::object o{{"key", key},
                  {"method", fp.method},
                  {"target", fp.target},
-                 {"sha256", hex(fp.body_sha256)},
+                 {"sha256", hex_of(fp.body_sha256)},
                  {"len", fp.body_len}};
   boost::system::error_code ec;
   auto c = json::parse(caller, ec);
@@ -153,7 +119,7 @@ Result<StepRecord> step_lost_record(const std::string& tag, uint32_t pid, int64_
   r.key = *key;
   r.request.method = *method;
   r.request.target = *target;
-  r.request.body_sha256 = unhex(*sha);
+  r.request.body_sha256 = bytes_of_hex(*sha);
   r.request.body_len = static_cast<uint64_t>(*len);
   if (const auto* c = o->if_contains("caller"); c && c->is_object()) r.caller = json::serialize(*c);
   r.status = 503;

@@ -16,22 +16,7 @@ import uuid
 import pytest
 
 import tidepool
-from tp_testlib import Daemon, wait_until
-
-
-def call(daemon, method, path, body=None, key=None, timeout=60):
-    """One raw request; returns (status, headers dict lower-case, body bytes)."""
-    conn = http.client.HTTPConnection("127.0.0.1", daemon.port, timeout=timeout)
-    headers = {"Content-Type": "application/json"}
-    if key:
-        headers["Idempotency-Key"] = key
-    data = json.dumps(body).encode() if isinstance(body, (dict, list)) else body
-    try:
-        conn.request(method, path, body=data, headers=headers)
-        r = conn.getresponse()
-        return r.status, {k.lower(): v for k, v in r.getheaders()}, r.read()
-    finally:
-        conn.close()
+from tp_testlib import Daemon, api_call as call, wait_until
 
 
 def send_and_leave(daemon, path, body, key):

@@ -9,6 +9,7 @@
 
 #include "common/json_util.h"
 #include "node/trajectory_events.h"
+#include "temp_step_log.h"
 
 namespace tp::node {
 namespace {
@@ -28,13 +29,7 @@ std::string exec_answer(const std::string& out, int code = 0, double duration = 
 class ReplayTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    char tmpl[] = "/tmp/tp-replay-XXXXXX";
-    dir_ = mkdtemp(tmpl);
-    StepLog::Options o;
-    o.data_dir = dir_;
-    auto l = StepLog::open(o);
-    ASSERT_TRUE(l);
-    log_ = std::move(*l);
+    ASSERT_TRUE(log_);
     control::SandboxRecord r;
     r.id = kSrc;
     r.tier = "container";
@@ -56,10 +51,6 @@ class ReplayTest : public ::testing::Test {
     call("T/3", "POST", "/exec", R"({"cmd":"hostname"})", 200,
          exec_answer(std::string(kSrc) + "\n"));
     call("", "DELETE", "", "", 200, "{}");  // the end: not re-run
-  }
-  void TearDown() override {
-    log_.reset();
-    fs::remove_all(dir_);
   }
   void call(const std::string& key, const std::string& method, const std::string& below,
             const std::string& body, int status, const std::string& answer) {
@@ -106,8 +97,8 @@ class ReplayTest : public ::testing::Test {
     return e;
   }
 
-  std::string dir_;
-  std::shared_ptr<StepLog> log_;
+  testing::TempStepLog tmp_;
+  std::shared_ptr<StepLog>& log_ = tmp_.log;
   std::optional<CreateParams> created;
   std::vector<ReplayCall> calls;
   std::vector<std::string> destroyed;

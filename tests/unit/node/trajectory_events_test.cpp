@@ -7,6 +7,8 @@
 
 #include <filesystem>
 
+#include "temp_step_log.h"
+
 namespace tp::node {
 namespace {
 
@@ -15,19 +17,6 @@ constexpr const char* kSb = "n0-e0e0e0e0e0e0";
 
 class TrajectoryEventsTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    char tmpl[] = "/tmp/tp-trajev-XXXXXX";
-    dir_ = mkdtemp(tmpl);
-    StepLog::Options o;
-    o.data_dir = dir_;
-    auto l = StepLog::open(o);
-    ASSERT_TRUE(l);
-    log_ = std::move(*l);
-  }
-  void TearDown() override {
-    log_.reset();
-    fs::remove_all(dir_);
-  }
   static control::SandboxRecord record() {
     control::SandboxRecord r;
     r.id = kSb;
@@ -51,8 +40,8 @@ class TrajectoryEventsTest : public ::testing::Test {
     EXPECT_TRUE(r);
     return r ? *r : std::vector<StepRecord>{};
   }
-  std::string dir_;
-  std::shared_ptr<StepLog> log_;
+  testing::TempStepLog tmp_;
+  std::shared_ptr<StepLog>& log_ = tmp_.log;
 };
 
 TEST_F(TrajectoryEventsTest, ACreatedEventHoldsWhatAReplayNeeds) {
