@@ -484,34 +484,44 @@ class AsyncTrajectory(TrajectoryBase):
         return cls(await client.create(**create_args, idempotency_key=f"{id}/sandbox"), id)
 
     async def exec(self, cmd: _api.Command, **kwargs: Any) -> ExecResult:
+        """:meth:`AsyncSandbox.exec` as the next step."""
         return await self.sandbox.exec(cmd, idempotency_key=self._next_key(), **kwargs)
 
     def exec_stream(self, cmd: _api.Command, **kwargs: Any) -> AsyncIterator[Union[OutputChunk, ExecResult]]:
+        """:meth:`AsyncSandbox.exec_stream` as the next step (``async for``)."""
         return self.sandbox.exec_stream(cmd, idempotency_key=self._next_key(), **kwargs)
 
     async def start(self, cmd: _api.Command, **kwargs: Any) -> "AsyncProcessHandle":
+        """:meth:`AsyncSandbox.start` as the next step."""
         return await self.sandbox.start(cmd, idempotency_key=self._next_key(), **kwargs)
 
     async def wait(self, proc: "AsyncProcessHandle", timeout: Optional[_api.Seconds] = None,
                    check: bool = False) -> ExecResult:
+        """:meth:`AsyncProcessHandle.wait` as the next step."""
         return await proc.wait(timeout, check, idempotency_key=self._next_key())
 
     async def kill(self, proc: "AsyncProcessHandle", signal: int = 9) -> None:
+        """:meth:`AsyncProcessHandle.kill` as the next step."""
         await proc.kill(signal, idempotency_key=self._next_key())
 
     async def send_stdin(self, proc: "AsyncProcessHandle", data: Union[bytes, str], eof: bool = False) -> None:
+        """:meth:`AsyncProcessHandle.send_stdin` as the next step."""
         await proc.send_stdin(data, eof, idempotency_key=self._next_key())
 
     async def write(self, path: str, data: Data, mode: Optional[int] = None) -> FileEntry:
+        """:meth:`AsyncFiles.write` as the next step."""
         return await self.sandbox.files.write(path, data, mode, idempotency_key=self._next_key())
 
     async def remove(self, path: str, recursive: bool = False) -> None:
+        """:meth:`AsyncFiles.remove` as the next step."""
         await self.sandbox.files.remove(path, recursive, idempotency_key=self._next_key())
 
     async def mkdir(self, path: str, parents: bool = False) -> FileEntry:
+        """:meth:`AsyncFiles.mkdir` as the next step."""
         return await self.sandbox.files.mkdir(path, parents, idempotency_key=self._next_key())
 
     async def upload_dir(self, local_dir: str, remote_dir: str) -> int:
+        """:meth:`AsyncFiles.upload_dir` as the next step."""
         return await self.sandbox.files.upload_dir(local_dir, remote_dir, idempotency_key=self._next_key())
 
     async def log(self) -> List[LogEntry]:

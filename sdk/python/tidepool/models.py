@@ -617,6 +617,7 @@ class LogEntry:
 
     @classmethod
     def from_json(cls, obj: Mapping[str, Any]) -> "LogEntry":
+        """Builds a LogEntry from the daemon's JSON (unknown fields stay in ``raw``)."""
         return cls(
             seq=_int(obj.get("seq"), 0) or 0,
             kind=str(obj.get("kind") or ""),
