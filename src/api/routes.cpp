@@ -427,6 +427,14 @@ void Api::exec(Request& req, const Params& p, std::shared_ptr<Responder> res) {
   if (!body) return res->send_error(body.error());
   auto spec = parse_exec(*body, false);
   if (!spec) return res->send_error(spec.error());
+  bool finish = false;
+  if (auto d = req.headers.find("tidepool-on-disconnect"); d != req.headers.end()) {
+    if (d->second != "finish" && d->second != "kill")
+      return res->send_error(
+          Error{Code::kInvalidArgument, 0,
+                "Tidepool-On-Disconnect must be finish or kill, not '" + d->second + "'"});
+    finish = d->second == "finish";
+  }
   node::ExecParams ep = std::move(spec->params);
   ep.step_tag = IdempotencyCache::step_tag(req);
   auto stream = &spec->stream;
@@ -460,13 +468,23 @@ void Api::exec(Request& req, const Params& p, std::shared_ptr<Responder> res) {
   auto exec_id = mgr_.exec(id, std::move(ep), std::move(cb));
   if (!exec_id) return res->send_error(exec_id.error());
   if (paced) paced->attach(*exec_id);
-  // A client that goes away mid-command must not leave the command running, unless
-  // the call carried an Idempotency-Key: then its result is recorded in the trajectory
-  // log and is the client's to fetch by key (a retry, GET .../log/result), so the
-  // command runs to its end (its timeout, the sandbox's end) and a step is neither
-  // lost nor run twice.
-  if (req.headers.find("idempotency-key") == req.headers.end())
+  // A client that goes away mid-command must not leave the command running. With an
+  // Idempotency-Key the client may be retrying after a network fault: the command
+  // keeps running for a grace period and is killed only if no repeat of the key came
+  // to wait for its result; with `Tidepool-On-Disconnect: finish` too (a trajectory's
+  // step) it runs to its end (its timeout, the sandbox's end), its result recorded
+  // for the client to fetch by key however late it comes back. Either way a step is
+  // neither lost nor run twice.
+  auto key = req.headers.find("idempotency-key");
+  if (key == req.headers.end()) {
     res->set_on_abort([this, id, eid = *exec_id] { mgr_.signal_exec(id, eid, 9); });
+  } else if (!finish) {
+    res->set_on_abort([this, id, eid = *exec_id, k = key->second] {
+      mgr_.after(kRetryGrace, [this, id, eid, k] {
+        if (!idempotency_.has_waiters(k)) mgr_.signal_exec(id, eid, 9);
+      });
+    });
+  }
 }
 
 void Api::file_read(Request& req, const Params& p, std::shared_ptr<Responder> res) {

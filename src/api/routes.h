@@ -32,6 +32,10 @@ class RouteProvider {
 
 class Api {
  public:
+  // How long a keyed command whose client vanished waits for the client's retry
+  // (unless the call asked to finish: Tidepool-On-Disconnect).
+  static constexpr auto kRetryGrace = std::chrono::seconds(5);
+
   Api(node::Service& mgr, Metrics& metrics);
   void handle(Request& req, std::shared_ptr<Responder> res);
   // Providers are asked before the core routes, in the order added. Add before serving.

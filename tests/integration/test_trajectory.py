@@ -19,11 +19,13 @@ import tidepool
 from tp_testlib import Daemon, api_call as call, wait_until
 
 
-def send_and_leave(daemon, path, body, key):
+def send_and_leave(daemon, path, body, key, finish=False):
     """Sends a request and closes the connection before any answer."""
     s = socket.create_connection(("127.0.0.1", daemon.port))
     data = json.dumps(body).encode()
     key_header = f"Idempotency-Key: {key}\r\n" if key else ""
+    if finish:
+        key_header += "Tidepool-On-Disconnect: finish\r\n"
     s.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
               f"{key_header}Content-Length: {len(data)}\r\n\r\n".encode() + data)
     time.sleep(0.3)
@@ -133,12 +135,16 @@ def test_a_client_that_lost_its_connection_gets_the_whole_result_by_key(daemon, 
     path = f"/v1/sandboxes/{sandbox.id}/exec"
     big = 300_000  # above the inline limit: the answer is in a side file
     step = {"cmd": f"sleep 1; head -c {big} /dev/zero | tr '\\0' a; echo ran >> /tmp/ran"}
-    send_and_leave(daemon, path, step, "lost/1")
-    # The command was not killed with its connection; the result is fetched by key (the
-    # daemon waits while it still runs).
+    # A step (Tidepool-On-Disconnect: finish) runs to its end however late its client comes
+    # back; a keyed call without it is killed once the retry grace (5 s) passed unanswered.
+    send_and_leave(daemon, path, step, "lost/1", finish=True)
+    send_and_leave(daemon, path, {"cmd": "sleep 8; echo late >> /tmp/late"}, "lost/0")
+    time.sleep(6.5)
     r = sandbox.step_result("lost/1")
     assert r.exit_code == 0 and r.stdout_bytes == b"a" * big
     assert sandbox.files.read("/tmp/ran") == b"ran\n"
+    killed = sandbox.step_result("lost/0")
+    assert killed.signal == 9 and not sandbox.files.exists("/tmp/late")
     # A streamed step whose client left after its first event: the same.
     stream = dict(step, stream=True, cmd="sleep 1; seq 1 50000; echo ran >> /tmp/ran")
     conn = http.client.HTTPConnection("127.0.0.1", daemon.port, timeout=60)
@@ -152,6 +158,12 @@ def test_a_client_that_lost_its_connection_gets_the_whole_result_by_key(daemon, 
     assert sandbox.files.read("/tmp/ran") == b"ran\nran\n"
     with pytest.raises(tidepool.NotFound):
         sandbox.step_result("lost/3")
+    conn = http.client.HTTPConnection("127.0.0.1", daemon.port, timeout=60)
+    conn.request("POST", path, body=b'{"cmd":"true"}',
+                 headers={"Content-Type": "application/json", "Tidepool-On-Disconnect": "maybe"})
+    bad = conn.getresponse()
+    assert bad.status == 400 and b"Tidepool-On-Disconnect" in bad.read()
+    conn.close()
     # Without a key a command dies with its connection (nobody could get its result).
     send_and_leave(daemon, path, {"cmd": "sleep 2; echo late >> /tmp/ran"}, None)
     time.sleep(2.5)

@@ -391,8 +391,10 @@ class Sandbox(SandboxBase["Client"]):
                 instead of waiting (same as :meth:`start`).
             idempotency_key: key of this step, e.g. ``f"{trajectory}/{step}"``; a repeat
                 with the same key returns the recorded result without running the
-                command again (default: a fresh uuid4, which still makes the SDK's own
-                retries safe).
+                command again, and the command runs to its end even if this client goes
+                away (its result is then fetched with :meth:`step_result`). Default: a
+                fresh uuid4, which still makes the SDK's own retries safe; the daemon
+                then stops the command soon after its client is gone.
 
         Raises:
             Conflict: the sandbox is not running.
