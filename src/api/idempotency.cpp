@@ -236,6 +236,10 @@ void IdempotencyCache::record_unkeyed(std::function<bool(const std::string&)> kn
   known_ = std::move(known);
 }
 
+void IdempotencyCache::set_sandbox_known(std::function<bool(const std::string&)> exists) {
+  exists_ = std::move(exists);
+}
+
 std::shared_ptr<Responder> IdempotencyCache::recorder(const Request& req, const std::string& key,
                                                       std::string scope, node::StepFingerprint fp,
                                                       std::shared_ptr<Responder> res) {
@@ -264,6 +268,7 @@ std::shared_ptr<Responder> IdempotencyCache::begin(const Request& req, const std
     return nullptr;
   };
   std::string scope = node::StepLog::scope_of(req.path);
+  if (!scope.empty() && exists_ && !exists_(scope)) scope.clear();
   std::unique_lock lk(mu_);
   if (auto it = flights_.find(key); it != flights_.end()) {
     if (!(it->second->fp == fp)) {

@@ -3,7 +3,8 @@
 // Idempotency-Key gets the recorded answer without anything running again
 // (api/openapi.yaml, info; docs/trajectory-log.md).
 //
-// Keyed calls: every answer, 5xx included, is recorded durably before it is sent, so
+// Keyed calls: every answer, 5xx included, is recorded durably before it is sent (in
+// the log of the sandbox the path names, when the node knows it, else node-wide), so
 // a repeat is answered from the log also after a daemon restart, for as long as the
 // log's retention keeps it. A repeat that arrives while the first request is still
 // being answered waits for that answer. A key reused for a different request (method,
@@ -53,6 +54,10 @@ class IdempotencyCache {
   void set_log(std::shared_ptr<node::StepLog> log);
   // Records calls without a key too, on the sandboxes `known` says exist. Set before serving.
   void record_unkeyed(std::function<bool(const std::string& sandbox_id)> known);
+  // Which sandboxes the node knows (live or ended): a keyed call whose path names
+  // another goes to the node-wide log, so that no request makes a log for a sandbox
+  // that never was. Unset: every sandbox id counts. Set before serving.
+  void set_sandbox_known(std::function<bool(const std::string& sandbox_id)> exists);
 
   // Handles a request carrying an Idempotency-Key. Returns a responder to answer the
   // request with (it records the answer), or nullptr when the request was answered
@@ -99,6 +104,7 @@ class IdempotencyCache {
   const size_t max_in_flight_;
   std::shared_ptr<node::StepLog> log_;
   std::function<bool(const std::string&)> known_;  // set: record calls without a key
+  std::function<bool(const std::string&)> exists_;
   std::mutex mu_;
   std::map<std::string, std::shared_ptr<Flight>> flights_;
 };

@@ -88,6 +88,14 @@ Api::Api(node::Service& mgr, Metrics& metrics) : mgr_(mgr), metrics_(metrics) {
   metrics_.set_state_source([this] { return mgr_.count_by_state(); });
 }
 
+void Api::set_step_log(std::shared_ptr<node::StepLog> log) {
+  idempotency_.set_log(std::move(log));
+  idempotency_.set_sandbox_known([this](const std::string& id) {
+    auto r = mgr_.get(id);
+    return r || r.error().code != Code::kNotFound;
+  });
+}
+
 void Api::set_trajectory_log(bool every_call) {
   if (!every_call) return idempotency_.record_unkeyed(nullptr);
   // Calls on a live sandbox: one that ended refuses them, and changes nothing.

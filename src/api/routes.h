@@ -41,7 +41,7 @@ class Api {
   // Providers are asked before the core routes, in the order added. Add before serving.
   void add_provider(std::shared_ptr<RouteProvider> p) { providers_.push_back(std::move(p)); }
   // Records keyed answers durably (see api/idempotency.h). Set before serving.
-  void set_step_log(std::shared_ptr<node::StepLog> log) { idempotency_.set_log(std::move(log)); }
+  void set_step_log(std::shared_ptr<node::StepLog> log);
   // --trajectory-log on: calls without a key on live sandboxes are recorded too. Set
   // before serving (after set_step_log).
   void set_trajectory_log(bool every_call);

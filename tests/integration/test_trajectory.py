@@ -220,6 +220,15 @@ def test_bad_log_requests(daemon, sandbox):
         assert s == 400 and json.loads(b)["code"] == "invalid_argument", (q, b)
     s, _, b = call(daemon, "GET", "/v1/sandboxes/n0-000000000000/log")
     assert s == 404
+    # A keyed call on a sandbox that never was makes no log for it (its answer is kept
+    # node-wide: a repeat still gets it).
+    ghost = "n0-111111111111"
+    for _ in range(2):
+        s, h, _ = call(daemon, "POST", f"/v1/sandboxes/{ghost}/exec", {"cmd": "true"}, "ghost/1")
+        assert s == 404
+    assert h.get("idempotent-replayed") == "true"
+    assert call(daemon, "GET", f"/v1/sandboxes/{ghost}/log")[0] == 404
+    assert not os.path.exists(os.path.join(daemon.data_dir, "sandboxes", ghost))
     s, _, b = call(daemon, "GET", base + "/log/result")
     assert s == 400 and "key" in json.loads(b)["message"]
     for body in ({"to_step": 0}, {"to_step": "x"}, {"nope": 1}, {"to_step": 1, "to_key": "a"},

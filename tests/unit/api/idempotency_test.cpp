@@ -400,6 +400,23 @@ TEST_F(Idempotency, AResultIsFetchedByKeyAlsoWhileInFlightAndAfterARestart) {
   EXPECT_NE(missing->body.find("traj/8"), std::string::npos);
 }
 
+TEST_F(Idempotency, KeyedCallsOnSandboxesTheNodeDoesNotKnowGoNodeWide) {
+  cache->set_sandbox_known([](const std::string& id) { return id == kSb; });
+  Step step;
+  auto ghost = std::make_shared<FakeResponder>();
+  auto rec = cache->begin(post("/v1/sandboxes/n0-aaaaaaaaaaaa/exec", "{}"), "g/1", ghost);
+  ASSERT_NE(rec, nullptr);
+  rec->send(404, "application/json", R"({"code":"not_found"})");
+  ghost->wait();
+  EXPECT_FALSE(log->info("n0-aaaaaaaaaaaa").exists);  // no log for a sandbox that never was
+  EXPECT_EQ(log->find("g/1")->log, 0u);               // the node-wide one
+  auto again = std::make_shared<FakeResponder>();
+  EXPECT_EQ(cache->begin(post("/v1/sandboxes/n0-aaaaaaaaaaaa/exec", "{}"), "g/1", again), nullptr);
+  EXPECT_EQ(again->wait(), 404);
+  step.send(*cache, "k/1");  // a known sandbox: its own log
+  EXPECT_EQ(log->info(kSb).records, 1u);
+}
+
 TEST_F(Idempotency, BadKeysAreRefused) {
   auto r = std::make_shared<FakeResponder>();
   EXPECT_EQ(cache->begin(post("/v1/x"), std::string(201, 'a'), r), nullptr);
