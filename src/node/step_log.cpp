@@ -213,10 +213,11 @@ struct StepLog::Log {
   uint64_t next_seq = 1;
   std::vector<std::pair<uint64_t, uint64_t>> seqs;  // (seq, offset), ascending
   uint64_t side_bytes = 0;
-  size_t grow = 0;        // next preallocated piece
-  bool ended = false;     // its "ended" event is in it
-  bool closed = false;    // its sandbox ended and everything queued before was written
-  bool unusable = false;  // a newer format (or unreadable): left alone, never written
+  uint64_t allocated = 0;  // the file's size when this writer last wrote it (0: unknown)
+  size_t grow = 0;         // next preallocated piece
+  bool ended = false;      // its "ended" event is in it
+  bool closed = false;     // its sandbox ended and everything queued before was written
+  bool unusable = false;   // a newer format (or unreadable): left alone, never written
   int holds = 0;
   std::vector<Pending> deferred;  // after_calls events (and trims) waiting for holds == 0
   std::vector<std::function<void()>> waiters;
@@ -810,7 +811,7 @@ Result<StepLog::File*> StepLog::file_for(uint32_t log) {
   auto& f = files_[log];
   if (f && f->fd >= 0) return f.get();
   std::string scope;
-  uint64_t end;
+  uint64_t end, allocated;
   {
     std::lock_guard lk(mu_);
     const Log& l = *logs_[log];
@@ -818,10 +819,19 @@ Result<StepLog::File*> StepLog::file_for(uint32_t log) {
       return fail(Code::kInternal, "this step log is not written (see the error at start)");
     scope = l.scope;
     end = l.end;
+    allocated = l.allocated;
   }
   f = std::make_unique<File>();
   f->dir = dir_of(scope);
   f->path = f->dir + "/" + log_name(scope);
+  if (end >= kFileHeader && allocated >= end) {
+    // The usual case: a log this writer wrote before, of a known size.
+    f->fd = ::open(f->path.c_str(), O_RDWR | O_CLOEXEC);
+    if (f->fd >= 0) {
+      f->allocated = allocated;
+      return f.get();
+    }
+  }
   bool created_dir = false;
   // The sandbox manager removes a sandbox's directory when it ends, if it is empty by
   // then (rmdir): between our mkdir and open it may have, so make it again. Once the
@@ -990,19 +1000,6 @@ void StepLog::commit(std::vector<Pending>& batch) {
       (void)pwrite_all(t.f->fd, zeros.data(), zeros.size(), t.start);
       for (size_t i : t.items) results[i] = t.synced;
     }
-    // Trims: a sandbox that ended gives back its preallocated tail.
-    for (auto& p : batch) {
-      if (p.op != Pending::Op::kTrim) continue;
-      std::lock_guard lk(mu_);
-      Log& l = *logs_[p.log];
-      uint64_t end = touched.count(p.log) && touched[p.log].synced ? touched[p.log].end : l.end;
-      if (l.end >= kFileHeader && !l.unusable) {
-        std::string path = dir_of(l.scope) + "/" + log_name(l.scope);
-        if (::truncate(path.c_str(), static_cast<off_t>(end)) != 0 && errno != ENOENT)
-          spdlog::warn("step log {}: truncate: {}", path, strerror(errno));
-        set_mtime(path, p.rec.finished_us);  // its retention starts when its sandbox ended
-      }
-    }
     {
       std::lock_guard lk(mu_);
       for (auto& [log, t] : touched) {
@@ -1011,6 +1008,7 @@ void StepLog::commit(std::vector<Pending>& batch) {
         l.end = t.end;
         l.next_seq = t.seq;
         l.grow = t.grow;
+        l.allocated = t.f->allocated;
         for (size_t i : t.items) {
           auto& p = batch[i];
           l.seqs.emplace_back(p.rec.seq, offsets[i]);
@@ -1020,12 +1018,21 @@ void StepLog::commit(std::vector<Pending>& batch) {
         }
         fire_waiters_locked(l, &wake);
       }
-      for (auto& p : batch) {
-        if (p.op != Pending::Op::kTrim) continue;
-        Log& l = *logs_[p.log];
-        l.closed = true;
-        fire_waiters_locked(l, &wake);
+    }
+    // Trims: a sandbox that ended gives back its preallocated tail; its followers may end.
+    for (auto& p : batch) {
+      if (p.op != Pending::Op::kTrim) continue;
+      std::lock_guard lk(mu_);
+      Log& l = *logs_[p.log];
+      if (l.end >= kFileHeader && !l.unusable) {
+        std::string path = dir_of(l.scope) + "/" + log_name(l.scope);
+        if (::truncate(path.c_str(), static_cast<off_t>(l.end)) != 0 && errno != ENOENT)
+          spdlog::warn("step log {}: truncate: {}", path, strerror(errno));
+        set_mtime(path, p.rec.finished_us);  // its retention starts when its sandbox ended
+        l.allocated = l.end;
       }
+      l.closed = true;
+      fire_waiters_locked(l, &wake);
     }
     // A sandbox's log is opened per batch: no descriptor stays open per sandbox
     // (the open costs little next to the fdatasync).
@@ -1150,6 +1157,7 @@ void StepLog::sweep() {
       l.end = 0;
       l.seqs.clear();
       l.side_bytes = 0;
+      l.allocated = 0;
       l.grow = 0;
       l.ended = false;
       l.closed = true;  // removed: its followers stop
