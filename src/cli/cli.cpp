@@ -91,6 +91,20 @@ Result<std::string> read_all(int fd, const std::string& what) {
   return out;
 }
 
+std::string json_string(const boost::json::object& o, std::string_view key) {
+  const auto* v = o.if_contains(key);
+  return v != nullptr && v->is_string() ? std::string(v->get_string()) : std::string();
+}
+
+std::optional<int64_t> json_int(const boost::json::object& o, std::string_view key) {
+  const auto* v = o.if_contains(key);
+  if (v == nullptr) return std::nullopt;
+  if (v->is_int64()) return v->get_int64();
+  if (v->is_uint64()) return static_cast<int64_t>(v->get_uint64());
+  if (v->is_double()) return static_cast<int64_t>(v->get_double());
+  return std::nullopt;
+}
+
 void print_table(const std::vector<std::vector<std::string>>& rows) {
   if (rows.empty()) return;
   std::vector<size_t> width(rows.front().size(), 0);
@@ -143,7 +157,8 @@ int main(int argc, char** argv) {
   app.fallthrough();  // `tidepool ls --url U` as well as `tidepool --url U ls`
   app.footer(
       "Exit status: 0 ok, 1 error (one line on stderr), 2 usage error; run and exec exit\n"
-      "with the command's code (128+N if killed by signal N, 124 on timeout).");
+      "with the command's code (128+N if killed by signal N, 124 on timeout); replay exits\n"
+      "3 when a step diverged.");
 
   std::vector<std::pair<CLI::App*, Action>> actions;
   auto add = [&](const char* name, Action (*fn)(CLI::App&, Context&)) {
@@ -159,6 +174,7 @@ int main(int argc, char** argv) {
   add("version", add_version);
   add("image", add_image);
   add("log", add_log);
+  add("replay", add_replay);
 
   try {
     app.parse(argc, argv);

@@ -13,20 +13,6 @@ namespace {
 
 namespace json = boost::json;
 
-std::string str(const json::object& o, std::string_view key) {
-  const auto* v = o.if_contains(key);
-  return v != nullptr && v->is_string() ? std::string(v->get_string()) : std::string();
-}
-
-std::optional<int64_t> num(const json::object& o, std::string_view key) {
-  const auto* v = o.if_contains(key);
-  if (v == nullptr) return std::nullopt;
-  if (v->is_int64()) return v->get_int64();
-  if (v->is_uint64()) return static_cast<int64_t>(v->get_uint64());
-  if (v->is_double()) return static_cast<int64_t>(v->get_double());
-  return std::nullopt;
-}
-
 const json::object* obj(const json::object& o, std::string_view key) {
   const auto* v = o.if_contains(key);
   return v != nullptr && v->is_object() ? &v->get_object() : nullptr;
@@ -101,7 +87,7 @@ std::string clip(std::string s, size_t n) {
 
 // What a call did, in a few words.
 std::string what_of_call(const json::object& e) {
-  std::string method = str(e, "method"), target = str(e, "target");
+  std::string method = json_string(e, "method"), target = json_string(e, "target");
   std::string path = target.substr(0, target.find('?'));
   // The part below /v1/sandboxes/<id>.
   std::string below;
@@ -112,7 +98,7 @@ std::string what_of_call(const json::object& e) {
   }
   const json::object* req = obj(e, "request");
   const json::object* body = req ? obj(*req, "body") : nullptr;
-  int64_t len = req ? num(*req, "bytes").value_or(0) : 0;
+  int64_t len = req ? json_int(*req, "bytes").value_or(0) : 0;
   std::string p = query_value(target, "path");
   if (method == "POST" && below == "/exec")
     return "exec " + command_text(body ? body->if_contains("cmd") : nullptr);
@@ -137,7 +123,7 @@ std::string what_of_call(const json::object& e) {
     if (verb == "wait") return "wait process " + pid;
     if (verb == "stdin") return "stdin to process " + pid + " (" + bytes(len) + ")";
     if (verb == "signal") {
-      auto sig = body ? num(*body, "signal") : std::nullopt;
+      auto sig = body ? json_int(*body, "signal") : std::nullopt;
       return "signal " + std::to_string(sig.value_or(9)) + " to process " + pid;
     }
   }
@@ -147,68 +133,68 @@ std::string what_of_call(const json::object& e) {
 std::string exit_text(const json::object& r) {
   if (r.if_contains("timed_out") && r.at("timed_out").is_bool() && r.at("timed_out").get_bool())
     return "timed out";
-  auto sig = num(r, "signal").value_or(0);
+  auto sig = json_int(r, "signal").value_or(0);
   if (sig > 0) return "signal " + std::to_string(sig);
-  auto code = num(r, "exit_code");
+  auto code = json_int(r, "exit_code");
   return code ? "exit " + std::to_string(*code) : "";
 }
 
 std::string result_of_call(const json::object& e) {
-  int64_t status = num(e, "status").value_or(0);
+  int64_t status = json_int(e, "status").value_or(0);
   const json::object* r = obj(e, "result");
   if (status >= 400) {
     std::string s = std::to_string(status);
-    if (r) s += " " + str(*r, "code") + ": " + str(*r, "message");
+    if (r) s += " " + json_string(*r, "code") + ": " + json_string(*r, "message");
     return s;
   }
   if (!r) return std::to_string(status);
   std::string s = exit_text(*r);
   if (const json::object* inner = obj(*r, "result"); s.empty() && inner) s = exit_text(*inner);
   if (!s.empty()) {
-    auto out = num(*r, "stdout_bytes"), err = num(*r, "stderr_bytes");
+    auto out = json_int(*r, "stdout_bytes"), err = json_int(*r, "stderr_bytes");
     if (out || err)
       s += " (" + bytes(out.value_or(0)) + " out, " + bytes(err.value_or(0)) + " err)";
     return s;
   }
-  if (auto pid = num(*r, "pid")) return "pid " + std::to_string(*pid);
-  if (auto size = num(*r, "size")) return std::to_string(status) + ", " + bytes(*size);
+  if (auto pid = json_int(*r, "pid")) return "pid " + std::to_string(*pid);
+  if (auto size = json_int(*r, "size")) return std::to_string(status) + ", " + bytes(*size);
   return std::to_string(status);
 }
 
 std::string what_of_event(const json::object& e) {
-  std::string ev = str(e, "event");
+  std::string ev = json_string(e, "event");
   const json::object* d = obj(e, "detail");
   if (!d) return ev;
   if (ev == "created") {
     size_t layers = 0;
     if (const auto* l = d->if_contains("layers"); l && l->is_array())
       layers = l->get_array().size();
-    return "created (image " + str(*d, "image") +
+    return "created (image " + json_string(*d, "image") +
            (layers ? ", " + std::to_string(layers) + " layer" + (layers > 1 ? "s" : "") : "") + ")";
   }
   if (ev == "process_exit") {
-    std::string s = "process " + std::to_string(num(*d, "pid").value_or(0)) + " ended";
+    std::string s = "process " + std::to_string(json_int(*d, "pid").value_or(0)) + " ended";
     std::string x = exit_text(*d);
-    if (const json::object* err = obj(*d, "error")) x = str(*err, "message");
+    if (const json::object* err = obj(*d, "error")) x = json_string(*err, "message");
     return x.empty() ? s : s + ": " + x;
   }
-  if (ev == "ended") return "ended (" + str(*d, "end_reason") + ")";
+  if (ev == "ended") return "ended (" + json_string(*d, "end_reason") + ")";
   if (ev == "replay")
-    return "replay of " + str(*d, "source") + " to step " +
-           std::to_string(num(*d, "to_step").value_or(0));
+    return "replay of " + json_string(*d, "source") + " to step " +
+           std::to_string(json_int(*d, "to_step").value_or(0));
   if (ev == "replay_finished")
-    return "replay finished: " + std::to_string(num(*d, "replayed").value_or(0)) + " calls, " +
-           std::to_string(num(*d, "divergences").value_or(0)) + " divergences";
+    return "replay finished: " + std::to_string(json_int(*d, "replayed").value_or(0)) + " calls, " +
+           std::to_string(json_int(*d, "divergences").value_or(0)) + " divergences";
   return ev;
 }
 
 std::vector<std::string> row_of(const json::object& e) {
-  std::string t = str(e, "time");
+  std::string t = json_string(e, "time");
   // "2026-01-02T03:04:05.678Z" -> "03:04:05.678" (UTC)
   if (auto T = t.find('T'); T != std::string::npos) t = t.substr(T + 1, 12);
-  std::string seq = std::to_string(num(e, "seq").value_or(0));
-  if (str(e, "kind") == "event") return {seq, t, "-", clip(what_of_event(e), 60), "-"};
-  std::string key = str(e, "key");
+  std::string seq = std::to_string(json_int(e, "seq").value_or(0));
+  if (json_string(e, "kind") == "event") return {seq, t, "-", clip(what_of_event(e), 60), "-"};
+  std::string key = json_string(e, "key");
   return {seq, t, key.empty() ? "-" : clip(key, 40), clip(what_of_call(e), 60),
           clip(result_of_call(e), 60)};
 }

@@ -97,6 +97,15 @@ def test_tidepool_log_prints_the_history(daemon, client, build_dir):
     assert bad.returncode == 1 and "prov/9" in bad.stderr
     bad = subprocess.run(cli + ["log", sb.id, "--limit", "0"], capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2
+    # tidepool replay: exit 0 when every step matched, 3 with the first divergence.
+    rp = subprocess.run(cli + ["replay", sb.id], capture_output=True, text=True, timeout=120)
+    assert rp.returncode == 0 and "every step matched" in rp.stdout and "(removed)" in rp.stdout, rp
+    sb.exec("cat /proc/sys/kernel/random/uuid", idempotency_key="prov/3")
+    rp = subprocess.run(cli + ["replay", sb.id], capture_output=True, text=True, timeout=120)
+    assert rp.returncode == 3 and "key prov/3" in rp.stdout and ": stdout" in rp.stdout, rp
+    bad = subprocess.run(cli + ["replay", sb.id, "--to", "1", "--to-key", "x"], capture_output=True,
+                         text=True, timeout=60)
+    assert bad.returncode == 2
 
 
 def test_a_step_sent_twice_runs_once_sequentially_and_concurrently(daemon, sandbox):
