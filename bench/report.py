@@ -143,6 +143,7 @@ def tables(res, for_readme=False):
     L += daemon_rows(res)
     L += hostile_rows(res, tot)
     L += microvm_rows(res)
+    L += trajectory_rows(res)
 
     # Throughput.
     concs = [c for c in cfg["concurrency"].split(",") if c]
@@ -191,6 +192,10 @@ def tables(res, for_readme=False):
     return L
 
 
+def verdict(ok):
+    return "**met**" if ok else "**missed**"
+
+
 def daemon_rows(res):
     """The daemon alone (bench/daemon_bench, same run): exec path, RSS, restart."""
     ex, rss, rs = res.get("exec_path"), res.get("daemon_rss"), res.get("restart")
@@ -199,9 +204,6 @@ def daemon_rows(res):
     cfg = res["config"]
     L = ["**The daemon alone** (same run; bench/daemon_bench):", "",
          "| measurement | measured | target | |", "|---|---|---:|---|"]
-
-    def verdict(ok):
-        return "**met**" if ok else "**missed**"
 
     if ex and ex.get("sandbox_p50_ms") and ex.get("host_p50_ms"):
         r = ex["sandbox_p50_ms"] / ex["host_p50_ms"]
@@ -245,9 +247,6 @@ def hostile_rows(res, idle_total_kb):
         return []  # a run from before these measurements
     L = ["**Hostile code and clients, round two** (same run; bench/hostile_bench.py):", "",
          "| measurement | measured | target | |", "|---|---|---:|---|"]
-
-    def verdict(ok):
-        return "**met**" if ok else "**missed**"
 
     uid = h.get("uid_ranges") or {}
     for im in ("host", "bb3:1"):
@@ -321,6 +320,55 @@ def microvm_rows(res):
           "and < 5 MiB of overhead per VM); each QEMU loses the ~32–64 MiB translation cache that TCG "
           "fills, and `-cpu host` with kvmclock replaces the PIT and TSC arguments TCG needs. "
           "Snapshots are tied to the accelerator and CPU model, so templates are per host kind.", ""]
+
+
+def trajectory_rows(res):
+    """Issue 14's targets (same run; bench/trajlog_bench.cpp): two daemons of this build,
+    --trajectory-log on and off."""
+    t = res.get("trajectory")
+    if t is None:
+        return []  # a run from before these measurements
+    L = ["**Trajectory log** (same run; bench/trajlog_bench: two more daemons of this build, "
+         "`--trajectory-log on` and `off`, interleaved):", "",
+         "| measurement | measured | target | |", "|---|---|---:|---|"]
+
+    on, off = t.get("exec_on") or {}, t.get("exec_off") or {}
+    what = ("exec of `/bin/true` without a key in a running sandbox (one connection each): the log on "
+            "records every call durably before answering, off records none")
+    if on.get("p50_ms") and off.get("p50_ms"):
+        added = (on["p50_ms"] / off["p50_ms"] - 1) * 100
+        L.append(f"| {what} | p50 {on['p50_ms']:.2f} ms on vs {off['p50_ms']:.2f} ms off = **{added:+.1f}%** "
+                 f"(p99 {on['p99_ms']:.2f} vs {off['p99_ms']:.2f} ms; {on['n']} execs each) | < +10% at p50 | "
+                 f"{verdict(added < 10)} |")
+    else:
+        L.append(f"| {what} | not measured: {_err(t)} | < +10% at p50 | |")
+    ko, kf = t.get("keyed_on") or {}, t.get("keyed_off") or {}
+    if ko.get("p50_ms") and kf.get("p50_ms"):
+        L.append(f"| the same with an Idempotency-Key, as the SDK sends on every call (recorded by both) | "
+                 f"p50 {ko['p50_ms']:.2f} ms on, "
+                 f"{kf['p50_ms']:.2f} ms off | – | |")
+    fs, fc = t.get("ff_server") or {}, t.get("ff_client") or {}
+    what = "fast-forward: a recorded keyed step sent again, answered from the log (Server-Timing)"
+    if fs.get("n"):
+        L.append(f"| {what} | **p50 {fs['p50_ms']:.3f} ms** at the server (p99 {fs['p99_ms']:.3f} ms; client round "
+                 f"trip p50 {fc.get('p50_ms', 0):.3f} ms; {fs['n']} steps) | < 0.5 ms p50 | "
+                 f"{verdict(fs['p50_ms'] < 0.5)} |")
+    else:
+        L.append(f"| {what} | not measured: {_err(t)} | < 0.5 ms p50 | |")
+    b = t.get("bytes") or {}
+    if b.get("per_step"):
+        L.append(f"| log bytes per step (`echo step N`, keyed; records and side files) | **{b['per_step']:.0f} B** "
+                 f"({b['log_bytes']} B for {b['steps']} steps, {b['records']} records with the created event) | – | |")
+    ro, rf = t.get("rate_on") or {}, t.get("rate_off") or {}
+    for c in ("2", "8"):
+        a, f = ro.get(c), rf.get(c)
+        what = f"sustained execs per second, {c} clients (each its own connection and sandbox)"
+        if a and f:
+            L.append(f"| {what} | **{a['per_second']:.0f}/s** log on, {f['per_second']:.0f}/s off "
+                     f"({a['per_second'] / f['per_second']:.2f}×) | – | |")
+        else:
+            L.append(f"| {what} | not measured: {_err(t)} | – | |")
+    L.append("")
     return L
 
 

@@ -4,7 +4,10 @@
 # (bench/daemon_bench): exec in a running sandbox against a host spawn of the same binary,
 # its RSS under keyed 4 MiB execs, and a restart with 500 sandboxes alive (50 when quick);
 # then bench/hostile_bench.py: /health with 10,000 idle connections held open, and what a
-# uid range per sandbox adds to a create; then bench/microvm_bench.py: the microvm tier.
+# uid range per sandbox adds to a create; then bench/microvm_bench.py: the microvm tier;
+# then bench/trajlog_bench: exec latency with the trajectory log on vs off, fast-forward of
+# a recorded step, log bytes per step, and the sustained exec rate at 2 and 8 clients (two
+# more daemons of this build).
 #
 #   make bench                      ~10 min on 2 cores: 20 latency rounds x 30 runs per tool,
 #                                   5 s per tool and concurrency, 1,000 idle sandboxes per tool
@@ -28,10 +31,12 @@ if [ "${BENCH_QUICK:-0}" = 1 ]; then
   ARGS="--rounds 3 --runs 5 --rate-seconds 1.5 --idle 100 --idle-cap 20 --exec-rounds 2 --exec-runs 20 --rss-execs 10"
   RESTART_N=${BENCH_RESTART_N:-50}
   HOSTILE_IDLE=1000 HOSTILE_ROUNDS=2 HOSTILE_RUNS=5
+  TRAJ_ARGS="--rounds 3 --runs 20 --steps 50 --ff 50 --rate-seconds 1"
 else
   ARGS="--rounds 20 --runs 30 --rate-seconds 5 --idle 1000 --idle-cap 100 --exec-rounds 10 --exec-runs 50 --rss-execs 100"
   RESTART_N=${BENCH_RESTART_N:-500}
   HOSTILE_IDLE=10000 HOSTILE_ROUNDS=10 HOSTILE_RUNS=20
+  TRAJ_ARGS="--rounds 10 --runs 50 --steps 200 --ff 200 --rate-seconds 5"
 fi
 # How the daemon is stopped for the restart measurement: KILL, as a crash or an upgrade
 # that gives the old daemon no chance to tidy up (TERM ends every sandbox by design).
@@ -39,7 +44,7 @@ RESTART_SIGNAL=${BENCH_RESTART_SIGNAL:-KILL}
 
 [ "$(id -u)" = 0 ] || { echo "bench: needs root (namespaces, cgroups, peers' containers)" >&2; exit 1; }
 sh "$ROOT/scripts/install-bench-deps.sh"
-for b in tidepoold tidepool tp-agent api_bench raw_floor daemon_bench; do
+for b in tidepoold tidepool tp-agent api_bench raw_floor daemon_bench trajlog_bench; do
   [ -x "$BIN/$b" ] || { echo "bench: $BIN/$b missing (make build)" >&2; exit 1; }
 done
 
@@ -225,6 +230,23 @@ res["restart"] = r
 json.dump(res, open(path, "w"))
 print(f"bench: restart: {r}", file=sys.stderr)
 EOF
+# Merges the last JSON line of file $2 into results.json as key $1 ({"error": ...} with the
+# tail of log $3 when there is none).
+merge_last_json() {
+  "$PY" - "$WORK/results.json" "$1" "$2" "$3" <<'EOF'
+import json, sys
+path, key, out, log = sys.argv[1:]
+try:
+    lines = [l for l in open(out).read().splitlines() if l.startswith("{")]
+    h = json.loads(lines[-1])
+except (OSError, ValueError, IndexError):
+    h = {"error": open(log).read().strip()[-400:] or f"{key}: no result"}
+res = json.load(open(path))
+res[key] = h
+json.dump(res, open(path, "w"))
+print(f"bench: {key}: {h}", file=sys.stderr)
+EOF
+}
 # What the defences against hostile code and clients cost (bench/hostile_bench.py): /health
 # with many idle connections held against the restarted daemon, and a uid range per sandbox
 # (two more daemons of this build, shared range against per-sandbox ranges).
@@ -232,19 +254,7 @@ echo "bench: hostile clients and per-sandbox uid ranges"
 (ulimit -n $((HOSTILE_IDLE + 4096)) 2>/dev/null || true
   "$PY" "$ROOT/bench/hostile_bench.py" --url "$URL" --bin "$BIN" --idle-conns "$HOSTILE_IDLE" \
     --rounds "$HOSTILE_ROUNDS" --runs "$HOSTILE_RUNS") >"$WORK/hostile.json" 2>"$WORK/hostile.log" || true
-"$PY" - "$WORK/results.json" "$WORK/hostile.json" "$WORK/hostile.log" <<'EOF'
-import json, sys
-path, out, log = sys.argv[1:]
-try:
-    lines = [l for l in open(out).read().splitlines() if l.startswith("{")]
-    h = json.loads(lines[-1])
-except (OSError, ValueError, IndexError):
-    h = {"error": open(log).read().strip()[-400:] or "hostile_bench failed"}
-res = json.load(open(path))
-res["hostile"] = h
-json.dump(res, open(path, "w"))
-print(f"bench: hostile: {h}", file=sys.stderr)
-EOF
+merge_last_json hostile "$WORK/hostile.json" "$WORK/hostile.log"
 # The microvm tier (bench/microvm_bench.py): cold boot and clone to first exec, exec round
 # trip, idle PSS per cloned VM, creation rate at 1 and 2 clients; two daemons of its own.
 echo "bench: microvm tier"
@@ -255,19 +265,13 @@ else
 fi
 # shellcheck disable=SC2086
 "$PY" "$ROOT/bench/microvm_bench.py" --bin "$BIN" $VM_ARGS >"$WORK/microvm.json" 2>"$WORK/microvm.log" || true
-"$PY" - "$WORK/results.json" "$WORK/microvm.json" "$WORK/microvm.log" <<'EOF'
-import json, sys
-path, out, log = sys.argv[1:]
-try:
-    lines = [l for l in open(out).read().splitlines() if l.startswith("{")]
-    v = json.loads(lines[-1])
-except (OSError, ValueError, IndexError):
-    v = {"error": open(log).read().strip()[-400:] or "microvm_bench failed"}
-res = json.load(open(path))
-res["microvm"] = v
-json.dump(res, open(path, "w"))
-print(f"bench: microvm: {v}", file=sys.stderr)
-EOF
+merge_last_json microvm "$WORK/microvm.json" "$WORK/microvm.log"
+# What the trajectory log costs (bench/trajlog_bench.cpp): two more daemons of this build,
+# --trajectory-log on and off, interleaved.
+echo "bench: trajectory log on vs off"
+# shellcheck disable=SC2086
+"$BIN/trajlog_bench" --bin "$BIN" $TRAJ_ARGS >"$WORK/trajlog.json" 2>"$WORK/trajlog.log" || true
+merge_last_json trajectory "$WORK/trajlog.json" "$WORK/trajlog.log"
 cp "$WORK/results.json" "$OUT/latest.json"
 README_ARG=""
 [ "${BENCH_UPDATE_README:-0}" = 1 ] && README_ARG="--readme $ROOT/README.md"

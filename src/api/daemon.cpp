@@ -23,6 +23,7 @@
 #include "api/auth.h"
 #include "api/http_server.h"
 #include "api/image_routes.h"
+#include "api/log_routes.h"
 #include "api/routes.h"
 #include "common/log.h"
 #include "control/sqlite/image_record_store.h"
@@ -32,6 +33,7 @@
 #include "image/image_user.h"
 #include "node/sandbox_manager.h"
 #include "node/step_log.h"
+#include "node/trajectory_events.h"
 #include "runtime/container/container_backend.h"
 #include "runtime/microvm/microvm_backend.h"
 #include "runtime/registry.h"
@@ -130,6 +132,7 @@ int daemon_main(int argc, char** argv) {
   app.add_option("--import-root", import_roots,
                  "directory under which admin API keys may name host paths (repeatable)");
   std::string step_retention = "24h";
+  std::string trajectory_log = "on";
   bool stop_sandboxes_on_exit = false;
   app.add_option("--data-dir", data_dir, "directory for state, images and sandboxes")
       ->capture_default_str();
@@ -150,6 +153,12 @@ int daemon_main(int argc, char** argv) {
   app.add_option("--step-retention", step_retention,
                  "how long a sandbox's step log (and its Idempotency-Keys) outlives the sandbox")
       ->capture_default_str();
+  app.add_option("--trajectory-log", trajectory_log,
+                 "on: every state-changing call on a sandbox, keyed or not, and its lifecycle "
+                 "events are logged durably (docs/trajectory-log.md); off: only calls with an "
+                 "Idempotency-Key are, as exactly-once needs")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"on", "off"}));
   app.add_option("--uid-base", uid_first,
                  "first host uid/gid of the sandboxes' ranges: sandbox k maps root to "
                  "uid-base + k*65536 (keep these ids unused on the host)")
@@ -344,12 +353,10 @@ int daemon_main(int argc, char** argv) {
   mopts.stop_on_exit = stop_sandboxes_on_exit;
   mopts.agent_connect = node::AgentClient::connect;
   if (uid_ranges > 0) mopts.uid_ranges = std::make_shared<node::UidRanges>(uid_first, uid_ranges);
-  // The step log is opened after the manager (it asks the manager what is live);
-  // ended sandboxes reach it through this pointer while it exists.
-  std::atomic<node::StepLog*> ended_log{nullptr};
-  mopts.on_ended = [&ended_log](const std::string& id) {
-    if (auto* l = ended_log.load()) l->sandbox_ended(id);
-  };
+  // The trajectory log is opened after the manager (it asks the manager what is live);
+  // the manager's lifecycle hooks reach it through `events` while it exists.
+  node::TrajectoryEvents events;
+  events.attach(mopts);
   node::SandboxManager mgr(io, registry, **store, metrics, std::move(mopts));
   Api api(mgr, metrics);
   api.set_tiers(registry.tiers());
@@ -365,11 +372,13 @@ int daemon_main(int argc, char** argv) {
   if (!steps) return die("step log: " + steps.error().message());
   std::shared_ptr<node::StepLog> step_log = std::move(*steps);
   api.set_step_log(step_log);
-  ended_log = step_log.get();
+  bool every_call = trajectory_log == "on";
+  api.set_trajectory_log(every_call);
+  events.set_log(step_log.get(), every_call, [&mgr](const std::string& id) { return mgr.get(id); });
   struct Unhook {
-    std::atomic<node::StepLog*>& p;
-    ~Unhook() { p = nullptr; }
-  } unhook{ended_log};  // destroyed before step_log
+    node::TrajectoryEvents& e;
+    ~Unhook() { e.set_log(nullptr, false, nullptr); }
+  } unhook{events};  // destroyed before step_log
   // Image references of creates: layer digests for the spec, defaults, a pin.
   mgr.set_image_resolver([st = *images](const std::string& ref) -> Result<node::ResolvedImage> {
     auto r = st->resolve(ref);
@@ -384,6 +393,15 @@ int daemon_main(int argc, char** argv) {
   // After the resolver: adopted sandboxes resolve their images again (layers, pins).
   if (auto r = mgr.recover(); !r) return die("recover: " + r.error().message());
   api.add_provider(std::make_shared<ImageRoutes>(*images));
+  // The trajectory log's routes; a replay recreates a sandbox on its recorded layers,
+  // or by its image reference while that still names exactly those.
+  api.add_provider(std::make_shared<LogRoutes>(
+      api, mgr, step_log,
+      [st = *images](const std::string& ref) -> Result<std::vector<std::string>> {
+        auto r = st->resolve(ref);
+        if (!r) return std::unexpected(r.error());
+        return r->digests;
+      }));
   AuthOptions aopts;
   aopts.key_file = KeyFile::in_data_dir(data_dir);
   aopts.insecure_tcp = insecure_tcp;

@@ -89,8 +89,9 @@ void ExecStream::send(std::string line, uint64_t credit) {
 
 // Not written (the client is gone): the window is given back all the same. The
 // events still go to the responder: with an Idempotency-Key its recorder keeps
-// them (and the exit) for the retry that may come within the grace period;
-// without one the abort kills the command.
+// them (and the exit) for the retry or the fetch by key that may come within the
+// grace period (or at any time, for a call that asked to finish); without one the
+// abort kills the command.
 void ExecStream::on_written(uint64_t n, uint64_t credit, bool) {
   {
     std::lock_guard lk(mu_);

@@ -1,39 +1,48 @@
 #include "api/idempotency.h"
 
+#include <fmt/format.h>
 #include <openssl/evp.h>
 
+#include <boost/json.hpp>
 #include <chrono>
 
+#include "api/step_summary.h"
 #include "common/log.h"
+#include "node/trajectory_events.h"
 
 namespace tp::api {
 
+namespace json = boost::json;
+
 namespace {
 
-int64_t now_us() {
-  return std::chrono::duration_cast<std::chrono::microseconds>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
+using SteadyClock = std::chrono::steady_clock;
 
 // Replays carry the recorded answer whole (a stream becomes one body).
-void replay(Responder& res, int status, const std::string& ct, std::string body) {
+void replay(Responder& res, int status, const std::string& ct, std::string body,
+            SteadyClock::time_point since) {
   res.add_header("Idempotent-Replayed", "true");
+  double ms = std::chrono::duration<double, std::milli>(SteadyClock::now() - since).count();
+  res.add_header("Server-Timing", fmt::format("replay;dur={:.3f}", ms));
   res.send(status, ct, std::move(body));
 }
 
-void replay_record(Responder& res, Result<node::StepRecord>& rec) {
+void replay_record(Responder& res, Result<node::StepRecord>& rec, SteadyClock::time_point since) {
   if (!rec) {
     res.send_error(
         Error{Code::kInternal, 0, "the recorded answer cannot be read: " + rec.error().message()});
     return;
   }
-  replay(res, rec->status, rec->content_type, std::move(rec->answer));
+  replay(res, rec->status, rec->content_type, std::move(rec->answer), since);
 }
 
 constexpr const char* kIncomplete =
     R"({"code":"unavailable","message":"the first request with this key did not complete"})"
     "\n";
+
+std::string scope_of_target(const std::string& target) {
+  return node::StepLog::scope_of(std::string_view(target).substr(0, target.find('?')));
+}
 
 }  // namespace
 
@@ -54,6 +63,27 @@ node::StepFingerprint IdempotencyCache::fingerprint(const Request& req) {
   return fp;
 }
 
+std::string IdempotencyCache::step_tag(const Request& req) {
+  auto key = req.headers.find("idempotency-key");
+  if (key == req.headers.end() || key->second.empty() || key->second.size() > kMaxKeyLength)
+    return "";
+  return node::step_tag(key->second, fingerprint(req), caller_json(req.caller));
+}
+
+std::string IdempotencyCache::caller_json(const Caller& c) {
+  json::object o;
+  if (c.unix_socket()) {
+    o["transport"] = "unix";
+    o["uid"] = c.uid;
+    o["gid"] = c.gid;
+  } else {
+    o["transport"] = "tcp";
+    if (!c.key_id.empty()) o["key_id"] = c.key_id;
+    if (!c.scope.empty()) o["scope"] = c.scope;
+  }
+  return json::serialize(o);
+}
+
 // Forwards the answer to the client once it is recorded; a streamed answer goes
 // to a side file chunk by chunk and to the client at once, but its end (and the
 // terminal exit/error event of an exec stream) only once the record is durable,
@@ -63,10 +93,13 @@ class IdempotencyCache::Recorder : public Responder {
   Recorder(IdempotencyCache& cache, std::string key, std::string scope, node::StepRecord rec,
            std::shared_ptr<Responder> inner)
       : cache_(cache),
+        log_(cache.log_.get()),
         key_(std::move(key)),
         scope_(std::move(scope)),
         rec_(std::move(rec)),
-        inner_(std::move(inner)) {}
+        inner_(std::move(inner)) {
+    if (!scope_.empty()) log_->hold(scope_);
+  }
   ~Recorder() override {
     // An answer that never completed is recorded as such; it also releases the waiters.
     std::lock_guard lk(mu_);
@@ -87,6 +120,7 @@ class IdempotencyCache::Recorder : public Responder {
     done_ = true;
     rec_.status = status;
     rec_.content_type = std::move(ct);
+    if (rec_.content_type.starts_with("application/json")) rec_.summary = summarize_json(body);
     commit(std::move(body), false);
   }
   void start_stream(int status, std::string ct) override {
@@ -94,7 +128,8 @@ class IdempotencyCache::Recorder : public Responder {
     if (done_ || rec_.status) return;
     rec_.status = status;
     rec_.content_type = ct;
-    auto side = cache_.log_->new_side(scope_);
+    events_ = ct.starts_with("application/x-ndjson");
+    auto side = log_->new_side(scope_);
     if (side)
       side_ = std::move(*side);
     else
@@ -105,6 +140,7 @@ class IdempotencyCache::Recorder : public Responder {
     std::lock_guard lk(mu_);
     if (done_ || d.empty()) return;
     if (side_) (void)side_->write(d);  // a failure is seen at commit
+    if (events_) stream_summary_.feed(d);
     if (!held_.empty()) inner_->write_chunk(std::move(held_));
     held_.clear();
     // Output goes on at once (a stream must not lag); the terminal event of an exec
@@ -155,37 +191,45 @@ class IdempotencyCache::Recorder : public Responder {
  private:
   // Appends the record; the answer goes to the client (and the waiters) when it is durable.
   void commit(std::string body, bool stream) {
-    rec_.finished_us = now_us();
+    rec_.finished_us = log_->now_us();
+    if (stream && events_) rec_.summary = stream_summary_.json();
     if (stream && !side_) {
       // The side file could not be made: nothing can be recorded; the client gets its answer.
       if (!held_.empty()) inner_->write_chunk(std::move(held_));
       inner_->end_stream();
-      cache_.finished(key_, fail(Code::kInternal, "streamed answer could not be recorded"));
+      if (!key_.empty())
+        cache_.finished(key_, fail(Code::kInternal, "streamed answer could not be recorded"));
+      if (!scope_.empty()) log_->release(scope_);
       return;
     }
     auto* cache = &cache_;
     int status = rec_.status;
     std::string ct = rec_.content_type;
-    cache_.log_->append(scope_, std::move(rec_), std::move(body), std::move(side_),
-                        [cache, key = key_, inner = inner_, stream, status, ct = std::move(ct),
-                         held = std::move(held_)](Result<void> r, std::string answer) mutable {
-                          if (stream) {
-                            if (!held.empty()) inner->write_chunk(std::move(held));
-                            inner->end_stream();
-                          } else {
-                            inner->send(status, std::move(ct), std::move(answer));
-                          }
-                          cache->finished(key, r);
-                        });
+    log_->append(scope_, std::move(rec_), std::move(body), std::move(side_),
+                 [cache, key = key_, inner = inner_, stream, status, ct = std::move(ct),
+                  held = std::move(held_)](Result<void> r, std::string answer) mutable {
+                   if (stream) {
+                     if (!held.empty()) inner->write_chunk(std::move(held));
+                     inner->end_stream();
+                   } else {
+                     inner->send(status, std::move(ct), std::move(answer));
+                   }
+                   if (!key.empty()) cache->finished(key, r);
+                 });
+    // Queued: a sandbox's "ended" event may follow it now.
+    if (!scope_.empty()) log_->release(scope_);
   }
 
   IdempotencyCache& cache_;
+  node::StepLog* log_;  // the cache's, which outlives every recorder
   const std::string key_, scope_;
   std::mutex mu_;
   node::StepRecord rec_;
   std::shared_ptr<Responder> inner_;
   std::unique_ptr<node::StepSideFile> side_;
   std::string held_;
+  bool events_ = false;  // an NDJSON exec stream
+  StreamSummary stream_summary_;
   bool done_ = false;
 };
 
@@ -193,8 +237,30 @@ IdempotencyCache::~IdempotencyCache() { log_.reset(); }
 
 void IdempotencyCache::set_log(std::shared_ptr<node::StepLog> log) { log_ = std::move(log); }
 
+void IdempotencyCache::record_unkeyed(std::function<bool(const std::string&)> known) {
+  known_ = std::move(known);
+}
+
+void IdempotencyCache::set_sandbox_known(std::function<bool(const std::string&)> exists) {
+  exists_ = std::move(exists);
+}
+
+std::shared_ptr<Responder> IdempotencyCache::recorder(const Request& req, const std::string& key,
+                                                      std::string scope, node::StepFingerprint fp,
+                                                      std::shared_ptr<Responder> res) {
+  node::StepRecord rec;
+  rec.key = key;
+  rec.request = std::move(fp);
+  // A spooled upload is not kept (replay reports such a step as not replayable).
+  if (!req.upload && req.body.size() <= log_->max_request_body()) rec.request_body = req.body;
+  rec.caller = caller_json(req.caller);
+  rec.started_us = log_->now_us();
+  return std::make_shared<Recorder>(*this, key, std::move(scope), std::move(rec), std::move(res));
+}
+
 std::shared_ptr<Responder> IdempotencyCache::begin(const Request& req, const std::string& key,
                                                    std::shared_ptr<Responder> res) {
+  auto t0 = SteadyClock::now();
   if (key.empty() || key.size() > kMaxKeyLength) {
     res->send_error(Error{Code::kInvalidArgument, 0, "Idempotency-Key must be 1-200 characters"});
     return nullptr;
@@ -207,6 +273,8 @@ std::shared_ptr<Responder> IdempotencyCache::begin(const Request& req, const std
         "Idempotency-Key was used for " + first.describe() + "; this request is " + fp.describe()});
     return nullptr;
   };
+  std::string scope = node::StepLog::scope_of(req.path);
+  if (!scope.empty() && exists_ && !exists_(scope)) scope.clear();
   std::unique_lock lk(mu_);
   if (auto it = flights_.find(key); it != flights_.end()) {
     if (!(it->second->fp == fp)) {
@@ -214,7 +282,7 @@ std::shared_ptr<Responder> IdempotencyCache::begin(const Request& req, const std
       lk.unlock();
       return conflict(first);
     }
-    it->second->waiters.push_back(std::move(res));
+    it->second->waiters.push_back({std::move(res), t0});
     return nullptr;
   }
   // Flights end only after their record is in the index, so a key is always in one of the two.
@@ -222,7 +290,7 @@ std::shared_ptr<Responder> IdempotencyCache::begin(const Request& req, const std
     lk.unlock();
     auto rec = log_->read(*loc, true);
     if (rec && !(rec->request == fp)) return conflict(rec->request);
-    replay_record(*res, rec);
+    replay_record(*res, rec, t0);
     return nullptr;
   }
   if (flights_.size() >= max_in_flight_) {
@@ -239,19 +307,47 @@ std::shared_ptr<Responder> IdempotencyCache::begin(const Request& req, const std
   }
   auto f = std::make_shared<Flight>();
   f->fp = fp;
+  f->scope = scope;
   flights_[key] = f;
   lk.unlock();
-  node::StepRecord rec;
-  rec.key = key;
-  rec.request = std::move(fp);
-  if (!req.upload && req.body.size() <= log_->inline_max()) rec.request_body = req.body;
-  rec.started_us = now_us();
-  return std::make_shared<Recorder>(*this, key, node::StepLog::scope_of(req.path), std::move(rec),
-                                    std::move(res));
+  return recorder(req, key, std::move(scope), std::move(fp), std::move(res));
+}
+
+std::shared_ptr<Responder> IdempotencyCache::record(const Request& req,
+                                                    std::shared_ptr<Responder> res) {
+  if (!log_ || !known_) return res;
+  std::string scope = node::StepLog::scope_of(req.path);
+  if (scope.empty() || !known_(scope)) return res;
+  return recorder(req, "", std::move(scope), fingerprint(req), std::move(res));
+}
+
+void IdempotencyCache::fetch(const std::string& key, const std::string& scope,
+                             std::shared_ptr<Responder> res) {
+  auto t0 = SteadyClock::now();
+  auto none = [&] {
+    res->send_error(Error{Code::kNotFound, 0,
+                          "the log of sandbox " + scope + " has no call with key '" + key + "'"});
+  };
+  if (!log_) return none();
+  std::unique_lock lk(mu_);
+  if (auto it = flights_.find(key); it != flights_.end()) {
+    if (it->second->scope != scope) {
+      lk.unlock();
+      return none();
+    }
+    it->second->waiters.push_back({std::move(res), t0});
+    return;
+  }
+  auto loc = log_->find(key);
+  lk.unlock();
+  if (!loc) return none();
+  auto rec = log_->read(*loc, true);
+  if (rec && scope_of_target(rec->request.target) != scope) return none();
+  replay_record(*res, rec, t0);
 }
 
 void IdempotencyCache::finished(const std::string& key, const Result<void>& recorded) {
-  std::vector<std::shared_ptr<Responder>> waiters;
+  std::vector<Flight::Waiter> waiters;
   {
     std::lock_guard lk(mu_);
     auto it = flights_.find(key);
@@ -262,7 +358,7 @@ void IdempotencyCache::finished(const std::string& key, const Result<void>& reco
   if (waiters.empty()) return;
   if (!recorded) {
     for (auto& w : waiters)
-      w->send_error(Error{
+      w.res->send_error(Error{
           Code::kUnavailable, 0,
           "the first request with this key could not be recorded: " + recorded.error().message()});
     return;
@@ -271,7 +367,7 @@ void IdempotencyCache::finished(const std::string& key, const Result<void>& reco
   for (auto& w : waiters) {
     Result<node::StepRecord> rec =
         loc ? log_->read(*loc, true) : fail(Code::kInternal, "key not in the step log");
-    replay_record(*w, rec);
+    replay_record(*w.res, rec, w.since);
   }
 }
 

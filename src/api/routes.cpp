@@ -9,6 +9,8 @@
 #include "api/exec_stream.h"
 #include "common/json_util.h"
 #include "common/log.h"
+#include "common/path.h"
+#include "node/record_json.h"
 
 namespace tp::api {
 
@@ -69,33 +71,6 @@ class CountingResponder : public Responder {
   Metrics& m_;
 };
 
-json::object to_json(const SandboxRecord& r) {
-  json::object o;
-  o["id"] = r.id;
-  o["state"] = r.state;
-  o["tier"] = r.tier;
-  o["image"] = r.image;
-  o["node"] = r.node;
-  o["memory_mb"] = r.memory_mb;
-  o["cpus"] = r.cpus;
-  o["pids"] = r.pids;
-  o["disk_mb"] = r.disk_mb;
-  o["ttl_seconds"] = r.ttl_seconds;
-  o["idle_timeout_seconds"] = r.idle_timeout_seconds;
-  json::object labels, env;
-  for (const auto& [k, v] : r.labels) labels[k] = v;
-  for (const auto& [k, v] : r.env) env[k] = v;
-  o["labels"] = std::move(labels);
-  o["env"] = std::move(env);
-  o["created_at"] = json_util::rfc3339(r.created_at_ms);
-  o["expires_at"] = json_util::rfc3339(r.expires_at_ms);
-  if (r.ended_at_ms) {
-    o["ended_at"] = json_util::rfc3339(r.ended_at_ms);
-    o["end_reason"] = r.end_reason;
-  }
-  return o;
-}
-
 json::object entry_json(const node::FileEntry& e) {
   json::object j;
   j["name"] = e.name;
@@ -129,26 +104,27 @@ Result<std::string> file_path(const Request& req) {
 
 bool truthy(const std::string* v) { return v && (*v == "1" || *v == "true" || *v == "yes"); }
 
-// Splits a path into segments ("/a/b" -> {"a","b"}).
-std::vector<std::string_view> segments(std::string_view p) {
-  std::vector<std::string_view> out;
-  while (!p.empty()) {
-    if (p[0] == '/') {
-      p.remove_prefix(1);
-      continue;
-    }
-    auto s = p.find('/');
-    out.push_back(p.substr(0, s));
-    if (s == std::string_view::npos) break;
-    p.remove_prefix(s);
-  }
-  return out;
-}
-
 }  // namespace
 
 Api::Api(node::Service& mgr, Metrics& metrics) : mgr_(mgr), metrics_(metrics) {
   metrics_.set_state_source([this] { return mgr_.count_by_state(); });
+}
+
+void Api::set_step_log(std::shared_ptr<node::StepLog> log) {
+  idempotency_.set_log(std::move(log));
+  idempotency_.set_sandbox_known([this](const std::string& id) {
+    auto r = mgr_.get(id);
+    return r || r.error().code != Code::kNotFound;
+  });
+}
+
+void Api::set_trajectory_log(bool every_call) {
+  if (!every_call) return idempotency_.record_unkeyed(nullptr);
+  // Calls on a live sandbox: one that ended refuses them, and changes nothing.
+  idempotency_.record_unkeyed([this](const std::string& id) {
+    auto r = mgr_.get(id);
+    return r && (r->state == "creating" || r->state == "running" || r->state == "paused");
+  });
 }
 
 const std::vector<Api::Route>& Api::table() {
@@ -187,7 +163,7 @@ std::vector<RouteInfo> Api::routes() {
 }
 
 bool Api::takes_upload(const std::string& method, const std::string& path) {
-  auto s = segments(path);
+  auto s = path_segments(path);
   auto is = [&](std::initializer_list<std::string_view> want) {
     if (s.size() != want.size()) return false;
     size_t i = 0;
@@ -212,14 +188,16 @@ void Api::handle(Request& req, std::shared_ptr<Responder> raw) {
     if (key != req.headers.end()) {
       res = idempotency_.begin(req, key->second, std::move(res));
       if (!res) return;  // answered from the record, waiting for the first, or refused
+    } else {
+      res = idempotency_.record(req, std::move(res));  // the trajectory log, when on
     }
   }
   for (auto& p : providers_)
     if (p->handle(req, res)) return;
-  auto have = segments(req.path);
+  auto have = path_segments(req.path);
   bool path_matched = false;
   for (const auto& r : table()) {
-    auto want = segments(r.pattern);
+    auto want = path_segments(r.pattern);
     if (want.size() != have.size()) continue;
     Params params;
     bool ok = true;
@@ -399,7 +377,7 @@ void Api::create(Request& req, const Params&, std::shared_ptr<Responder> res) {
   if (!p) return res->send_error(p.error());
   mgr_.create(std::move(*p), [res](Result<SandboxRecord> r) {
     if (!r) return res->send_error(r.error());
-    res->send_json(201, to_json(*r));
+    res->send_json(201, node::sandbox_json(*r));
   });
 }
 
@@ -429,7 +407,7 @@ void Api::create_batch(Request& req, const Params&, std::shared_ptr<Responder> r
       for (size_t k = 0; k < acc->items.size(); ++k) {
         const auto& it = *acc->items[k];
         if (it) {
-          ok.push_back(to_json(*it));
+          ok.push_back(node::sandbox_json(*it));
         } else {
           errors.push_back(json::object{{"index", k},
                                         {"code", std::string(code_name(it.error().code))},
@@ -464,20 +442,20 @@ void Api::list(Request& req, const Params&, std::shared_ptr<Responder> res) {
   auto recs = mgr_.list(f);
   if (!recs) return res->send_error(recs.error());
   json::array arr;
-  for (const auto& r : *recs) arr.push_back(to_json(r));
+  for (const auto& r : *recs) arr.push_back(node::sandbox_json(r));
   res->send_json(200, json::object{{"sandboxes", std::move(arr)}});
 }
 
 void Api::get(Request&, const Params& p, std::shared_ptr<Responder> res) {
   auto r = mgr_.get(p[0]);
   if (!r) return res->send_error(r.error());
-  res->send_json(200, to_json(*r));
+  res->send_json(200, node::sandbox_json(*r));
 }
 
 void Api::destroy(Request&, const Params& p, std::shared_ptr<Responder> res) {
   mgr_.destroy(p[0], node::EndReason::kDeleted, [res](Result<SandboxRecord> r) {
     if (!r) return res->send_error(r.error());
-    res->send_json(200, to_json(*r));
+    res->send_json(200, node::sandbox_json(*r));
   });
 }
 
@@ -486,7 +464,16 @@ void Api::exec(Request& req, const Params& p, std::shared_ptr<Responder> res) {
   if (!body) return res->send_error(body.error());
   auto spec = parse_exec(*body, false);
   if (!spec) return res->send_error(spec.error());
+  bool finish = false;
+  if (auto d = req.headers.find("tidepool-on-disconnect"); d != req.headers.end()) {
+    if (d->second != "finish" && d->second != "kill")
+      return res->send_error(
+          Error{Code::kInvalidArgument, 0,
+                "Tidepool-On-Disconnect must be finish or kill, not '" + d->second + "'"});
+    finish = d->second == "finish";
+  }
   node::ExecParams ep = std::move(spec->params);
+  ep.step_tag = IdempotencyCache::step_tag(req);
   auto stream = &spec->stream;
   std::string id = p[0];
   node::ExecCallbacks cb;
@@ -518,14 +505,17 @@ void Api::exec(Request& req, const Params& p, std::shared_ptr<Responder> res) {
   auto exec_id = mgr_.exec(id, std::move(ep), std::move(cb));
   if (!exec_id) return res->send_error(exec_id.error());
   if (paced) paced->attach(*exec_id);
-  // A client that goes away mid-command must not leave the command running. With
-  // an Idempotency-Key the client may be retrying after a network fault: the
-  // command keeps running for a grace period and is killed only if no repeat of
-  // the key came to wait for its result, so a step is neither lost nor run twice.
+  // A client that goes away mid-command must not leave the command running. With an
+  // Idempotency-Key the client may be retrying after a network fault: the command
+  // keeps running for a grace period and is killed only if no repeat of the key came
+  // to wait for its result; with `Tidepool-On-Disconnect: finish` too (a trajectory's
+  // step) it runs to its end (its timeout, the sandbox's end), its result recorded
+  // for the client to fetch by key however late it comes back. Either way a step is
+  // neither lost nor run twice.
   auto key = req.headers.find("idempotency-key");
   if (key == req.headers.end()) {
     res->set_on_abort([this, id, eid = *exec_id] { mgr_.signal_exec(id, eid, 9); });
-  } else {
+  } else if (!finish) {
     res->set_on_abort([this, id, eid = *exec_id, k = key->second] {
       mgr_.after(kRetryGrace, [this, id, eid, k] {
         if (!idempotency_.has_waiters(k)) mgr_.signal_exec(id, eid, 9);
@@ -644,6 +634,7 @@ void Api::process_start(Request& req, const Params& p, std::shared_ptr<Responder
   if (!body) return res->send_error(body.error());
   auto spec = parse_exec(*body, true);
   if (!spec) return res->send_error(spec.error());
+  spec->params.step_tag = IdempotencyCache::step_tag(req);
   auto info = mgr_.start_process(p[0], std::move(spec->params));
   if (!info) return res->send_error(info.error());
   res->send_json(201, process_json(*info, false));

@@ -32,7 +32,8 @@ class RouteProvider {
 
 class Api {
  public:
-  // How long a keyed command whose client vanished waits for the client's retry.
+  // How long a keyed command whose client vanished waits for the client's retry
+  // (unless the call asked to finish: Tidepool-On-Disconnect).
   static constexpr auto kRetryGrace = std::chrono::seconds(5);
 
   Api(node::Service& mgr, Metrics& metrics);
@@ -40,7 +41,12 @@ class Api {
   // Providers are asked before the core routes, in the order added. Add before serving.
   void add_provider(std::shared_ptr<RouteProvider> p) { providers_.push_back(std::move(p)); }
   // Records keyed answers durably (see api/idempotency.h). Set before serving.
-  void set_step_log(std::shared_ptr<node::StepLog> log) { idempotency_.set_log(std::move(log)); }
+  void set_step_log(std::shared_ptr<node::StepLog> log);
+  // --trajectory-log on: calls without a key on live sandboxes are recorded too. Set
+  // before serving (after set_step_log).
+  void set_trajectory_log(bool every_call);
+  // The keyed answers (for the log routes' result-by-key).
+  IdempotencyCache& idempotency() { return idempotency_; }
   // Largest file or tar download (--max-download-mb). Downloads stream (api/download.h):
   // this bounds what one request may send, not what the daemon holds. Set before serving.
   void set_max_download(uint64_t bytes) { max_download_ = bytes; }
@@ -89,8 +95,10 @@ class Api {
 
   node::Service& mgr_;
   Metrics& metrics_;
-  std::vector<std::shared_ptr<RouteProvider>> providers_;
+  // Before the providers: they go first (a provider may hold the step log, whose last
+  // reference must go with idempotency_, which its writer's callbacks use).
   IdempotencyCache idempotency_;
+  std::vector<std::shared_ptr<RouteProvider>> providers_;
   uint64_t max_download_ = kDefaultMaxDownload;
   std::vector<std::string> tiers_{"container"};
 };

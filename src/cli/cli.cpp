@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <csignal>
 #include <cstdio>
@@ -90,6 +91,38 @@ Result<std::string> read_all(int fd, const std::string& what) {
   return out;
 }
 
+std::string json_string(const boost::json::object& o, std::string_view key) {
+  const auto* v = o.if_contains(key);
+  return v != nullptr && v->is_string() ? std::string(v->get_string()) : std::string();
+}
+
+std::optional<int64_t> json_int(const boost::json::object& o, std::string_view key) {
+  const auto* v = o.if_contains(key);
+  if (v == nullptr) return std::nullopt;
+  if (v->is_int64()) return v->get_int64();
+  if (v->is_uint64()) return static_cast<int64_t>(v->get_uint64());
+  if (v->is_double()) return static_cast<int64_t>(v->get_double());
+  return std::nullopt;
+}
+
+void print_table(const std::vector<std::vector<std::string>>& rows) {
+  if (rows.empty()) return;
+  std::vector<size_t> width(rows.front().size(), 0);
+  for (const auto& r : rows) {
+    for (size_t i = 0; i < r.size() && i < width.size(); ++i)
+      width[i] = std::max(width[i], r[i].size());
+  }
+  for (const auto& r : rows) {
+    std::string line;
+    for (size_t i = 0; i < r.size(); ++i) {
+      line += r[i];
+      if (i + 1 < r.size() && i < width.size())
+        line += std::string(width[i] - r[i].size() + 2, ' ');
+    }
+    std::printf("%s\n", line.c_str());
+  }
+}
+
 std::string sandbox_path(const std::string& id) {
   // Ids are DNS-label safe, but a typo must not become a different route.
   std::string enc = url_encode(id);
@@ -124,7 +157,8 @@ int main(int argc, char** argv) {
   app.fallthrough();  // `tidepool ls --url U` as well as `tidepool --url U ls`
   app.footer(
       "Exit status: 0 ok, 1 error (one line on stderr), 2 usage error; run and exec exit\n"
-      "with the command's code (128+N if killed by signal N, 124 on timeout).");
+      "with the command's code (128+N if killed by signal N, 124 on timeout); replay exits\n"
+      "3 when a step diverged.");
 
   std::vector<std::pair<CLI::App*, Action>> actions;
   auto add = [&](const char* name, Action (*fn)(CLI::App&, Context&)) {
@@ -139,6 +173,8 @@ int main(int argc, char** argv) {
   add("rm", add_rm);
   add("version", add_version);
   add("image", add_image);
+  add("log", add_log);
+  add("replay", add_replay);
 
   try {
     app.parse(argc, argv);

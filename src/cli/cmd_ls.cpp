@@ -108,18 +108,7 @@ Action add_ls(CLI::App& root, Context& ctx) {
     for (const auto& v : *list) {
       if (v.is_object()) rows.push_back(row_of(v.get_object(), now));
     }
-    std::vector<size_t> width(rows.front().size(), 0);
-    for (const auto& r : rows) {
-      for (size_t i = 0; i < r.size(); ++i) width[i] = std::max(width[i], r[i].size());
-    }
-    for (const auto& r : rows) {
-      std::string line;
-      for (size_t i = 0; i < r.size(); ++i) {
-        line += r[i];
-        if (i + 1 < r.size()) line += std::string(width[i] - r[i].size() + 2, ' ');
-      }
-      std::printf("%s\n", line.c_str());
-    }
+    print_table(rows);
     return kExitOk;
   };
 }

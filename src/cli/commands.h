@@ -56,6 +56,14 @@ int usage_error(const std::string& message);
 // Writes all bytes to fd (retrying short writes and EINTR). False on failure (EPIPE...).
 bool write_all(int fd, std::string_view data);
 
+// A string field of a JSON object ("" when absent or not a string).
+std::string json_string(const boost::json::object& o, std::string_view key);
+// A number field of a JSON object as an integer (nullopt when absent or not a number).
+std::optional<int64_t> json_int(const boost::json::object& o, std::string_view key);
+
+// Prints rows as columns two spaces apart, each as wide as its widest cell.
+void print_table(const std::vector<std::vector<std::string>>& rows);
+
 // Reads a whole fd (stdin, a file) into memory.
 Result<std::string> read_all(int fd, const std::string& what);
 
@@ -68,7 +76,9 @@ Action add_cp(CLI::App& root, Context& ctx);
 Action add_ls(CLI::App& root, Context& ctx);
 Action add_rm(CLI::App& root, Context& ctx);
 Action add_version(CLI::App& root, Context& ctx);
-Action add_image(CLI::App& root, Context& ctx);  // cmd_image.cpp
+Action add_image(CLI::App& root, Context& ctx);   // cmd_image.cpp
+Action add_log(CLI::App& root, Context& ctx);     // cmd_log.cpp
+Action add_replay(CLI::App& root, Context& ctx);  // cmd_replay.cpp
 
 // Flags that describe a new sandbox, shared by `create` and `run`.
 struct CreateFlags {

@@ -52,10 +52,17 @@ constexpr size_t kMaxProcs = 1024;
 // ExecRequest::meta of a command: what a restarted daemon needs to take it over.
 //   {"kind":"exec"}  a request's command (its client is gone after a restart: killed)
 //   {"kind":"process","handle":N,"argv":[..],"started_ms":T,"limit":L}  a background process
-std::string exec_meta() { return R"({"kind":"exec"})"; }
-std::string process_meta(const ProcessInfo& i, uint64_t limit) {
+// Either may carry "step": ExecParams::step_tag, the keyed call it answers.
+std::string exec_meta(const std::string& step_tag) {
+  json::object o;
+  o["kind"] = "exec";
+  if (!step_tag.empty()) o["step"] = step_tag;
+  return json::serialize(o);
+}
+std::string process_meta(const ProcessInfo& i, uint64_t limit, const std::string& step_tag) {
   json::object o;
   o["kind"] = "process";
+  if (!step_tag.empty()) o["step"] = step_tag;
   o["handle"] = i.pid;
   json::array a;
   for (const auto& s : i.argv) a.emplace_back(json::string(s));
@@ -99,8 +106,10 @@ void proc_output(const std::shared_ptr<BgProc>& bg, int stream, std::string_view
     append_capped(bg->out_fd, bg->limit, &bg->out_bytes, data);
 }
 
-void proc_done(const std::shared_ptr<BgProc>& bg, Result<ExecOutcome> r) {
+void proc_done(const std::shared_ptr<BgProc>& bg, Result<ExecOutcome> r, const std::string& id,
+               const ProcessExitHook& on_exit) {
   std::vector<std::function<void()>> waiters;
+  ProcessInfo snap;
   {
     std::lock_guard lk(bg->mu);
     bg->info.exited = true;
@@ -110,8 +119,10 @@ void proc_done(const std::shared_ptr<BgProc>& bg, Result<ExecOutcome> r) {
       bg->info.error = r.error();
     bg->close_files();
     waiters.swap(bg->waiters);
+    snap = bg->info;
   }
   for (auto& w : waiters) w();
+  if (on_exit) on_exit(id, snap);
 }
 
 bool is_pooled(Sandbox& sb) {
@@ -328,6 +339,11 @@ Result<bool> SandboxManager::adopt_one(SandboxRecord r) {
         const json::object* o = (!ec && m.is_object()) ? &m.as_object() : nullptr;
         const json::value* kind = o ? o->if_contains("kind") : nullptr;
         const json::value* handle = o ? o->if_contains("handle") : nullptr;
+        const json::value* step = o ? o->if_contains("step") : nullptr;
+        auto step_lost = [&](uint32_t pid) {
+          if (step && step->is_string() && opts_.on_step_lost)
+            opts_.on_step_lost(r.id, std::string(step->as_string()), pid);
+        };
         if (kind && kind->is_string() && kind->as_string() == "process" && handle &&
             handle->is_int64()) {
           auto bg = std::make_shared<BgProc>();
@@ -342,11 +358,13 @@ Result<bool> SandboxManager::adopt_one(SandboxRecord r) {
             bg->limit = l->to_number<uint64_t>();
           bg->exec_id = c.id;
           attach_proc(sb, bg);
+          step_lost(bg->info.pid);
         } else {
           ExecHandlers h;
           h.on_done = [](Result<ExecResult>) {};
           (void)sb->agent->attach(c.id, std::move(h));
           sb->agent->signal(c.id, 9);
+          step_lost(0);
         }
       }
       TP_SB_INFO(r.id, "adopted from a previous run");
@@ -429,23 +447,23 @@ void SandboxManager::attach_proc(const std::shared_ptr<Sandbox>& sb, std::shared
   }
   ExecHandlers h;
   h.on_output = [bg](int stream, std::string_view data) { proc_output(bg, stream, data); };
-  h.on_done = [sb, bg](Result<ExecResult> r) {
+  h.on_done = [sb, bg, hook = opts_.on_process_exit](Result<ExecResult> r) {
     {
       std::lock_guard lk(sb->mu);
       sb->running_execs--;
       sb->last_active_ms = now_ms();
     }
-    if (!r) return proc_done(bg, std::unexpected(r.error()));
+    if (!r) return proc_done(bg, std::unexpected(r.error()), sb->id(), hook);
     ExecOutcome o;
     o.result = *r;
-    proc_done(bg, o);
+    proc_done(bg, o, sb->id(), hook);
   };
   if (auto a = sb->agent->attach(bg->exec_id, std::move(h)); !a) {
     {
       std::lock_guard lk(sb->mu);
       sb->running_execs--;
     }
-    proc_done(bg, std::unexpected(a.error()));
+    proc_done(bg, std::unexpected(a.error()), sb->id(), opts_.on_process_exit);
   }
 }
 
@@ -744,6 +762,7 @@ void SandboxManager::agent_ready(std::shared_ptr<Sandbox> sb, RecordCb cb, Sandb
       metrics_.creations++;
       metrics_.create_seconds.observe(static_cast<double>(mono_us() - start_us) / 1e6);
       TP_SB_INFO(snap.id, "running (pid {})", sb->inst->pid());
+      if (opts_.on_created) opts_.on_created(snap);
       answer(snap);
       return done();
     }
@@ -1292,7 +1311,8 @@ void SandboxManager::destroy(const std::string& id, EndReason reason, RecordCb c
 Result<uint32_t> SandboxManager::exec(const std::string& id, ExecParams p, ExecCallbacks cb) {
   auto sb = find_for_request(id);
   if (!sb) return std::unexpected(not_live_error(id));
-  return start_exec(sb, std::move(p), std::move(cb), exec_meta());
+  std::string meta = exec_meta(p.step_tag);
+  return start_exec(sb, std::move(p), std::move(cb), std::move(meta));
 }
 
 Result<uint32_t> SandboxManager::start_exec(const std::shared_ptr<Sandbox>& sb, ExecParams p,
@@ -1439,8 +1459,10 @@ Result<ProcessInfo> SandboxManager::start_process(const std::string& id, ExecPar
   }
   ExecCallbacks cb;
   cb.on_output = [bg](int stream, std::string_view data) { proc_output(bg, stream, data); };
-  cb.on_done = [bg](Result<ExecOutcome> r) { proc_done(bg, std::move(r)); };
-  std::string meta = process_meta(bg->info, bg->limit);
+  cb.on_done = [bg, id, hook = opts_.on_process_exit](Result<ExecOutcome> r) {
+    proc_done(bg, std::move(r), id, hook);
+  };
+  std::string meta = process_meta(bg->info, bg->limit, p.step_tag);
   auto eid = start_exec(sb, std::move(p), std::move(cb), std::move(meta));
   if (!eid) {
     std::lock_guard lk(bg->mu);

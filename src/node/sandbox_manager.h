@@ -72,6 +72,8 @@ namespace tp::node {
 
 // Resolves an image reference ("name:version", ...). Called on a blocking thread.
 using ImageResolver = std::function<Result<ResolvedImage>(const std::string& image)>;
+// A background process of sandbox `id` ended (info.outcome or info.error is set).
+using ProcessExitHook = std::function<void(const std::string& id, const ProcessInfo& info)>;
 
 struct ManagerOptions {
   std::string node_name = "n0";
@@ -91,6 +93,18 @@ struct ManagerOptions {
   // Called once a sandbox's final record is stored (the step log starts its
   // retention clock then). Any thread.
   std::function<void(const std::string& id)> on_ended;
+  // Called once a sandbox runs and its record is stored, before its create is
+  // answered, on a blocking thread; it may block briefly (the trajectory log makes
+  // the creation durable then).
+  std::function<void(const control::SandboxRecord& rec)> on_created;
+  // Called when a background process ends, after its waiters were answered. Any thread.
+  ProcessExitHook on_process_exit;
+  // Called by recover() for a command of a keyed call (ExecParams::step_tag) that a
+  // previous run started and never answered: a request's command, stopped now (pid
+  // 0), or a background process, adopted (its handle). The trajectory log records
+  // the call's outcome then, so that its retry is not run again. Before serving.
+  std::function<void(const std::string& id, const std::string& step_tag, uint32_t pid)>
+      on_step_lost;
   // One host uid range per sandbox (node/uid_ranges.h): allocated before the
   // record is stored, recorded in it, held again for adopted sandboxes, freed
   // once the sandbox is destroyed. Unset = every sandbox gets the backend's

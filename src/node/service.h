@@ -80,6 +80,10 @@ struct ExecParams {
   bool stdin_open = false;  // background processes: keep stdin open for process_stdin()
   // > 0: output is paced by credit_exec() (ExecRequest::window).
   uint64_t window = 0;
+  // Opaque note of the keyed call this command answers (the trajectory log's), kept
+  // with the command by the agent: a restarted daemon that finds the command still
+  // there hands it to ManagerOptions::on_step_lost. Empty for calls without a key.
+  std::string step_tag;
 };
 
 // What an exec reports at its end (agent result plus what the node adds).

@@ -6,9 +6,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <array>
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <set>
 #include <unordered_set>
 
@@ -18,172 +19,14 @@
 namespace tp::node {
 
 namespace fs = std::filesystem;
+using namespace step_format;
 
 namespace {
 
-constexpr char kFileMagic[8] = {'T', 'P', 'S', 'T', 'E', 'P', 'S', '\n'};
-constexpr uint32_t kVersion = 1;
-constexpr size_t kFileHeader = 16;
-constexpr uint32_t kRecordMagic = 0x52535054;  // "TPSR" little-endian
-constexpr size_t kRecordHeader = 12;
-constexpr uint32_t kMaxRecord = 256u << 20;  // sanity bound on len
-constexpr uint8_t kKindAnswered = 1;
+constexpr size_t kMaxPrealloc = 1 << 20;
+constexpr size_t kSyncThreads = 7;  // with the writer: 8 logs synced at once
 
-enum Tag : uint16_t {
-  kKey = 1,
-  kMethod = 2,
-  kTarget = 3,
-  kBodySha = 4,
-  kBodyLen = 5,
-  kRequestBody = 6,
-  kStatus = 10,
-  kContentType = 11,
-  kAnswer = 12,
-  kAnswerSide = 13,
-  kAnswerLen = 14,
-  kAnswerCrc = 15,
-  kStarted = 20,
-  kFinished = 21,
-};
-
-std::array<uint32_t, 256> make_table() {
-  std::array<uint32_t, 256> t{};
-  for (uint32_t i = 0; i < 256; ++i) {
-    uint32_t c = i;
-    for (int k = 0; k < 8; ++k) c = (c & 1) ? (c >> 1) ^ 0x82F63B78u : c >> 1;
-    t[i] = c;
-  }
-  return t;
-}
-
-void put_u32(std::string& s, uint32_t v) {
-  for (int i = 0; i < 4; ++i) s.push_back(static_cast<char>(v >> (8 * i)));
-}
-void put_u64(std::string& s, uint64_t v) {
-  for (int i = 0; i < 8; ++i) s.push_back(static_cast<char>(v >> (8 * i)));
-}
-uint32_t get_u32(const char* p) {
-  uint32_t v = 0;
-  for (int i = 0; i < 4; ++i)
-    v |= static_cast<uint32_t>(static_cast<unsigned char>(p[i])) << (8 * i);
-  return v;
-}
-uint64_t get_u64(const char* p) {
-  uint64_t v = 0;
-  for (int i = 0; i < 8; ++i)
-    v |= static_cast<uint64_t>(static_cast<unsigned char>(p[i])) << (8 * i);
-  return v;
-}
-void field(std::string& s, uint16_t tag, std::string_view v) {
-  s.push_back(static_cast<char>(tag));
-  s.push_back(static_cast<char>(tag >> 8));
-  put_u32(s, static_cast<uint32_t>(v.size()));
-  s.append(v);
-}
-void field_u64(std::string& s, uint16_t tag, uint64_t v) {
-  std::string b;
-  put_u64(b, v);
-  field(s, tag, b);
-}
-
-std::string encode(const StepRecord& r, bool answer_inline, const std::string& answer) {
-  std::string p;
-  p.push_back(static_cast<char>(kKindAnswered));
-  field(p, kKey, r.key);
-  field(p, kMethod, r.request.method);
-  field(p, kTarget, r.request.target);
-  field(p, kBodySha, r.request.body_sha256);
-  field_u64(p, kBodyLen, r.request.body_len);
-  if (r.request_body) field(p, kRequestBody, *r.request_body);
-  std::string st;
-  put_u32(st, static_cast<uint32_t>(r.status));
-  field(p, kStatus, st);
-  field(p, kContentType, r.content_type);
-  if (answer_inline)
-    field(p, kAnswer, answer);
-  else
-    field(p, kAnswerSide, r.answer_side);
-  field_u64(p, kAnswerLen, r.answer_len);
-  std::string crc;
-  put_u32(crc, r.answer_crc);
-  field(p, kAnswerCrc, crc);
-  field_u64(p, kStarted, static_cast<uint64_t>(r.started_us));
-  field_u64(p, kFinished, static_cast<uint64_t>(r.finished_us));
-  std::string rec;
-  rec.reserve(kRecordHeader + p.size());
-  put_u32(rec, kRecordMagic);
-  put_u32(rec, static_cast<uint32_t>(p.size()));
-  put_u32(rec, crc32c(crc32c(0, rec.data() + 4, 4), p.data(), p.size()));
-  rec += p;
-  return rec;
-}
-
-Result<StepRecord> decode(std::string_view p) {
-  if (p.empty() || static_cast<uint8_t>(p[0]) != kKindAnswered)
-    return fail(Code::kInternal, "step record of an unknown kind");
-  StepRecord r;
-  size_t i = 1;
-  while (i < p.size()) {
-    if (p.size() - i < 6) return fail(Code::kInternal, "step record field cut short");
-    uint16_t tag = static_cast<uint16_t>(static_cast<unsigned char>(p[i]) |
-                                         (static_cast<unsigned char>(p[i + 1]) << 8));
-    uint32_t n = get_u32(p.data() + i + 2);
-    i += 6;
-    if (p.size() - i < n) return fail(Code::kInternal, "step record field cut short");
-    std::string_view v = p.substr(i, n);
-    i += n;
-    auto u64 = [&] { return v.size() == 8 ? get_u64(v.data()) : 0; };
-    switch (tag) {
-      case kKey:
-        r.key = v;
-        break;
-      case kMethod:
-        r.request.method = v;
-        break;
-      case kTarget:
-        r.request.target = v;
-        break;
-      case kBodySha:
-        r.request.body_sha256 = v;
-        break;
-      case kBodyLen:
-        r.request.body_len = u64();
-        break;
-      case kRequestBody:
-        r.request_body = std::string(v);
-        break;
-      case kStatus:
-        r.status = v.size() == 4 ? static_cast<int>(get_u32(v.data())) : 0;
-        break;
-      case kContentType:
-        r.content_type = v;
-        break;
-      case kAnswer:
-        r.answer = v;
-        break;
-      case kAnswerSide:
-        r.answer_side = v;
-        break;
-      case kAnswerLen:
-        r.answer_len = u64();
-        break;
-      case kAnswerCrc:
-        r.answer_crc = v.size() == 4 ? get_u32(v.data()) : 0;
-        break;
-      case kStarted:
-        r.started_us = static_cast<int64_t>(u64());
-        break;
-      case kFinished:
-        r.finished_us = static_cast<int64_t>(u64());
-        break;
-      default:
-        break;  // a field of a later version
-    }
-  }
-  return r;
-}
-
-int64_t now_us() {
+int64_t system_now_us() {
   return std::chrono::duration_cast<std::chrono::microseconds>(
              std::chrono::system_clock::now().time_since_epoch())
       .count();
@@ -233,32 +76,32 @@ Result<void> ensure_dir(const std::string& dir, bool* created) {
   return sys_fail("mkdir " + dir);
 }
 
-std::string file_header() {
-  std::string h(kFileMagic, sizeof kFileMagic);
-  put_u32(h, kVersion);
-  put_u32(h, 0);
-  return h;
+// True when the file holds only zeros from `from` to its end (blocks allocated, or
+// preallocated, but never written).
+Result<bool> zeros_to_end(int fd, uint64_t from, uint64_t size) {
+  std::string buf;
+  while (from < size) {
+    size_t n = static_cast<size_t>(std::min<uint64_t>(size - from, 1 << 20));
+    buf.resize(n);
+    TP_TRY(pread_all(fd, buf.data(), n, from));
+    if (buf.find_first_not_of('\0') != std::string::npos) return false;
+    from += n;
+  }
+  return true;
+}
+
+void set_mtime(const std::string& path, int64_t us) {
+  struct timespec ts[2];
+  ts[0].tv_sec = ts[1].tv_sec = us / 1000000;
+  ts[0].tv_nsec = ts[1].tv_nsec = (us % 1000000) * 1000;
+  ::utimensat(AT_FDCWD, path.c_str(), ts, 0);
+}
+
+std::string log_name(const std::string& scope) {
+  return scope.empty() ? "global.log" : "steps.log";
 }
 
 }  // namespace
-
-uint32_t crc32c(uint32_t crc, const void* data, size_t n) {
-  static const auto kTable = make_table();
-  auto p = static_cast<const unsigned char*>(data);
-  crc = ~crc;
-  while (n--) crc = kTable[(crc ^ *p++) & 0xff] ^ (crc >> 8);
-  return ~crc;
-}
-
-std::string StepFingerprint::describe() const {
-  static constexpr char kHex[] = "0123456789abcdef";
-  std::string h;
-  for (unsigned char c : body_sha256.substr(0, 8)) {
-    h.push_back(kHex[c >> 4]);
-    h.push_back(kHex[c & 15]);
-  }
-  return fmt::format("{} {} (body sha256:{}..., {} bytes)", method, target, h, body_len);
-}
 
 // ---- side files ---------------------------------------------------------------
 
@@ -282,37 +125,139 @@ Result<void> StepSideFile::write(std::string_view data) {
 
 struct StepLog::File {
   int fd = -1;
-  uint64_t size = 0;
+  uint64_t allocated = 0;  // the file's size: records, then preallocated zeros
   std::string dir, path;
   ~File() {
     if (fd >= 0) ::close(fd);
   }
 };
 
+// fdatasync of several files at once: concurrent flushes are merged by the block layer,
+// so a batch that touched N sandboxes' logs costs about one flush, not N in a row.
+class StepLog::SyncPool {
+ public:
+  explicit SyncPool(size_t threads) {
+    for (size_t i = 0; i < threads; ++i) threads_.emplace_back([this] { work(); });
+  }
+  ~SyncPool() {
+    {
+      std::lock_guard lk(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    for (auto& t : threads_) t.join();
+  }
+  // errno of each fd's fdatasync (0: synced), in the order given.
+  std::vector<int> sync(const std::vector<int>& fds) {
+    std::vector<int> err(fds.size(), 0);
+    auto one = [](int fd) { return ::fdatasync(fd) == 0 ? 0 : errno; };
+    if (fds.size() <= 1 || threads_.empty()) {
+      for (size_t i = 0; i < fds.size(); ++i) err[i] = one(fds[i]);
+      return err;
+    }
+    size_t left = fds.size() - 1;
+    std::mutex m;
+    std::condition_variable done;
+    {
+      std::lock_guard lk(mu_);
+      for (size_t i = 1; i < fds.size(); ++i)
+        jobs_.push_back([&, i] {
+          int e = one(fds[i]);
+          std::lock_guard l(m);
+          err[i] = e;
+          if (--left == 0) done.notify_all();
+        });
+    }
+    cv_.notify_all();
+    err[0] = one(fds[0]);
+    std::unique_lock l(m);
+    done.wait(l, [&] { return left == 0; });
+    return err;
+  }
+
+ private:
+  void work() {
+    std::unique_lock lk(mu_);
+    for (;;) {
+      cv_.wait(lk, [&] { return stop_ || !jobs_.empty(); });
+      if (jobs_.empty()) return;
+      auto job = std::move(jobs_.front());
+      jobs_.pop_front();
+      lk.unlock();
+      job();
+      lk.lock();
+    }
+  }
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> jobs_;
+  bool stop_ = false;
+  std::vector<std::thread> threads_;
+};
+
 struct StepLog::Pending {
+  enum class Op { kRecord, kTrim };
+  Op op = Op::kRecord;
   uint32_t log = 0;
   StepRecord rec;
   std::string answer;
   std::unique_ptr<StepSideFile> side;
+  std::unique_ptr<StepSideFile> request_side;
   Done done;
 };
 
-StepLog::StepLog(Options opts) : opts_(std::move(opts)) {}
+struct StepLog::Log {
+  std::string scope;
+  bool loaded = false;  // read at open, or created since
+  uint64_t end = 0;     // where the next record goes; 0 = no file yet
+  uint64_t next_seq = 1;
+  std::vector<std::pair<uint64_t, uint64_t>> seqs;  // (seq, offset), ascending
+  uint64_t side_bytes = 0;
+  uint64_t allocated = 0;  // the file's size when this writer last wrote it (0: unknown)
+  size_t grow = 0;         // next preallocated piece
+  bool ended = false;      // its "ended" event is in it
+  bool closed = false;     // its sandbox ended and everything queued before was written
+  bool unusable = false;   // a newer format (or unreadable): left alone, never written
+  int holds = 0;
+  std::vector<Pending> deferred;  // after_calls events (and trims) waiting for holds == 0
+  std::vector<std::function<void()>> waiters;
+};
+
+StepLog::StepLog(Options opts)
+    : opts_(std::move(opts)), sync_pool_(std::make_unique<SyncPool>(kSyncThreads)) {}
 
 StepLog::~StepLog() {
   {
     std::lock_guard lk(mu_);
     stop_ = true;
+    // Deferred events of sandboxes still held go now: the writer drains everything queued.
+    for (auto& l : logs_)
+      for (auto& p : l->deferred) pending_.push_back(std::move(p));
   }
   cv_.notify_all();
   if (writer_.joinable()) writer_.join();
+  // A clean stop leaves no preallocated zeros behind (after a crash, open cuts them).
+  files_.clear();
+  for (auto& l : logs_) {
+    if (!l->loaded || l->unusable || l->end < kFileHeader) continue;
+    std::string path = dir_of(l->scope) + "/" + log_name(l->scope);
+    struct stat st {};
+    if (::stat(path.c_str(), &st) == 0 && static_cast<uint64_t>(st.st_size) > l->end &&
+        ::truncate(path.c_str(), static_cast<off_t>(l->end)) == 0) {
+      // Its mtime is its retention clock: the trim does not move it.
+      struct timespec ts[2] = {st.st_atim, st.st_mtim};
+      ::utimensat(AT_FDCWD, path.c_str(), ts, 0);
+    }
+  }
 }
+
+int64_t StepLog::now_us() const { return opts_.clock ? opts_.clock() : system_now_us(); }
 
 Result<std::unique_ptr<StepLog>> StepLog::open(Options opts) {
   std::unique_ptr<StepLog> log(new StepLog(std::move(opts)));
   TP_TRY(ensure_dir(log->opts_.data_dir + "/sandboxes", nullptr));
   TP_TRY(ensure_dir(log->opts_.data_dir + "/steps", nullptr));
-  log->scopes_.push_back("");
+  log->logs_.push_back(std::make_unique<Log>());
   log->scope_ids_[""] = 0;
   log->is_live_ = log->opts_.is_live;
   log->sweep();
@@ -359,15 +304,12 @@ std::string StepLog::dir_of(const std::string& scope) const {
   return scope.empty() ? opts_.data_dir + "/steps" : opts_.data_dir + "/sandboxes/" + scope;
 }
 
-namespace {
-std::string log_name(const std::string& scope) {
-  return scope.empty() ? "global.log" : "steps.log";
-}
-}  // namespace
-
 uint32_t StepLog::log_id_locked(const std::string& scope) {
-  auto [it, fresh] = scope_ids_.try_emplace(scope, static_cast<uint32_t>(scopes_.size()));
-  if (fresh) scopes_.push_back(scope);
+  auto [it, fresh] = scope_ids_.try_emplace(scope, static_cast<uint32_t>(logs_.size()));
+  if (fresh) {
+    logs_.push_back(std::make_unique<Log>());
+    logs_.back()->scope = scope;
+  }
   return it->second;
 }
 
@@ -387,7 +329,12 @@ Result<void> StepLog::load_all() {
       std::lock_guard lk(mu_);
       id = log_id_locked(s);
     }
-    if (auto r = load(id); !r) spdlog::error("step log of {}: {}", s, r.error().message());
+    if (auto r = load(id); !r) {
+      spdlog::error("step log of {}: {}; it is left as it is and not written", s,
+                    r.error().message());
+      std::lock_guard lk(mu_);
+      logs_[id]->unusable = true;
+    }
   }
   return {};
 }
@@ -397,7 +344,8 @@ Result<void> StepLog::load(uint32_t log) {
   std::string scope;
   {
     std::lock_guard lk(mu_);
-    scope = scopes_[log];
+    scope = logs_[log]->scope;
+    logs_[log]->loaded = true;
   }
   std::string dir = dir_of(scope);
   std::string path = dir + "/" + log_name(scope);
@@ -421,48 +369,61 @@ Result<void> StepLog::load(uint32_t log) {
   std::vector<Good> good;
   uint64_t end = kFileHeader;  // end of the last good record
   bool damaged = false, torn = false;
-  char hb[kFileHeader];
+  std::string hb(kFileHeader, '\0');
   if (size < kFileHeader) {
     torn = true;  // a crash while the file was being created
     end = 0;
-  } else if (auto r = pread_all(fd, hb, kFileHeader, 0);
-             !r || std::memcmp(hb, kFileMagic, sizeof kFileMagic) != 0) {
+  } else if (auto r = pread_all(fd, hb.data(), kFileHeader, 0); !r) {
+    return r;
+  } else if (auto v = parse_file_header(hb); !v) {
+    if (std::memcmp(hb.data(), kFileMagic, sizeof kFileMagic) == 0)
+      return std::unexpected(v.error());  // a newer format: not ours to repair
     damaged = true;
     end = 0;
     spdlog::error("step log {}: bad file header", path);
   } else {
+    if (*v < kVersion) {
+      // Version 1 records are valid version 2 records: only the header changes.
+      auto h = file_header();
+      if (auto w = pwrite_all(fd, h.data(), h.size(), 0); !w) return w;
+      if (::fdatasync(fd) != 0) return sys_fail("fdatasync " + path);
+      spdlog::info("step log {}: version {} read and marked version {}", path, *v, kVersion);
+    }
     std::string payload;
     while (end < size) {
       uint64_t left = size - end;
       char rh[kRecordHeader];
       if (left < kRecordHeader) {
-        torn = true;
+        auto z = zeros_to_end(fd, end, size);
+        if (!z) return std::unexpected(z.error());
+        if (!*z) torn = true;  // else: the preallocated tail (the log ends here)
         break;
       }
       TP_TRY(pread_all(fd, rh, kRecordHeader, end));
       uint32_t magic = get_u32(rh), len = get_u32(rh + 4), crc = get_u32(rh + 8);
-      if (magic == kRecordMagic && len <= kMaxRecord && len > left - kRecordHeader) {
+      if (magic == 0 && len == 0 && crc == 0) {
+        auto z = zeros_to_end(fd, end, size);
+        if (!z) return std::unexpected(z.error());
+        if (*z) break;  // the preallocated tail
+      }
+      bool sane = magic == kRecordMagic && len <= kMaxRecord;
+      if (sane && len > left - kRecordHeader) {
         torn = true;  // its length reaches past the end: cut short by a crash
         break;
       }
-      bool ok = magic == kRecordMagic && len <= kMaxRecord;
+      bool ok = sane;
       if (ok) {
         payload.resize(len);
         TP_TRY(pread_all(fd, payload.data(), len, end + kRecordHeader));
-        ok = crc32c(crc32c(0, rh + 4, 4), payload.data(), len) == crc;
+        ok = record_crc(payload) == crc;
       }
       Result<StepRecord> rec = ok ? decode(payload) : fail(Code::kInternal, "bad record");
       if (!rec) {
-        // The last record, or zeros to the end (blocks allocated but never written),
-        // is a torn tail; anything else is damage in the middle.
-        bool last =
-            ok || (magic == kRecordMagic && len <= kMaxRecord && end + kRecordHeader + len == size);
-        if (!last && magic == 0) {
-          std::string rest(left, '\0');
-          TP_TRY(pread_all(fd, rest.data(), left, end));
-          last = rest.find_first_not_of('\0') == std::string::npos;
-        }
-        if (last)
+        // The last record, or one followed only by zeros (a preallocated tail, or blocks
+        // allocated but never written), is a torn tail; anything else is damage.
+        auto zeros = zeros_to_end(fd, sane ? end + kRecordHeader + len : end, size);
+        if (!zeros) return std::unexpected(zeros.error());
+        if (ok || *zeros)
           torn = true;
         else
           damaged = true;
@@ -513,7 +474,7 @@ Result<void> StepLog::load(uint32_t log) {
       return r;
     }
     if (damaged) {
-      std::string aside = fmt::format("{}.damaged-{}", path, now_us() / 1000000);
+      std::string aside = fmt::format("{}.damaged-{}", path, system_now_us() / 1000000);
       if (::rename(path.c_str(), aside.c_str()) != 0)
         spdlog::error("keep {}: {}", aside, strerror(errno));
       else
@@ -529,18 +490,28 @@ Result<void> StepLog::load(uint32_t log) {
     TP_TRY(sync_dir(dir));
     size = end = off;
     std::erase_if(good, [](const Good& g) { return g.len == 0; });
-  } else if (torn) {
-    spdlog::warn("step log {}: torn final record at offset {} truncated ({} bytes)", path, end,
-                 size - end);
-    if (::ftruncate(fd, static_cast<off_t>(end)) != 0 || ::fdatasync(fd) != 0)
+  } else if (torn || end < size) {
+    if (torn)
+      spdlog::warn("step log {}: torn final record at offset {} cut away ({} bytes to the end)",
+                   path, end, size - end);
+    if (::ftruncate(f->fd, static_cast<off_t>(end)) != 0 || ::fdatasync(f->fd) != 0)
       return sys_fail("truncate " + path);
   }
-  f->size = end;
+  f->allocated = end;
 
   // Side files that no record names were left by a crash before their record.
   std::set<std::string> named;
-  for (const auto& g : good)
-    if (!g.rec.answer_side.empty()) named.insert(g.rec.answer_side);
+  uint64_t side_bytes = 0;
+  for (const auto& g : good) {
+    if (!g.rec.answer_side.empty()) {
+      named.insert(g.rec.answer_side);
+      side_bytes += g.rec.answer_len;
+    }
+    if (!g.rec.request_side.empty()) {
+      named.insert(g.rec.request_side);
+      side_bytes += g.rec.request.body_len;
+    }
+  }
   if (DIR* d = ::opendir((dir + "/steps.d").c_str())) {
     while (auto* e = ::readdir(d)) {
       std::string n = e->d_name;
@@ -551,8 +522,21 @@ Result<void> StepLog::load(uint32_t log) {
   }
   {
     std::lock_guard lk(mu_);
-    for (const auto& g : good)
-      if (!g.rec.key.empty()) index_[g.rec.key] = StepLocation{log, g.off, g.rec.finished_us};
+    Log& l = *logs_[log];
+    l.end = end;
+    l.side_bytes = side_bytes;
+    l.seqs.clear();
+    uint64_t seq = 0;
+    for (auto& g : good) {
+      // Version 1 records carry no seq: it is their place in the file.
+      if (g.rec.seq <= seq) g.rec.seq = seq + 1;
+      seq = g.rec.seq;
+      l.seqs.emplace_back(seq, g.off);
+      if (g.rec.kind == StepKind::kEvent && g.rec.event == "ended") l.ended = l.closed = true;
+      if (g.rec.kind == StepKind::kCall && !g.rec.key.empty())
+        index_[g.rec.key] = StepLocation{log, g.off, g.rec.finished_us};
+    }
+    l.next_seq = seq + 1;
   }
   if (log == 0) {  // only the node-wide log stays open (see commit)
     std::lock_guard lk(files_mu_);
@@ -578,50 +562,160 @@ bool StepLog::full() {
   return index_.size() >= opts_.max_keys;
 }
 
+Result<StepRecord> StepLog::read_at(int fd, const std::string& path, uint64_t offset) {
+  char rh[kRecordHeader];
+  TP_TRY(pread_all(fd, rh, kRecordHeader, offset));
+  uint32_t len = get_u32(rh + 4);
+  if (get_u32(rh) != kRecordMagic || len > kMaxRecord)
+    return fail(Code::kInternal, "step log " + path + ": bad record header");
+  std::string payload(len, '\0');
+  TP_TRY(pread_all(fd, payload.data(), len, offset + kRecordHeader));
+  if (record_crc(payload) != get_u32(rh + 8))
+    return fail(Code::kInternal, "step log " + path + ": bad record checksum");
+  return decode(payload);
+}
+
+Result<void> StepLog::read_side(const std::string& dir, const std::string& name, uint64_t len,
+                                std::string* out) {
+  std::string sp = dir + "/steps.d/" + name;
+  int sfd = ::open(sp.c_str(), O_RDONLY | O_CLOEXEC);
+  if (sfd < 0) return sys_fail("open " + sp);
+  out->resize(len);
+  auto rr = pread_all(sfd, out->data(), len, 0);
+  ::close(sfd);
+  return rr;
+}
+
 Result<StepRecord> StepLog::read(const StepLocation& loc, bool with_answer) {
   std::string scope;
   {
     std::lock_guard lk(mu_);
-    if (loc.log >= scopes_.size()) return fail(Code::kInternal, "no such step log");
-    scope = scopes_[loc.log];
+    if (loc.log >= logs_.size()) return fail(Code::kInternal, "no such step log");
+    scope = logs_[loc.log]->scope;
   }
   std::string dir = dir_of(scope);
   std::string path = dir + "/" + log_name(scope);
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return sys_fail("open " + path);
-  auto close_fd = [fd] { ::close(fd); };
-  char rh[kRecordHeader];
-  auto r = pread_all(fd, rh, kRecordHeader, loc.offset);
-  if (!r) return close_fd(), std::unexpected(r.error());
-  uint32_t len = get_u32(rh + 4);
-  if (get_u32(rh) != kRecordMagic || len > kMaxRecord)
-    return close_fd(), fail(Code::kInternal, "step log " + path + ": bad record header");
-  std::string payload(len, '\0');
-  r = pread_all(fd, payload.data(), len, loc.offset + kRecordHeader);
-  close_fd();
-  if (!r) return std::unexpected(r.error());
-  if (crc32c(crc32c(0, rh + 4, 4), payload.data(), len) != get_u32(rh + 8))
-    return fail(Code::kInternal, "step log " + path + ": bad record checksum");
-  auto rec = decode(payload);
+  auto rec = read_at(fd, path, loc.offset);
+  ::close(fd);
   if (!rec) return rec;
   if (!with_answer) {
     rec->answer.clear();
     return rec;
   }
-  if (!rec->answer_side.empty()) {
-    std::string sp = dir + "/steps.d/" + rec->answer_side;
-    int sfd = ::open(sp.c_str(), O_RDONLY | O_CLOEXEC);
-    if (sfd < 0) return sys_fail("open " + sp);
-    rec->answer.resize(rec->answer_len);
-    auto rr = pread_all(sfd, rec->answer.data(), rec->answer_len, 0);
-    ::close(sfd);
-    if (!rr) return std::unexpected(rr.error());
-  }
+  if (!rec->answer_side.empty())
+    TP_TRY(read_side(dir, rec->answer_side, rec->answer_len, &rec->answer));
   if (rec->answer.size() != rec->answer_len ||
       crc32c(0, rec->answer.data(), rec->answer.size()) != rec->answer_crc)
     return fail(Code::kInternal,
                 "step log " + path + ": answer of key does not match its checksum");
   return rec;
+}
+
+StepLogInfo StepLog::info(const std::string& scope) {
+  std::lock_guard lk(mu_);
+  StepLogInfo i;
+  auto it = scope_ids_.find(scope);
+  if (it == scope_ids_.end()) return i;
+  const Log& l = *logs_[it->second];
+  i.exists = l.end >= kFileHeader;
+  i.last_seq = l.seqs.empty() ? 0 : l.seqs.back().first;
+  i.records = l.seqs.size();
+  i.bytes = (i.exists ? l.end : 0) + l.side_bytes;
+  i.ended = l.ended;
+  i.closed = l.closed;
+  i.busy = l.holds > 0 || !l.deferred.empty();
+  return i;
+}
+
+Result<std::vector<StepRecord>> StepLog::list(const std::string& scope, uint64_t after,
+                                              size_t limit, bool with_answer,
+                                              uint64_t max_answer_bytes) {
+  std::vector<std::pair<uint64_t, uint64_t>> want;
+  {
+    std::lock_guard lk(mu_);
+    auto it = scope_ids_.find(scope);
+    if (it == scope_ids_.end()) return std::vector<StepRecord>{};
+    const Log& l = *logs_[it->second];
+    auto from = std::upper_bound(l.seqs.begin(), l.seqs.end(),
+                                 std::make_pair(after, std::numeric_limits<uint64_t>::max()));
+    for (; from != l.seqs.end() && want.size() < limit; ++from) want.push_back(*from);
+  }
+  std::vector<StepRecord> out;
+  if (want.empty()) return out;
+  std::string dir = dir_of(scope);
+  std::string path = dir + "/" + log_name(scope);
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return sys_fail("open " + path);
+  uint64_t answers = 0;
+  for (const auto& [seq, off] : want) {
+    auto rec = read_at(fd, path, off);
+    if (!rec) {
+      ::close(fd);
+      return std::unexpected(rec.error());
+    }
+    rec->seq = seq;
+    if (with_answer) {
+      answers += rec->answer_len;
+      if (answers > max_answer_bytes && !out.empty()) break;
+    }
+    if (with_answer && !rec->answer_side.empty()) {
+      if (auto r = read_side(dir, rec->answer_side, rec->answer_len, &rec->answer); !r) {
+        ::close(fd);
+        return std::unexpected(r.error());
+      }
+    }
+    out.push_back(std::move(*rec));
+  }
+  ::close(fd);
+  return out;
+}
+
+Result<std::optional<std::string>> StepLog::request_body(const std::string& scope,
+                                                         const StepRecord& rec) {
+  if (rec.request_body) return rec.request_body;
+  if (rec.request_side.empty()) {
+    if (rec.request.body_len == 0) return std::optional<std::string>(std::string());
+    return std::optional<std::string>();
+  }
+  std::string body;
+  TP_TRY(read_side(dir_of(scope), rec.request_side, rec.request.body_len, &body));
+  return std::optional<std::string>(std::move(body));
+}
+
+void StepLog::when_after(const std::string& scope, uint64_t after, std::function<void()> cb) {
+  {
+    std::lock_guard lk(mu_);
+    Log& l = *logs_[log_id_locked(scope)];
+    bool now = l.closed || l.ended || (!l.seqs.empty() && l.seqs.back().first > after);
+    if (!now) {
+      l.waiters.push_back(std::move(cb));
+      return;
+    }
+  }
+  cb();
+}
+
+void StepLog::drop_waiters() {
+  std::vector<std::function<void()>> gone;
+  {
+    std::lock_guard fl(fire_mu_);
+    std::lock_guard lk(mu_);
+    for (auto& l : logs_) fire_waiters_locked(*l, &gone);
+  }
+}
+
+void StepLog::fire(std::vector<std::function<void()>>& wake) {
+  if (wake.empty()) return;
+  std::lock_guard fl(fire_mu_);
+  for (auto& w : wake) w();
+  wake.clear();
+}
+
+void StepLog::fire_waiters_locked(Log& l, std::vector<std::function<void()>>* out) {
+  for (auto& w : l.waiters) out->push_back(std::move(w));
+  l.waiters.clear();
 }
 
 Result<std::unique_ptr<StepSideFile>> StepLog::new_side(const std::string& scope) {
@@ -635,7 +729,7 @@ Result<std::unique_ptr<StepSideFile>> StepLog::new_side(const std::string& scope
   }
   auto s = std::unique_ptr<StepSideFile>(new StepSideFile);
   s->dir_ = dir + "/steps.d";
-  s->name_ = fmt::format("{:x}-{:x}.body", now_us(), seq);
+  s->name_ = fmt::format("{:x}-{:x}.body", system_now_us(), seq);
   s->fd_ =
       ::open((s->dir_ + "/" + s->name_).c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
   if (s->fd_ < 0) {
@@ -675,17 +769,69 @@ Result<void> StepLog::append_sync(const std::string& scope, StepRecord rec, std:
   return *out;
 }
 
+void StepLog::append_event(const std::string& scope, std::string event, std::string detail_json,
+                           bool after_calls, Done done) {
+  Pending p;
+  p.rec.kind = StepKind::kEvent;
+  p.rec.event = std::move(event);
+  p.rec.detail = std::move(detail_json);
+  p.rec.finished_us = now_us();
+  p.done = std::move(done);
+  {
+    std::lock_guard lk(mu_);
+    p.log = log_id_locked(scope);
+    Log& l = *logs_[p.log];
+    if (after_calls && l.holds > 0 && !stop_) {
+      l.deferred.push_back(std::move(p));
+      return;
+    }
+    pending_.push_back(std::move(p));
+  }
+  cv_.notify_all();
+}
+
+void StepLog::hold(const std::string& scope) {
+  std::lock_guard lk(mu_);
+  logs_[log_id_locked(scope)]->holds++;
+}
+
+void StepLog::release(const std::string& scope) {
+  {
+    std::lock_guard lk(mu_);
+    Log& l = *logs_[log_id_locked(scope)];
+    if (l.holds > 0) l.holds--;
+    if (l.holds > 0 || l.deferred.empty()) return;
+    for (auto& p : l.deferred) pending_.push_back(std::move(p));
+    l.deferred.clear();
+  }
+  cv_.notify_all();
+}
+
 Result<StepLog::File*> StepLog::file_for(uint32_t log) {
   auto& f = files_[log];
   if (f && f->fd >= 0) return f.get();
   std::string scope;
+  uint64_t end, allocated;
   {
     std::lock_guard lk(mu_);
-    scope = scopes_[log];
+    const Log& l = *logs_[log];
+    if (l.unusable)
+      return fail(Code::kInternal, "this step log is not written (see the error at start)");
+    scope = l.scope;
+    end = l.end;
+    allocated = l.allocated;
   }
   f = std::make_unique<File>();
   f->dir = dir_of(scope);
   f->path = f->dir + "/" + log_name(scope);
+  if (end >= kFileHeader && allocated >= end) {
+    // The usual case: a log this writer wrote before, of a known size.
+    f->fd = ::open(f->path.c_str(), O_RDWR | O_CLOEXEC);
+    if (f->fd >= 0) {
+      f->allocated = allocated;
+      return f.get();
+    }
+  }
   bool created_dir = false;
   // The sandbox manager removes a sandbox's directory when it ends, if it is empty by
   // then (rmdir): between our mkdir and open it may have, so make it again. Once the
@@ -698,14 +844,21 @@ Result<StepLog::File*> StepLog::file_for(uint32_t log) {
   if (f->fd < 0) return sys_fail("open " + f->path);
   struct stat st {};
   if (::fstat(f->fd, &st) != 0) return sys_fail("stat " + f->path);
-  f->size = static_cast<uint64_t>(st.st_size);
-  if (f->size < kFileHeader) {
+  f->allocated = static_cast<uint64_t>(st.st_size);
+  if (end < kFileHeader || f->allocated < kFileHeader) {
+    // A new log (or one removed by retention since): a fresh file.
     auto h = file_header();
     TP_TRY(pwrite_all(f->fd, h.data(), h.size(), 0));
     if (::ftruncate(f->fd, kFileHeader) != 0) return sys_fail("truncate " + f->path);
-    f->size = kFileHeader;
+    if (::fdatasync(f->fd) != 0) return sys_fail("fdatasync " + f->path);
+    f->allocated = kFileHeader;
     TP_TRY(sync_dir(f->dir));  // the new file's name
     if (created_dir) TP_TRY(sync_dir(fs::path(f->dir).parent_path().string()));
+    std::lock_guard lk(mu_);
+    Log& l = *logs_[log];
+    l.end = kFileHeader;
+    l.next_seq = l.seqs.empty() ? 1 : l.seqs.back().first + 1;
+    l.loaded = true;
   }
   return f.get();
 }
@@ -713,20 +866,34 @@ Result<StepLog::File*> StepLog::file_for(uint32_t log) {
 void StepLog::commit(std::vector<Pending>& batch) {
   std::vector<Result<void>> results(batch.size());
   std::vector<uint64_t> offsets(batch.size(), 0);
+  std::vector<std::function<void()>> wake;
   {
     std::lock_guard fl(files_mu_);
-    // 1. Answers too big to go inline go to side files, made durable before any
-    //    record that names them.
+    // 1. Bodies too big to go inline go to side files, made durable before any record
+    //    that names them.
     std::set<std::string> side_dirs;
+    auto scope_of_log = [&](uint32_t log) {
+      std::lock_guard lk(mu_);
+      return logs_[log]->scope;
+    };
     for (size_t i = 0; i < batch.size(); ++i) {
       auto& p = batch[i];
-      if (!p.side && p.answer.size() > opts_.inline_max) {
-        std::string scope;
-        {
-          std::lock_guard lk(mu_);
-          scope = scopes_[p.log];
+      if (p.op != Pending::Op::kRecord) continue;
+      if (p.rec.kind == StepKind::kCall && p.rec.request_body &&
+          p.rec.request_body->size() > opts_.inline_max) {
+        auto s = new_side(scope_of_log(p.log));
+        if (s && (*s)->write(*p.rec.request_body)) {
+          side_dirs.insert((*s)->dir_);
+          p.rec.request_side = (*s)->name_;
+          p.request_side = std::move(*s);
+        } else {
+          results[i] = s ? sys_fail("write the request's side file") : std::unexpected(s.error());
+          continue;
         }
-        auto s = new_side(scope);
+      }
+      if (p.rec.kind != StepKind::kCall) continue;
+      if (!p.side && p.answer.size() > opts_.inline_max) {
+        auto s = new_side(scope_of_log(p.log));
         if (!s) {
           results[i] = std::unexpected(s.error());
           continue;
@@ -740,8 +907,6 @@ void StepLog::commit(std::vector<Pending>& batch) {
       if (p.side) {
         if (p.side->failed_)
           results[i] = fail(Code::kInternal, "writing the answer's side file failed");
-        else if (::fdatasync(p.side->fd_) != 0)
-          results[i] = sys_fail("fdatasync side file");
         side_dirs.insert(p.side->dir_);
         p.rec.answer_side = p.side->name_;
         p.rec.answer_len = p.side->size_;
@@ -752,39 +917,122 @@ void StepLog::commit(std::vector<Pending>& batch) {
         p.rec.answer_crc = crc32c(0, p.answer.data(), p.answer.size());
       }
     }
+    {
+      // The side files' data, all at once; then their directories' names.
+      std::vector<int> fds;
+      std::vector<size_t> of;
+      for (size_t i = 0; i < batch.size(); ++i) {
+        if (!results[i]) continue;
+        for (auto* side : {batch[i].side.get(), batch[i].request_side.get()})
+          if (side) {
+            fds.push_back(side->fd_);
+            of.push_back(i);
+          }
+      }
+      auto err = sync_pool_->sync(fds);
+      for (size_t k = 0; k < fds.size(); ++k)
+        if (err[k] && results[of[k]]) results[of[k]] = sys_fail("fdatasync side file", err[k]);
+    }
     for (const auto& d : side_dirs) {
       auto r = sync_dir(d);
       if (!r)
         for (size_t i = 0; i < batch.size(); ++i)
-          if (batch[i].side && batch[i].side->dir_ == d && results[i]) results[i] = r;
+          if (results[i] && ((batch[i].side && batch[i].side->dir_ == d) ||
+                             (batch[i].request_side && batch[i].request_side->dir_ == d)))
+            results[i] = r;
     }
-    // 2. The records, then one fdatasync per log touched.
-    std::set<File*> touched;
+    // 2. The records at each log's end (growing its preallocated space as needed), then
+    //    one fdatasync per log touched. State changes only once that succeeded.
+    struct Tentative {
+      File* f = nullptr;
+      uint64_t start = 0, end = 0, seq = 0;
+      size_t grow = 0;
+      std::vector<size_t> items;
+      Result<void> synced;
+    };
+    std::map<uint32_t, Tentative> touched;
     for (size_t i = 0; i < batch.size(); ++i) {
       auto& p = batch[i];
-      if (!results[i]) continue;
+      if (!results[i] || p.op != Pending::Op::kRecord) continue;
       auto f = file_for(p.log);
       if (!f) {
         results[i] = std::unexpected(f.error());
         continue;
       }
+      auto [it, fresh] = touched.try_emplace(p.log);
+      Tentative& t = it->second;
+      if (fresh) {
+        std::lock_guard lk(mu_);
+        const Log& l = *logs_[p.log];
+        t.f = *f;
+        t.start = t.end = l.end;
+        t.seq = l.next_seq;
+        t.grow = l.grow ? l.grow : opts_.prealloc;
+      }
+      p.rec.seq = t.seq;
       std::string bytes = encode(p.rec, !p.side, p.answer);
-      if (auto r = pwrite_all((*f)->fd, bytes.data(), bytes.size(), (*f)->size); !r) {
-        // Leave no partial record behind for the next append to follow.
-        if (::ftruncate((*f)->fd, static_cast<off_t>((*f)->size)) != 0)
-          spdlog::error("step log {}: cannot cut a failed append: {}", (*f)->path, strerror(errno));
+      if (t.end + bytes.size() > t.f->allocated && opts_.prealloc > 0) {
+        // Zeros, written once: later appends overwrite allocated blocks.
+        uint64_t want = std::max<uint64_t>(t.end + bytes.size(), t.f->allocated + t.grow);
+        std::string zeros(static_cast<size_t>(want - t.f->allocated), '\0');
+        if (pwrite_all(t.f->fd, zeros.data(), zeros.size(), t.f->allocated)) t.f->allocated = want;
+        t.grow = std::min(t.grow * 2, kMaxPrealloc);
+      }
+      if (auto r = pwrite_all(t.f->fd, bytes.data(), bytes.size(), t.end); !r) {
         results[i] = r;
         continue;
       }
-      offsets[i] = (*f)->size;
-      (*f)->size += bytes.size();
-      touched.insert(*f);
+      t.f->allocated = std::max(t.f->allocated, t.end + bytes.size());
+      offsets[i] = t.end;
+      t.end += bytes.size();
+      t.seq++;
+      t.items.push_back(i);
     }
-    for (File* f : touched) {
-      if (::fdatasync(f->fd) == 0) continue;
-      auto err = sys_fail("fdatasync " + f->path);
-      for (size_t i = 0; i < batch.size(); ++i)
-        if (results[i] && files_[batch[i].log].get() == f) results[i] = err;
+    std::vector<int> fds;
+    for (auto& [log, t] : touched) fds.push_back(t.f->fd);
+    auto err = sync_pool_->sync(fds);
+    size_t k = 0;
+    for (auto& [log, t] : touched) {
+      if (err[k++] == 0) continue;
+      t.synced = sys_fail("fdatasync " + t.f->path, err[k - 1]);
+      // Nothing of the batch counts: the next append overwrites it.
+      std::string zeros(static_cast<size_t>(t.end - t.start), '\0');
+      (void)pwrite_all(t.f->fd, zeros.data(), zeros.size(), t.start);
+      for (size_t i : t.items) results[i] = t.synced;
+    }
+    {
+      std::lock_guard lk(mu_);
+      for (auto& [log, t] : touched) {
+        if (!t.synced) continue;
+        Log& l = *logs_[log];
+        l.end = t.end;
+        l.next_seq = t.seq;
+        l.grow = t.grow;
+        l.allocated = t.f->allocated;
+        for (size_t i : t.items) {
+          auto& p = batch[i];
+          l.seqs.emplace_back(p.rec.seq, offsets[i]);
+          if (p.side) l.side_bytes += p.rec.answer_len;
+          if (p.request_side) l.side_bytes += p.rec.request.body_len;
+          if (p.rec.kind == StepKind::kEvent && p.rec.event == "ended") l.ended = true;
+        }
+        fire_waiters_locked(l, &wake);
+      }
+    }
+    // Trims: a sandbox that ended gives back its preallocated tail; its followers may end.
+    for (auto& p : batch) {
+      if (p.op != Pending::Op::kTrim) continue;
+      std::lock_guard lk(mu_);
+      Log& l = *logs_[p.log];
+      if (l.end >= kFileHeader && !l.unusable) {
+        std::string path = dir_of(l.scope) + "/" + log_name(l.scope);
+        if (::truncate(path.c_str(), static_cast<off_t>(l.end)) != 0 && errno != ENOENT)
+          spdlog::warn("step log {}: truncate: {}", path, strerror(errno));
+        set_mtime(path, p.rec.finished_us);  // its retention starts when its sandbox ended
+        l.allocated = l.end;
+      }
+      l.closed = true;
+      fire_waiters_locked(l, &wake);
     }
     // A sandbox's log is opened per batch: no descriptor stays open per sandbox
     // (the open costs little next to the fdatasync).
@@ -793,17 +1041,24 @@ void StepLog::commit(std::vector<Pending>& batch) {
   {
     std::lock_guard lk(mu_);
     for (size_t i = 0; i < batch.size(); ++i) {
-      if (!results[i]) continue;
-      if (batch[i].side) batch[i].side->kept_ = true;
-      if (!batch[i].rec.key.empty())
-        index_[batch[i].rec.key] = StepLocation{batch[i].log, offsets[i], batch[i].rec.finished_us};
+      auto& p = batch[i];
+      if (!results[i] || p.op != Pending::Op::kRecord) continue;
+      if (p.side) p.side->kept_ = true;
+      if (p.request_side) p.request_side->kept_ = true;
+      if (p.rec.kind == StepKind::kCall && !p.rec.key.empty())
+        index_[p.rec.key] = StepLocation{p.log, offsets[i], p.rec.finished_us};
     }
   }
+  fire(wake);
   for (size_t i = 0; i < batch.size(); ++i) {
+    auto& p = batch[i];
     if (!results[i])
-      spdlog::error("step log: key {}: {}", batch[i].rec.key, results[i].error().message());
-    batch[i].side.reset();
-    if (batch[i].done) batch[i].done(std::move(results[i]), std::move(batch[i].answer));
+      spdlog::error("step log: {} {}: {}", p.rec.kind == StepKind::kEvent ? "event" : "key",
+                    p.rec.kind == StepKind::kEvent ? p.rec.event : p.rec.key,
+                    results[i].error().message());
+    p.side.reset();
+    p.request_side.reset();
+    if (p.done) p.done(std::move(results[i]), std::move(p.answer));
   }
 }
 
@@ -838,12 +1093,22 @@ void StepLog::run() {
 void StepLog::sandbox_ended(const std::string& sandbox_id) {
   if (!ids::valid_sandbox_id(sandbox_id)) return;
   std::string path = dir_of(sandbox_id) + "/steps.log";
-  // The log's mtime is when its retention starts.
-  ::utimensat(AT_FDCWD, path.c_str(), nullptr, 0);
-  std::lock_guard fl(files_mu_);
-  std::lock_guard lk(mu_);
-  auto it = scope_ids_.find(sandbox_id);
-  if (it != scope_ids_.end()) files_.erase(it->second);
+  int64_t now = now_us();
+  set_mtime(path, now);  // the log's mtime is when its retention starts
+  // Its preallocated tail goes once what is queued for it (its ended event) is written.
+  Pending p;
+  p.op = Pending::Op::kTrim;
+  p.rec.finished_us = now;
+  {
+    std::lock_guard lk(mu_);
+    p.log = log_id_locked(sandbox_id);
+    Log& l = *logs_[p.log];
+    if (l.holds > 0 && !stop_)
+      l.deferred.push_back(std::move(p));
+    else
+      pending_.push_back(std::move(p));
+  }
+  cv_.notify_all();
 }
 
 void StepLog::set_is_live(IsLive f) {
@@ -857,7 +1122,9 @@ void StepLog::sweep() {
     std::lock_guard lk(mu_);
     live = is_live_;
   }
-  auto now = std::chrono::system_clock::now();
+  int64_t now = now_us();
+  int64_t retention_us =
+      std::chrono::duration_cast<std::chrono::microseconds>(opts_.retention).count();
   std::vector<std::string> expired;
   std::string top = opts_.data_dir + "/sandboxes";
   if (DIR* d = ::opendir(top.c_str())) {
@@ -868,15 +1135,15 @@ void StepLog::sweep() {
       std::string p = top + "/" + n + "/steps.log";
       if (::stat(p.c_str(), &st) != 0 && ::stat((top + "/" + n + "/steps.d").c_str(), &st) != 0)
         continue;
-      auto mtime = std::chrono::system_clock::time_point(std::chrono::seconds(st.st_mtim.tv_sec));
-      if (now - mtime < opts_.retention) continue;
+      int64_t mtime = static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000 + st.st_mtim.tv_nsec / 1000;
+      if (now - mtime < retention_us) continue;
       if (live && live(n)) continue;
       expired.push_back(n);
     }
     ::closedir(d);
   }
-  int64_t horizon =
-      now_us() - std::chrono::duration_cast<std::chrono::microseconds>(opts_.retention).count();
+  int64_t horizon = now - retention_us;
+  std::vector<std::function<void()>> wake;
   std::lock_guard fl(files_mu_);
   std::unordered_set<uint32_t> gone;
   {
@@ -886,6 +1153,15 @@ void StepLog::sweep() {
       if (it == scope_ids_.end()) continue;
       gone.insert(it->second);
       files_.erase(it->second);
+      Log& l = *logs_[it->second];
+      l.end = 0;
+      l.seqs.clear();
+      l.side_bytes = 0;
+      l.allocated = 0;
+      l.grow = 0;
+      l.ended = false;
+      l.closed = true;  // removed: its followers stop
+      fire_waiters_locked(l, &wake);
     }
     std::erase_if(index_, [&](const auto& kv) {
       return gone.count(kv.second.log) || (kv.second.log == 0 && kv.second.finished_us < horizon);
@@ -907,6 +1183,7 @@ void StepLog::sweep() {
     ::rmdir(dir.c_str());  // fails, and stays, while it holds anything else
     spdlog::info("step log of {} removed (retention)", n);
   }
+  fire(wake);
 }
 
 }  // namespace tp::node

@@ -1,57 +1,51 @@
-// StepLog: the durable record of every answered call that carried an
-// Idempotency-Key, one append-only file per sandbox (the start of the
-// per-sandbox trajectory log) plus one node-wide file for calls about no single
-// sandbox (create, batch, images). docs/step-log.md describes the same format.
+// StepLog: the trajectory log. Per sandbox, an append-only, ordered, durable record of
+// every state-changing call (with its request, its complete answer, timing and caller)
+// and of what the node did to it (created, a background process ended, ended); plus one
+// node-wide file for keyed calls about no single sandbox (create, batch, images).
+// docs/trajectory-log.md describes the format (node/step_format.h is its codec) and
+// the semantics.
 //
 // Layout under <data_dir>:
-//   sandboxes/<id>/steps.log         records of calls on sandbox <id>
-//   sandboxes/<id>/steps.d/<n>.body  answers larger than inline_max (side files)
+//   sandboxes/<id>/steps.log         records of sandbox <id>, seq 1, 2, ... in order
+//   sandboxes/<id>/steps.d/<n>.body  answers and request bodies larger than inline_max
 //   steps/global.log, steps/steps.d/ the node-wide log and its side files
 //
-// File = a 16-byte file header, then records back to back:
-//   file header   "TPSTEPS\n" (8 bytes) | u32 version (=1) | u32 flags (=0)
-//   record        u32 magic 0x52535054 ("TPSR") | u32 len | u32 crc | payload[len]
-//                 crc = CRC32C over the 4 bytes of len, then the payload
-//   payload       u8 kind (1 = an answered call), then fields until the end:
-//                 u16 tag | u32 size | value[size]
-// All integers are little-endian. Readers skip fields whose tag they do not know,
-// so later versions add fields (the full trajectory log: request headers, calls
-// without a key, replay markers) without breaking old files. Tags of kind 1:
-//    1 key            bytes (empty for a call without a key, once they are logged)
-//    2 method         bytes            3 target   bytes (path and query, as sent)
-//    4 body_sha256    32 bytes         5 body_len u64
-//    6 request_body   bytes, present when body_len <= inline_max (replay input)
-//   10 status         u32              11 content_type bytes
-//   12 answer         bytes, the answer body when it is <= inline_max
-//   13 answer_side    bytes, the side file's name (in steps.d/) otherwise
-//   14 answer_len     u64              15 answer_crc u32 (CRC32C of the answer body)
-//   20 started_us     i64 (unix us)    21 finished_us i64 (unix us)
+// Durability: a side file is written and fdatasync'ed (and its directory fsync'ed)
+// before the record naming it is appended; a record is appended and the log
+// fdatasync'ed before append()'s callback runs, i.e. before the caller sends the
+// answer. One writer thread does every append: the records that arrive while it syncs
+// are written and synced together (group commit), the logs of a batch at once (their
+// flushes merge in the block layer). A log grows in preallocated pieces
+// (zeros written and synced once), so that an append overwrites allocated blocks and
+// its fdatasync need not commit a new file size; the zeros after the last record are
+// cut away when its sandbox ends, and at open.
 //
-// Durability: a side file is written and fdatasync'ed (and its directory
-// fsync'ed) before the record naming it is appended; a record is appended and
-// the log fdatasync'ed before append()'s callback runs, i.e. before the caller
-// sends the answer. One writer thread does every append: the records that
-// arrive while it syncs are written and synced together (group commit).
+// Recovery (open): each log is read record by record. A final record cut short (a crash
+// mid-write: too few bytes for its header or its len, or a bad crc on a record followed
+// only by zeros) is cut away and never returned. A bad record in the middle (or a bad
+// file header) stops the reading there: the error is logged, the file is kept as
+// steps.log.damaged-<unix s> for inspection, and a fresh steps.log holds the good
+// records before the damage. A file of a newer format is left alone (and never
+// written). Side files no record names (a crash between side file and record) are
+// deleted. Version 1 files are read and their header is rewritten as version 2 (their
+// records are valid version 2 records; their seq is their place in the file).
 //
-// Recovery (open): each log is read record by record. A final record cut short
-// (crash mid-write: too few bytes for its header or its len, or a bad crc on the
-// last record) is truncated away and never returned. A bad record in the middle
-// (or a bad file header) stops the reading there: the error is logged, the file
-// is kept as steps.log.damaged-<unix s> for inspection, and a fresh steps.log
-// holds the good records before the damage (later ones are lost to the index).
-// Side files no record names (a crash between side file and record) are deleted.
+// Memory: the key index key -> (log, offset, finish time), at most max_keys entries,
+// and per log the offset of each seq; records and answers are read from disk when
+// asked for.
 //
-// Memory: only an index key -> (log, offset, finish time) is kept, at most
-// max_keys entries; answers are read from disk when asked for.
+// Ordering: seq follows the order of append() calls per log. A sandbox's "ended" event
+// (append_event with after_calls) waits until every call of that sandbox that was
+// being answered (hold/release) has been appended, so every call that ran is before it.
 //
-// Retention: a sandbox's log is deleted once the sandbox is not live (the
-// is_live callback) and its log was last written or ended (sandbox_ended())
-// more than `retention` ago; checked at open and then periodically by the
-// writer thread. Keys of the node-wide log are forgotten after `retention`;
-// the file itself is compacted at open (records older than retention dropped).
+// Retention: a sandbox's log is deleted once the sandbox is not live (the is_live
+// callback) and its log was last written or ended (sandbox_ended()) more than
+// `retention` ago; checked at open and then periodically by the writer thread. Keys of
+// the node-wide log are forgotten after `retention`; the file itself is compacted at
+// open (records older than retention dropped). Time comes from Options::clock.
 //
-// Thread rules: every method is safe from any thread. Callbacks of append() run
-// on the writer thread and must not block for long.
+// Thread rules: every method is safe from any thread. Callbacks (append's done,
+// when_after's) run on the writer thread or the caller's and must not block for long.
 #pragma once
 
 #include <chrono>
@@ -59,6 +53,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -69,35 +64,9 @@
 #include <vector>
 
 #include "common/result.h"
+#include "node/step_format.h"
 
 namespace tp::node {
-
-uint32_t crc32c(uint32_t crc, const void* data, size_t n);
-
-// What identifies a call: a repeat with the same key must match all of it.
-struct StepFingerprint {
-  std::string method;
-  std::string target;       // path and query
-  std::string body_sha256;  // 32 raw bytes
-  uint64_t body_len = 0;
-  bool operator==(const StepFingerprint&) const = default;
-  // "POST /v1/x (body sha256:ab12..., 17 bytes)"
-  std::string describe() const;
-};
-
-struct StepRecord {
-  std::string key;
-  StepFingerprint request;
-  std::optional<std::string> request_body;  // kept when small
-  int status = 0;
-  std::string content_type;
-  uint64_t answer_len = 0;
-  uint32_t answer_crc = 0;
-  std::string answer_side;  // side file name, empty when inline
-  std::string answer;       // the body (read(): when asked for)
-  int64_t started_us = 0;
-  int64_t finished_us = 0;
-};
 
 // Where a record is: which log, at which offset.
 struct StepLocation {
@@ -106,8 +75,19 @@ struct StepLocation {
   int64_t finished_us = 0;
 };
 
-// An answer body being written straight to a side file (a streamed answer), so
-// that it never sits whole in memory. Owned by one caller at a time.
+// What a log holds at the moment.
+struct StepLogInfo {
+  bool exists = false;    // a file with at least its header
+  uint64_t last_seq = 0;  // 0: no record
+  uint64_t records = 0;
+  uint64_t bytes = 0;   // records and side files (not the preallocated zeros)
+  bool ended = false;   // its "ended" event is in it
+  bool closed = false;  // its sandbox ended and what was queued for it then is written
+  bool busy = false;    // calls are being answered, or an event waits for them
+};
+
+// A body being written straight to a side file (a streamed answer), so that it never
+// sits whole in memory. Owned by one caller at a time.
 class StepSideFile {
  public:
   ~StepSideFile();
@@ -126,14 +106,20 @@ class StepSideFile {
 
 class StepLog {
  public:
+  using Clock = std::function<int64_t()>;  // unix microseconds
+  using IsLive = std::function<bool(const std::string& sandbox_id)>;
   struct Options {
     std::string data_dir;
     std::chrono::seconds retention{24 * 3600};
     size_t max_keys = 1'000'000;
     size_t inline_max = 64 << 10;
-    std::function<bool(const std::string& sandbox_id)> is_live;  // see set_is_live
+    IsLive is_live;  // see set_is_live
+    Clock clock;     // default: the system clock (tests pass a fake one)
+    // First preallocated piece of a log; it doubles up to 1 MiB as the log grows. 0: none.
+    size_t prealloc = 64 << 10;
+    // Request bodies up to this size are kept (replay input); larger ones only by digest.
+    size_t max_request_body = 16 << 20;
   };
-  using IsLive = std::function<bool(const std::string& sandbox_id)>;
 
   // Reads every log under data_dir (recovering torn tails), deletes what retention
   // allows, and starts the writer thread.
@@ -148,25 +134,57 @@ class StepLog {
   // "90s", "30m", "24h", "7d" or plain seconds.
   static Result<std::chrono::seconds> parse_duration(std::string_view s);
 
+  int64_t now_us() const;
+
+  // ---- keys
   std::optional<StepLocation> find(const std::string& key);
   // Reads a record; with_answer also reads the answer body (from its side file).
   Result<StepRecord> read(const StepLocation& loc, bool with_answer);
-  size_t size();
+  size_t size();  // keys indexed
   bool full();
   size_t inline_max() const { return opts_.inline_max; }
+  size_t max_request_body() const { return opts_.max_request_body; }
 
+  // ---- a sandbox's log in order
+  StepLogInfo info(const std::string& scope);
+  // The records with seq > after, in order, at most `limit` of them; with_answer also
+  // reads each answer from its side file, and stops before the record whose answer
+  // would bring their total past max_answer_bytes (the first one always comes).
+  Result<std::vector<StepRecord>> list(const std::string& scope, uint64_t after, size_t limit,
+                                       bool with_answer, uint64_t max_answer_bytes = UINT64_MAX);
+  // The request body of a call record (inline or from its side file); nullopt when it
+  // was not kept (larger than the recorded maximum).
+  Result<std::optional<std::string>> request_body(const std::string& scope, const StepRecord& rec);
+  // Runs cb once when the log of `scope` has a record with seq > after, or is ended
+  // or removed: at once (on this thread) if it has, else on the writer thread.
+  void when_after(const std::string& scope, uint64_t after, std::function<void()> cb);
+  // Forgets every when_after callback; once it returns none runs (the owner of the
+  // callbacks is going away).
+  void drop_waiters();
+
+  // ---- appending
   // Starts a side file for an answer of `scope` (a streamed answer).
   Result<std::unique_ptr<StepSideFile>> new_side(const std::string& scope);
-  // Appends rec durably; `answer` is the body when `side` is null (it goes inline
-  // or into a new side file by size) and is handed back to `done` with the result.
+  // Appends rec durably; `answer` is the body when `side` is null (it goes inline or
+  // into a new side file by size) and is handed back to `done` with the result. A
+  // request body larger than inline_max goes to a side file. rec.seq is assigned.
   using Done = std::function<void(Result<void>, std::string answer)>;
   void append(const std::string& scope, StepRecord rec, std::string answer,
               std::unique_ptr<StepSideFile> side, Done done);
   // Blocking append, for tests and tools.
   Result<void> append_sync(const std::string& scope, StepRecord rec, std::string answer);
+  // Appends an event (kind 2) to a sandbox's log. after_calls: only once no call of the
+  // sandbox is held (see hold()), so that it follows every call being answered.
+  void append_event(const std::string& scope, std::string event, std::string detail_json,
+                    bool after_calls, Done done = nullptr);
+  // A call of `scope` is being answered: an after_calls event waits for its release,
+  // which the caller makes once its record was handed to append().
+  void hold(const std::string& scope);
+  void release(const std::string& scope);
 
-  // Sandbox lifecycle hooks. sandbox_ended starts the retention clock of the
-  // sandbox's log (no descriptor of a sandbox's log stays open); is_live tells the sweep which
+  // ---- lifecycle
+  // Starts the retention clock of the sandbox's log and trims its preallocated tail
+  // (no descriptor of a sandbox's log stays open); is_live tells the sweep which
   // sandboxes still run (without it every sandbox counts as ended).
   void sandbox_ended(const std::string& sandbox_id);
   void set_is_live(IsLive f);
@@ -176,20 +194,26 @@ class StepLog {
  private:
   struct File;
   struct Pending;
+  struct Log;
+  class SyncPool;
   explicit StepLog(Options opts);
   Result<void> load_all();
   Result<void> load(uint32_t log);
   uint32_t log_id_locked(const std::string& scope);
   std::string dir_of(const std::string& scope) const;
   Result<File*> file_for(uint32_t log);
+  Result<StepRecord> read_at(int fd, const std::string& path, uint64_t offset);
+  Result<void> read_side(const std::string& dir, const std::string& name, uint64_t len,
+                         std::string* out);
   void run();
   void commit(std::vector<Pending>& batch);
+  void fire_waiters_locked(Log& l, std::vector<std::function<void()>>* out);
 
   const Options opts_;
-  std::mutex mu_;  // index_, scopes_, pending_, stop_
+  std::mutex mu_;  // index_, logs_, scope_ids_, pending_, stop_
   std::condition_variable cv_;
   std::unordered_map<std::string, StepLocation> index_;
-  std::vector<std::string> scopes_;  // log id -> scope ("" = node-wide)
+  std::vector<std::unique_ptr<Log>> logs_;  // log id -> its state (id 0: node-wide)
   std::unordered_map<std::string, uint32_t> scope_ids_;
   std::deque<Pending> pending_;
   IsLive is_live_;
@@ -198,6 +222,9 @@ class StepLog {
   // Owned by the writer thread (and load at open, before it starts).
   std::unordered_map<uint32_t, std::unique_ptr<File>> files_;
   std::mutex files_mu_;  // files_ against sandbox_ended/sweep from other threads
+  std::mutex fire_mu_;   // held while when_after callbacks run (drop_waiters waits for it)
+  void fire(std::vector<std::function<void()>>& wake);
+  std::unique_ptr<SyncPool> sync_pool_;
   std::thread writer_;
 };
 

@@ -1,5 +1,5 @@
 """Daemon memory stays bounded when keyed commands print a lot: recorded answers live in
-the step log on disk, not in memory (docs/step-log.md), and the HTTP server frees an
+the step log on disk, not in memory (docs/trajectory-log.md), and the HTTP server frees an
 answer's buffers once it is sent. Before the step log, 100 keyed execs of 4 MB output
 each took tidepoold's RSS from 11 to 649 MiB."""
 import base64

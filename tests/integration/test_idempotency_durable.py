@@ -1,4 +1,4 @@
-"""Durable idempotency (docs/step-log.md): every answer of a keyed request is recorded in
+"""Durable idempotency (docs/trajectory-log.md): every answer of a keyed request is recorded in
 the step log before it is sent; a repeat of the key is answered from the record, runs
 nothing, and this holds for 5xx answers and across a daemon restart (kill -9)."""
 import base64
@@ -9,22 +9,7 @@ import signal
 import threading
 import uuid
 
-from tp_testlib import processes_of, wait_until
-
-
-def call(daemon, method, path, body=None, key=None, timeout=60):
-    """One raw request; returns (status, headers dict lower-case, body bytes)."""
-    conn = http.client.HTTPConnection("127.0.0.1", daemon.port, timeout=timeout)
-    headers = {"Content-Type": "application/json"}
-    if key:
-        headers["Idempotency-Key"] = key
-    data = json.dumps(body).encode() if isinstance(body, (dict, list)) else body
-    try:
-        conn.request(method, path, body=data, headers=headers)
-        r = conn.getresponse()
-        return r.status, {k.lower(): v for k, v in r.getheaders()}, r.read()
-    finally:
-        conn.close()
+from tp_testlib import api_call as call, processes_of, wait_until
 
 
 def _agent_pid(sandbox_id):
@@ -71,7 +56,7 @@ def test_a_step_sent_twice_with_one_key_runs_once(daemon, sandbox):
 
 def test_a_streamed_step_whose_client_leaves_completes_for_the_retry(daemon, sandbox):
     """A streamed exec with a key prints 3 MB (more than the stream's 256 KiB window) and
-    its client leaves after the first event. Within the grace period the command must go
+    its client leaves after the first event. The keyed command must go
     on (its window comes back although nothing reaches the gone client) and the retry with
     the same key gets the whole recorded stream, ending with its exit event; the step ran
     once."""

@@ -83,6 +83,22 @@ def http_raw(url: str, method: str, path: str, body: Optional[bytes] = None,
         conn.close()
 
 
+def api_call(daemon, method: str, path: str, body=None, key: Optional[str] = None, timeout: float = 60):
+    """One raw request to a test daemon, JSON body (dict or list) or bytes, with an
+    Idempotency-Key when given; returns (status, headers dict with lower-case names, body)."""
+    conn = http.client.HTTPConnection("127.0.0.1", daemon.port, timeout=timeout)
+    headers = {"Content-Type": "application/json"}
+    if key:
+        headers["Idempotency-Key"] = key
+    data = json.dumps(body).encode() if isinstance(body, (dict, list)) else body
+    try:
+        conn.request(method, path, body=data, headers=headers)
+        r = conn.getresponse()
+        return r.status, {k.lower(): v for k, v in r.getheaders()}, r.read()
+    finally:
+        conn.close()
+
+
 def health_ok(url: str) -> bool:
     try:
         status, _, body = http_raw(url, "GET", "/health", timeout=2)

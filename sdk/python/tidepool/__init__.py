@@ -17,11 +17,16 @@ The asyncio client has the same methods as coroutines::
 
 Errors are typed exceptions, all subclasses of :class:`TidepoolError`. Transient
 failures are retried (:class:`RetryPolicy`); state-changing calls carry an
-``Idempotency-Key`` so a retry never runs anything twice.
+``Idempotency-Key`` so a retry never runs anything twice. A :class:`Trajectory` numbers
+the steps of a rollout, so that a trainer restarted mid-rollout fast-forwards through
+the steps that finished and runs each step exactly once::
+
+    traj = tidepool.Trajectory.create(client, "run7/rollout-3", ttl=3600)
+    traj.exec("make test")                     # key "run7/rollout-3/1"
 """
 from ._retry import RetryPolicy
-from .aio import AsyncClient, AsyncFiles, AsyncProcessHandle, AsyncSandbox
-from .client import DEFAULT_URL, Client, Files, ProcessHandle, Sandbox
+from .aio import AsyncClient, AsyncFiles, AsyncProcessHandle, AsyncSandbox, AsyncTrajectory
+from .client import DEFAULT_URL, Client, Files, ProcessHandle, Sandbox, Trajectory
 from .errors import (
     CommandFailed,
     Conflict,
@@ -38,7 +43,8 @@ from .errors import (
     Unavailable,
     UnsafeArchive,
 )
-from .models import BatchError, BatchResult, ExecResult, FileEntry, OutputChunk, ProcessInfo, SandboxInfo
+from .models import (BatchError, BatchResult, Divergence, ExecResult, FileEntry, LogEntry, OutputChunk, ProcessInfo,
+                     ReplayReport, SandboxInfo)
 from .version import __version__
 
 __all__ = [
@@ -50,6 +56,8 @@ __all__ = [
     "AsyncSandbox",
     "AsyncFiles",
     "AsyncProcessHandle",
+    "Trajectory",
+    "AsyncTrajectory",
     "RetryPolicy",
     "SandboxInfo",
     "ExecResult",
@@ -58,6 +66,9 @@ __all__ = [
     "ProcessInfo",
     "BatchResult",
     "BatchError",
+    "LogEntry",
+    "ReplayReport",
+    "Divergence",
     "TidepoolError",
     "InvalidArgument",
     "Unauthenticated",

@@ -308,3 +308,56 @@ def file_mkdir(sandbox_id: str, path: str, parents: bool) -> Request:
     if parents:
         query.append(("parents", "true"))
     return Request("POST", sandbox_path(sandbox_id, "/files/mkdir"), query=query)
+
+
+# -- the trajectory log ------------------------------------------------------------
+
+
+def log_(sandbox_id: str, after: int = 0, limit: Optional[int] = None, output: bool = False,
+         follow: bool = False) -> Request:
+    """GET /v1/sandboxes/{id}/log: the sandbox's history after the cursor ``after`` (a seq);
+    with ``follow`` an NDJSON stream that lasts until the sandbox ends."""
+    if isinstance(after, bool) or not isinstance(after, int) or after < 0:
+        raise ValueError("after must be an int >= 0")
+    query: List[Tuple[str, str]] = [("after", str(after))]
+    if limit is not None:
+        query.append(("limit", str(int(limit))))
+    if output:
+        query.append(("output", "true"))
+    if follow:
+        query.append(("follow", "true"))
+    req = Request("GET", sandbox_path(sandbox_id, "/log"), query=query, timeout=None if follow else DEFAULT)
+    if follow:
+        req.headers["Accept"] = "application/x-ndjson, application/json"
+    return req
+
+
+def log_result(sandbox_id: str, key: str) -> Request:
+    """GET /v1/sandboxes/{id}/log/result?key=K: the recorded answer of a keyed call (the
+    daemon waits while that call is still being answered)."""
+    if not isinstance(key, str) or not key:
+        raise ValueError("key must be a non-empty string")
+    req = Request("GET", sandbox_path(sandbox_id, "/log/result"), query=[("key", key)], timeout=None)
+    req.headers["Accept"] = "application/json, application/x-ndjson"
+    return req
+
+
+def replay(sandbox_id: str, to_step: Optional[int] = None, to_key: Optional[str] = None,
+           branch: bool = False, keep: bool = False,
+           rekey: Optional[Tuple[str, str]] = None) -> Request:
+    """POST /v1/sandboxes/{id}/replay: its log re-run into a fresh sandbox (a long call:
+    no read timeout)."""
+    body: Dict[str, Any] = {}
+    if to_step is not None:
+        if isinstance(to_step, bool) or not isinstance(to_step, int) or to_step < 1:
+            raise ValueError("to_step must be an int >= 1")
+        body["to_step"] = to_step
+    if to_key is not None:
+        body["to_key"] = to_key
+    if branch:
+        body["branch"] = True
+    if keep:
+        body["keep"] = True
+    if rekey is not None:
+        body["rekey"] = {"from": rekey[0], "to": rekey[1]}
+    return json_request("POST", sandbox_path(sandbox_id, "/replay"), body, timeout=None)

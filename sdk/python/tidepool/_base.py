@@ -163,3 +163,58 @@ class ProcessHandleBase:
     def _stdin(self, data: Any, eof: bool) -> Request:
         return _api.process_stdin(self.sandbox.id, self.pid, data, eof)
 
+
+
+class TrajectoryBase:
+    """Step numbering of a trajectory (internal; see :class:`tidepool.Trajectory`).
+
+    Step n of trajectory ``id`` carries the Idempotency-Key ``f"{id}/{n}"``: a trainer
+    that restarts and re-runs its rollout code with the same id sends the same keys in
+    the same order, gets the recorded results of the steps that finished (nothing runs
+    again) and continues live at the first one that did not.
+    """
+
+    #: Keys are at most 200 characters: room for "/<step>".
+    MAX_ID = 150
+
+    def __init__(self, sandbox: Any, id: str, start: int = 0) -> None:
+        if not isinstance(id, str) or not id or len(id) > self.MAX_ID or any(c.isspace() for c in id):
+            raise ValueError(f"trajectory id must be 1-{self.MAX_ID} characters without whitespace")
+        if isinstance(start, bool) or not isinstance(start, int) or start < 0:
+            raise ValueError("start must be an int >= 0")
+        self.sandbox = sandbox
+        self.id = id
+        #: The number of the last step issued (the next one is ``step + 1``).
+        self.step = start
+        #: For a branch: the report of the replay that made it.
+        self.report: Any = None
+
+    @property
+    def prefix(self) -> str:
+        """What every key of this trajectory starts with."""
+        return f"{self.id}/"
+
+    def key(self, step: int) -> str:
+        """The Idempotency-Key of step ``step``."""
+        return f"{self.id}/{step}"
+
+    def _next_key(self) -> str:
+        self.step += 1
+        return self.key(self.step)
+
+    def _replay_request(self, to_step: Optional[int], keep: bool) -> Request:
+        return _api.replay(self.sandbox.id, to_key=None if to_step is None else self.key(to_step), keep=keep)
+
+    def _branch_request(self, k: int, new_id: str) -> Request:
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise ValueError("k must be a step number >= 1")
+        return _api.replay(self.sandbox.id, to_key=self.key(k), branch=True, rekey=(self.prefix, f"{new_id}/"))
+
+    def _branch_id(self, k: int, new_id: Optional[str]) -> str:
+        if new_id is not None:
+            return new_id
+        import uuid
+        return f"{self.id}~{k}-{uuid.uuid4().hex[:8]}"
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(sandbox={self.sandbox.id!r}, id={self.id!r}, step={self.step})"

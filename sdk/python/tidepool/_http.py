@@ -37,7 +37,8 @@ import urllib.parse
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
 
-from ._retry import DEFAULT_RETRY, IDEMPOTENCY_HEADER, MUTATING_METHODS, RetryPolicy, new_idempotency_key
+from ._retry import (DEFAULT_RETRY, IDEMPOTENCY_HEADER, MUTATING_METHODS, ON_DISCONNECT_HEADER, RetryPolicy,
+                     new_idempotency_key)
 from .errors import SandboxError, TidepoolError, Timeout, Unavailable, error_from_response
 
 __all__ = ["Request", "Response", "SyncTransport", "DEFAULT", "error_for", "prepare", "Failure",
@@ -138,11 +139,16 @@ def prepare(req: Request, idempotency_key: Optional[str] = None) -> Request:
     """Gives a state-changing request its idempotency key (the caller's, else a uuid4).
 
     Called once per logical call, before the first attempt, so every retry repeats the key.
+    A key of the caller's own makes the call a step: a command it starts runs to its end
+    even if this client goes away (``Tidepool-On-Disconnect: finish``), its result kept
+    for the key; with the SDK's own key the daemon kills it unless a retry comes soon.
     """
     if req.method.upper() in MUTATING_METHODS and IDEMPOTENCY_HEADER not in req.headers:
         req.headers[IDEMPOTENCY_HEADER] = idempotency_key or new_idempotency_key()
     elif idempotency_key:
         req.headers[IDEMPOTENCY_HEADER] = idempotency_key
+    if idempotency_key:
+        req.headers[ON_DISCONNECT_HEADER] = "finish"
     return req
 
 

@@ -23,10 +23,14 @@ import uuid
 from dataclasses import dataclass
 from typing import Optional
 
-__all__ = ["RetryPolicy", "IDEMPOTENCY_HEADER", "new_idempotency_key", "MUTATING_METHODS"]
+__all__ = ["RetryPolicy", "IDEMPOTENCY_HEADER", "ON_DISCONNECT_HEADER", "new_idempotency_key", "MUTATING_METHODS"]
 
 #: Header carrying the idempotency key of a state-changing request.
 IDEMPOTENCY_HEADER = "Idempotency-Key"
+
+#: Header asking the daemon to run a keyed command to its end when the client goes away
+#: (``finish``), instead of killing it after a short grace period.
+ON_DISCONNECT_HEADER = "Tidepool-On-Disconnect"
 
 #: Methods that change state and therefore carry an idempotency key.
 MUTATING_METHODS = frozenset({"POST", "PUT", "DELETE", "PATCH"})

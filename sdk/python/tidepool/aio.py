@@ -28,19 +28,22 @@ event loop (another ``asyncio.run``) works: it then starts a fresh pool.
 from __future__ import annotations
 
 import asyncio
-from typing import Any, AsyncIterator, Dict, List, Mapping, Optional, Union
+import json
+from typing import Any, AsyncIterator, Dict, List, Mapping, Optional, Tuple, Union
 
 from . import _api, _tar
 from ._aio import AsyncTransport
-from ._base import USER_AGENT, ClientBase, FilesBase, ProcessHandleBase, SandboxBase, command_opts, create_fields
+from ._base import (USER_AGENT, ClientBase, FilesBase, ProcessHandleBase, SandboxBase, TrajectoryBase, command_opts,
+                    create_fields)
 from ._http import Request, default_url, prepare
 from ._retry import DEFAULT_RETRY, RetryPolicy
 from .errors import NotFound, TidepoolError
-from .models import BatchResult, ExecResult, FileEntry, OutputChunk, ProcessInfo, SandboxInfo, StreamParser
-from .models import _finish, checked, chunks_of, parse_batch, parse_entries, parse_exec_json
-from .models import parse_processes, parse_sandboxes, run_shielded, wait_result
+from .models import BatchResult, ExecResult, FileEntry, LogEntry, OutputChunk, ProcessInfo, ReplayReport, SandboxInfo
+from .models import StreamParser, _finish, checked, chunks_of, parse_answer, parse_batch, parse_entries
+from .models import parse_exec_json, parse_log, parse_processes, parse_replay, parse_sandboxes, run_shielded
+from .models import wait_result
 
-__all__ = ["AsyncClient", "AsyncSandbox", "AsyncFiles", "AsyncProcessHandle"]
+__all__ = ["AsyncClient", "AsyncSandbox", "AsyncFiles", "AsyncProcessHandle", "AsyncTrajectory"]
 
 Data = Union[bytes, bytearray, memoryview, str]
 
@@ -226,20 +229,22 @@ class AsyncFiles(FilesBase):
         except NotFound:
             return False
 
-    async def remove(self, path: str, recursive: bool = False) -> None:
+    async def remove(self, path: str, recursive: bool = False, idempotency_key: Optional[str] = None) -> None:
         """Removes a file, or with ``recursive=True`` a whole directory tree."""
-        await self._sb._client._transport.request(_api.file_remove(self._sb.id, path, recursive))
+        req = prepare(_api.file_remove(self._sb.id, path, recursive), idempotency_key)
+        await self._sb._client._transport.request(req)
 
-    async def mkdir(self, path: str, parents: bool = False) -> FileEntry:
+    async def mkdir(self, path: str, parents: bool = False, idempotency_key: Optional[str] = None) -> FileEntry:
         """Creates a directory; with ``parents=True`` also missing parents."""
-        return FileEntry.from_json(await self._sb._client._call(_api.file_mkdir(self._sb.id, path, parents)))
+        req = _api.file_mkdir(self._sb.id, path, parents)
+        return FileEntry.from_json(await self._sb._client._call(req, idempotency_key))
 
-    async def upload_dir(self, local_dir: str, remote_dir: str) -> int:
+    async def upload_dir(self, local_dir: str, remote_dir: str, idempotency_key: Optional[str] = None) -> int:
         """Copies the tree under ``local_dir`` to ``remote_dir`` in one request (one tar);
         returns the archive's size. See :meth:`tidepool.Files.upload_dir`."""
         loop = asyncio.get_running_loop()
         archive = await loop.run_in_executor(None, _tar.pack_dir, local_dir)
-        await self._sb._client._call(self._tar_put(remote_dir, archive))
+        await self._sb._client._call(self._tar_put(remote_dir, archive), idempotency_key)
         return len(archive)
 
     async def download_dir(self, remote_dir: str, local_dir: str) -> List[str]:
@@ -358,6 +363,36 @@ class AsyncSandbox(SandboxBase["AsyncClient"]):
             stream.close()
         yield checked(result, check)
 
+    # -- the trajectory log --------------------------------------------------------
+
+    async def log(self, after: int = 0, limit: Optional[int] = None, output: bool = False) -> List[LogEntry]:
+        """The sandbox's history after the cursor ``after``; see :meth:`tidepool.Sandbox.log`."""
+        return parse_log(await self._client._call(_api.log_(self.id, after, limit, output)))
+
+    async def follow_log(self, after: int = 0, output: bool = False) -> AsyncIterator[LogEntry]:
+        """Yields log entries as they are written until the sandbox ends (``async for``);
+        resume with ``after=<last seq seen>``. See :meth:`tidepool.Sandbox.follow_log`."""
+        stream = await self._client._transport.stream_lines(_api.log_(self.id, after, None, output, follow=True))
+        try:
+            async for line in stream:
+                line = line.strip()
+                if line:
+                    yield LogEntry.from_json(json.loads(line.decode("utf-8")))
+        finally:
+            stream.close()
+
+    async def step_result(self, key: str) -> Any:
+        """The recorded answer of the call keyed ``key``; see :meth:`tidepool.Sandbox.step_result`."""
+        resp = await self._client._transport.request(_api.log_result(self.id, key))
+        return parse_answer(resp.headers.get("content-type", ""), resp.body)
+
+    async def replay(self, to_step: Optional[int] = None, *, to_key: Optional[str] = None, branch: bool = False,
+                     keep: bool = False, rekey: Optional[Tuple[str, str]] = None,
+                     idempotency_key: Optional[str] = None) -> "ReplayReport[AsyncSandbox]":
+        """Replays this sandbox's log into a fresh sandbox; see :meth:`tidepool.Sandbox.replay`."""
+        req = _api.replay(self.id, to_step, to_key, branch, keep, rekey)
+        return parse_replay(await self._client._call(req, idempotency_key), self._client._sandbox)
+
     # -- background processes ------------------------------------------------------
 
     async def start(
@@ -409,23 +444,113 @@ class AsyncProcessHandle(ProcessHandleBase):
         """The result if the process exited, else None (does not wait)."""
         return (await self.refresh()).result
 
-    async def wait(self, timeout: Optional[_api.Seconds] = None, check: bool = False) -> ExecResult:
+    async def wait(self, timeout: Optional[_api.Seconds] = None, check: bool = False,
+                   idempotency_key: Optional[str] = None) -> ExecResult:
         """Waits until the process exits; returns its result with all its output.
 
         Raises:
             Timeout: it still runs after ``timeout`` seconds.
         """
-        info = ProcessInfo.from_json(await self.sandbox._client._call(self._wait(timeout)))
+        info = ProcessInfo.from_json(await self.sandbox._client._call(self._wait(timeout), idempotency_key))
         return wait_result(self, info, timeout, check)
 
-    async def kill(self, signal: int = 9) -> None:
+    async def kill(self, signal: int = 9, idempotency_key: Optional[str] = None) -> None:
         """Sends ``signal`` to every process of the command (9 kills its whole tree)."""
-        await self.sandbox._client._call(self._signal(signal))
+        await self.sandbox._client._call(self._signal(signal), idempotency_key)
 
-    async def send_stdin(self, data: Union[bytes, str], eof: bool = False) -> None:
+    async def send_stdin(self, data: Union[bytes, str], eof: bool = False,
+                         idempotency_key: Optional[str] = None) -> None:
         """Writes ``data`` to the process's standard input; ``eof=True`` closes it afterwards."""
-        await self.sandbox._client._call(self._stdin(data, eof))
+        await self.sandbox._client._call(self._stdin(data, eof), idempotency_key)
 
     async def close_stdin(self) -> None:
         """Closes the process's standard input."""
         await self.send_stdin(b"", eof=True)
+
+
+class AsyncTrajectory(TrajectoryBase):
+    """The asyncio form of :class:`tidepool.Trajectory`: the same step numbering, every
+    call a coroutine. ``tidepool.Trajectory(async_sandbox, id)`` returns one.
+
+    Steps are numbered in the order the calls are made: issue them one after another
+    (``await`` each), not concurrently, so that a restarted trainer numbers them alike.
+    """
+
+    sandbox: AsyncSandbox
+
+    @classmethod
+    async def create(cls, client: AsyncClient, id: str, **create_args: Any) -> "AsyncTrajectory":
+        """A new sandbox for trajectory ``id`` (keyed ``f"{id}/sandbox"``) and its trajectory."""
+        return cls(await client.create(**create_args, idempotency_key=f"{id}/sandbox"), id)
+
+    async def exec(self, cmd: _api.Command, **kwargs: Any) -> ExecResult:
+        """:meth:`AsyncSandbox.exec` as the next step."""
+        return await self.sandbox.exec(cmd, idempotency_key=self._next_key(), **kwargs)
+
+    def exec_stream(self, cmd: _api.Command, **kwargs: Any) -> AsyncIterator[Union[OutputChunk, ExecResult]]:
+        """:meth:`AsyncSandbox.exec_stream` as the next step (``async for``)."""
+        return self.sandbox.exec_stream(cmd, idempotency_key=self._next_key(), **kwargs)
+
+    async def start(self, cmd: _api.Command, **kwargs: Any) -> "AsyncProcessHandle":
+        """:meth:`AsyncSandbox.start` as the next step."""
+        return await self.sandbox.start(cmd, idempotency_key=self._next_key(), **kwargs)
+
+    async def wait(self, proc: "AsyncProcessHandle", timeout: Optional[_api.Seconds] = None,
+                   check: bool = False) -> ExecResult:
+        """:meth:`AsyncProcessHandle.wait` as the next step."""
+        return await proc.wait(timeout, check, idempotency_key=self._next_key())
+
+    async def kill(self, proc: "AsyncProcessHandle", signal: int = 9) -> None:
+        """:meth:`AsyncProcessHandle.kill` as the next step."""
+        await proc.kill(signal, idempotency_key=self._next_key())
+
+    async def send_stdin(self, proc: "AsyncProcessHandle", data: Union[bytes, str], eof: bool = False) -> None:
+        """:meth:`AsyncProcessHandle.send_stdin` as the next step."""
+        await proc.send_stdin(data, eof, idempotency_key=self._next_key())
+
+    async def write(self, path: str, data: Data, mode: Optional[int] = None) -> FileEntry:
+        """:meth:`AsyncFiles.write` as the next step."""
+        return await self.sandbox.files.write(path, data, mode, idempotency_key=self._next_key())
+
+    async def remove(self, path: str, recursive: bool = False) -> None:
+        """:meth:`AsyncFiles.remove` as the next step."""
+        await self.sandbox.files.remove(path, recursive, idempotency_key=self._next_key())
+
+    async def mkdir(self, path: str, parents: bool = False) -> FileEntry:
+        """:meth:`AsyncFiles.mkdir` as the next step."""
+        return await self.sandbox.files.mkdir(path, parents, idempotency_key=self._next_key())
+
+    async def upload_dir(self, local_dir: str, remote_dir: str) -> int:
+        """:meth:`AsyncFiles.upload_dir` as the next step."""
+        return await self.sandbox.files.upload_dir(local_dir, remote_dir, idempotency_key=self._next_key())
+
+    async def log(self) -> List[LogEntry]:
+        """This trajectory's steps in the sandbox's log."""
+        out: List[LogEntry] = []
+        after = 0
+        while True:
+            part = await self.sandbox.log(after=after, limit=10000)
+            if not part:
+                return out
+            out.extend(e for e in part if e.key and e.key.startswith(self.prefix))
+            after = part[-1].seq
+
+    async def result(self, step: int) -> Any:
+        """The recorded result of step ``step``."""
+        return await self.sandbox.step_result(self.key(step))
+
+    async def replay(self, to_step: Optional[int] = None, keep: bool = False) -> "ReplayReport[AsyncSandbox]":
+        """See :meth:`tidepool.Trajectory.replay`."""
+        client = self.sandbox.client
+        return parse_replay(await client._call(self._replay_request(to_step, keep)), client._sandbox)
+
+    async def branch(self, k: int, id: Optional[str] = None) -> "AsyncTrajectory":
+        """See :meth:`tidepool.Trajectory.branch`."""
+        new_id = self._branch_id(k, id)
+        client = self.sandbox.client
+        report = parse_replay(await client._call(self._branch_request(k, new_id), f"{new_id}/branch"), client._sandbox)
+        if report.sandbox is None:
+            raise TidepoolError("internal", f"branch of {self.sandbox.id} at step {k} returned no sandbox", None)
+        t = AsyncTrajectory(report.sandbox, new_id, start=k)
+        t.report = report
+        return t

@@ -15,7 +15,8 @@ threads are fine, but ``refresh()`` updates its ``info`` without locking.
 """
 from __future__ import annotations
 
-from typing import Any, Dict, Iterator, List, Literal, Mapping, Optional, Union, overload
+import json
+from typing import Any, Dict, Iterator, List, Literal, Mapping, Optional, Tuple, Union, overload
 
 from . import _api, _tar
 from ._base import (
@@ -25,6 +26,7 @@ from ._base import (
     FilesBase,
     ProcessHandleBase,
     SandboxBase,
+    TrajectoryBase,
     command_opts,
     create_fields,
 )
@@ -35,6 +37,7 @@ from .models import (  # noqa: F401 - StreamParser, parse_exec_json: kept import
     BatchResult,
     ExecResult,
     FileEntry,
+    LogEntry,
     OutputChunk,
     ProcessInfo,
     SandboxInfo,
@@ -42,14 +45,18 @@ from .models import (  # noqa: F401 - StreamParser, parse_exec_json: kept import
     checked,
     chunks_of,
     parse_batch,
+    ReplayReport,
+    parse_answer,
     parse_entries,
     parse_exec_json,
+    parse_log,
     parse_processes,
+    parse_replay,
     parse_sandboxes,
     wait_result,
 )
 
-__all__ = ["Client", "Sandbox", "Files", "ProcessHandle", "DEFAULT_URL"]
+__all__ = ["Client", "Sandbox", "Files", "ProcessHandle", "Trajectory", "DEFAULT_URL"]
 
 Data = Union[bytes, bytearray, memoryview, str]
 
@@ -266,15 +273,15 @@ class Files(FilesBase):
         except NotFound:
             return False
 
-    def remove(self, path: str, recursive: bool = False) -> None:
+    def remove(self, path: str, recursive: bool = False, idempotency_key: Optional[str] = None) -> None:
         """Removes a file, or with ``recursive=True`` a whole directory tree."""
-        self._sb._client._transport.request(_api.file_remove(self._sb.id, path, recursive))
+        self._sb._client._transport.request(prepare(_api.file_remove(self._sb.id, path, recursive), idempotency_key))
 
-    def mkdir(self, path: str, parents: bool = False) -> FileEntry:
+    def mkdir(self, path: str, parents: bool = False, idempotency_key: Optional[str] = None) -> FileEntry:
         """Creates a directory; with ``parents=True`` also missing parents (and no error if it exists)."""
-        return FileEntry.from_json(self._sb._client._call(_api.file_mkdir(self._sb.id, path, parents)))
+        return FileEntry.from_json(self._sb._client._call(_api.file_mkdir(self._sb.id, path, parents), idempotency_key))
 
-    def upload_dir(self, local_dir: str, remote_dir: str) -> int:
+    def upload_dir(self, local_dir: str, remote_dir: str, idempotency_key: Optional[str] = None) -> int:
         """Copies the tree under ``local_dir`` to ``remote_dir`` (created if missing) in one
         request: the tree travels as one tar archive. Returns the archive's size in bytes.
 
@@ -283,7 +290,7 @@ class Files(FilesBase):
             PayloadTooLarge / InsufficientStorage: the tree does not fit the sandbox's disk.
         """
         archive = _tar.pack_dir(local_dir)
-        self._sb._client._call(self._tar_put(remote_dir, archive))
+        self._sb._client._call(self._tar_put(remote_dir, archive), idempotency_key)
         return len(archive)
 
     def download_dir(self, remote_dir: str, local_dir: str) -> List[str]:
@@ -385,8 +392,10 @@ class Sandbox(SandboxBase["Client"]):
                 instead of waiting (same as :meth:`start`).
             idempotency_key: key of this step, e.g. ``f"{trajectory}/{step}"``; a repeat
                 with the same key returns the recorded result without running the
-                command again (default: a fresh uuid4, which still makes the SDK's own
-                retries safe).
+                command again, and the command runs to its end even if this client goes
+                away (its result is then fetched with :meth:`step_result`). Default: a
+                fresh uuid4, which still makes the SDK's own retries safe; the daemon
+                then stops the command soon after its client is gone.
 
         Raises:
             Conflict: the sandbox is not running.
@@ -433,6 +442,50 @@ class Sandbox(SandboxBase["Client"]):
             else:
                 result = yield from _parse_ndjson(stream)
         yield checked(result, check)
+
+    # -- the trajectory log --------------------------------------------------------
+
+    def log(self, after: int = 0, limit: Optional[int] = None, output: bool = False) -> List[LogEntry]:
+        """The sandbox's history: every state-changing call (with its key, result and
+        caller) and lifecycle event, in order, after the cursor ``after`` (a seq).
+
+        Args:
+            limit: at most this many entries (the daemon's default is 1000).
+            output: also fetch each recorded answer (``LogEntry.answer``).
+        """
+        return parse_log(self._client._call(_api.log_(self.id, after, limit, output)))
+
+    def follow_log(self, after: int = 0, output: bool = False) -> Iterator[LogEntry]:
+        """Yields the log's entries after ``after`` as they are written, until the sandbox
+        ends. Resume after a lost connection with ``after=<last seq seen>``: nothing is
+        skipped or repeated."""
+        stream = self._client._transport.stream_lines(_api.log_(self.id, after, None, output, follow=True))
+        with stream:
+            for line in stream:
+                line = line.strip()
+                if line:
+                    yield LogEntry.from_json(json.loads(line.decode("utf-8")))
+
+    def step_result(self, key: str) -> Any:
+        """The recorded answer of the call made with Idempotency-Key ``key`` (waiting for it
+        while it runs), e.g. after the connection of that call was lost: an
+        :class:`ExecResult` for a command, else the decoded JSON.
+
+        Raises:
+            NotFound: this sandbox's log has no call with that key.
+        """
+        resp = self._client._transport.request(_api.log_result(self.id, key))
+        return parse_answer(resp.headers.get("content-type", ""), resp.body)
+
+    def replay(self, to_step: Optional[int] = None, *, to_key: Optional[str] = None, branch: bool = False,
+               keep: bool = False, rekey: Optional[Tuple[str, str]] = None,
+               idempotency_key: Optional[str] = None) -> "ReplayReport[Sandbox]":
+        """Re-runs this sandbox's logged steps into a fresh sandbox from the same image
+        (its recorded layers), up to seq ``to_step`` (or the call keyed ``to_key``, or the
+        end), checking each answer against the record. ``branch=True`` (or ``keep``) keeps
+        the new sandbox running afterwards. See :class:`ReplayReport`."""
+        req = _api.replay(self.id, to_step, to_key, branch, keep, rekey)
+        return parse_replay(self._client._call(req, idempotency_key), self._client._sandbox)
 
     # -- background processes ------------------------------------------------------
 
@@ -489,7 +542,8 @@ class ProcessHandle(ProcessHandleBase):
         """The result if the process exited, else None (does not wait)."""
         return self.refresh().result
 
-    def wait(self, timeout: Optional[_api.Seconds] = None, check: bool = False) -> ExecResult:
+    def wait(self, timeout: Optional[_api.Seconds] = None, check: bool = False,
+             idempotency_key: Optional[str] = None) -> ExecResult:
         """Waits until the process exits and returns its result with all its output.
 
         Args:
@@ -500,20 +554,136 @@ class ProcessHandle(ProcessHandleBase):
             Timeout: it still runs after ``timeout`` seconds (it keeps running; its output
                 so far is in ``self.info``).
         """
-        return wait_result(self, ProcessInfo.from_json(self.sandbox._client._call(self._wait(timeout))), timeout, check)
+        info = ProcessInfo.from_json(self.sandbox._client._call(self._wait(timeout), idempotency_key))
+        return wait_result(self, info, timeout, check)
 
-    def kill(self, signal: int = 9) -> None:
+    def kill(self, signal: int = 9, idempotency_key: Optional[str] = None) -> None:
         """Sends ``signal`` to every process of the command (9, the default, kills its whole tree)."""
-        self.sandbox._client._call(self._signal(signal))
+        self.sandbox._client._call(self._signal(signal), idempotency_key)
 
-    def send_stdin(self, data: Union[bytes, str], eof: bool = False) -> None:
+    def send_stdin(self, data: Union[bytes, str], eof: bool = False, idempotency_key: Optional[str] = None) -> None:
         """Writes ``data`` to the process's standard input (it must have been started with
         ``stdin_open=True``); ``eof=True`` closes its input afterwards."""
-        self.sandbox._client._call(self._stdin(data, eof))
+        self.sandbox._client._call(self._stdin(data, eof), idempotency_key)
 
     def close_stdin(self) -> None:
         """Closes the process's standard input (it then reads end of file)."""
         self.send_stdin(b"", eof=True)
+
+
+class Trajectory(TrajectoryBase):
+    """The steps of one rollout in a sandbox, numbered so that a restarted trainer never
+    runs a step twice.
+
+    Every call through it carries the Idempotency-Key ``f"{id}/{n}"`` for its step n.
+    A trainer that is preempted and re-runs its rollout code with the same trajectory id
+    fast-forwards: the steps that finished get their recorded results back from the
+    daemon's trajectory log (nothing runs again, also after a daemon restart), a step that
+    was still running is waited for, and the first step never sent runs live. The code
+    must issue its steps in the same order each time (as deterministic rollout code does).
+
+    Example::
+
+        traj = tidepool.Trajectory.create(client, "run7/rollout-3", ttl=3600)
+        traj.write("/work/task.py", source)
+        r = traj.exec("python3 /work/task.py")      # step 2: key "run7/rollout-3/2"
+
+    ``tidepool.Trajectory(async_sandbox, id)`` gives an :class:`AsyncTrajectory`.
+
+    Attributes:
+        sandbox: the sandbox the steps run in.
+        id: the trajectory id (the key prefix).
+        step: the number of the last step issued.
+    """
+
+    sandbox: Sandbox
+
+    def __new__(cls, sandbox: Any = None, id: str = "", start: int = 0) -> Any:
+        from .aio import AsyncSandbox, AsyncTrajectory
+        if cls is Trajectory and isinstance(sandbox, AsyncSandbox):
+            return AsyncTrajectory(sandbox, id, start)
+        return super().__new__(cls)
+
+    @classmethod
+    def create(cls, client: Client, id: str, **create_args: Any) -> "Trajectory":
+        """A new sandbox for trajectory ``id`` (its create keyed ``f"{id}/sandbox"``, so a
+        restarted trainer gets the same sandbox back) and its Trajectory."""
+        return cls(client.create(**create_args, idempotency_key=f"{id}/sandbox"), id)
+
+    def exec(self, cmd: _api.Command, **kwargs: Any) -> ExecResult:
+        """:meth:`Sandbox.exec` as the next step."""
+        return self.sandbox.exec(cmd, idempotency_key=self._next_key(), **kwargs)
+
+    def exec_stream(self, cmd: _api.Command, **kwargs: Any) -> Iterator[Union[OutputChunk, ExecResult]]:
+        """:meth:`Sandbox.exec_stream` as the next step (a fast-forwarded step yields its
+        recorded output at once)."""
+        return self.sandbox.exec_stream(cmd, idempotency_key=self._next_key(), **kwargs)
+
+    def start(self, cmd: _api.Command, **kwargs: Any) -> "ProcessHandle":
+        """:meth:`Sandbox.start` as the next step."""
+        return self.sandbox.start(cmd, idempotency_key=self._next_key(), **kwargs)
+
+    def wait(self, proc: "ProcessHandle", timeout: Optional[_api.Seconds] = None, check: bool = False) -> ExecResult:
+        """:meth:`ProcessHandle.wait` as the next step."""
+        return proc.wait(timeout, check, idempotency_key=self._next_key())
+
+    def kill(self, proc: "ProcessHandle", signal: int = 9) -> None:
+        """:meth:`ProcessHandle.kill` as the next step."""
+        proc.kill(signal, idempotency_key=self._next_key())
+
+    def send_stdin(self, proc: "ProcessHandle", data: Union[bytes, str], eof: bool = False) -> None:
+        """:meth:`ProcessHandle.send_stdin` as the next step."""
+        proc.send_stdin(data, eof, idempotency_key=self._next_key())
+
+    def write(self, path: str, data: Data, mode: Optional[int] = None) -> FileEntry:
+        """:meth:`Files.write` as the next step."""
+        return self.sandbox.files.write(path, data, mode, idempotency_key=self._next_key())
+
+    def remove(self, path: str, recursive: bool = False) -> None:
+        """:meth:`Files.remove` as the next step."""
+        self.sandbox.files.remove(path, recursive, idempotency_key=self._next_key())
+
+    def mkdir(self, path: str, parents: bool = False) -> FileEntry:
+        """:meth:`Files.mkdir` as the next step."""
+        return self.sandbox.files.mkdir(path, parents, idempotency_key=self._next_key())
+
+    def upload_dir(self, local_dir: str, remote_dir: str) -> int:
+        """:meth:`Files.upload_dir` as the next step."""
+        return self.sandbox.files.upload_dir(local_dir, remote_dir, idempotency_key=self._next_key())
+
+    def log(self) -> List[LogEntry]:
+        """This trajectory's steps in the sandbox's log (calls keyed with its prefix)."""
+        out: List[LogEntry] = []
+        after = 0
+        while True:
+            part = self.sandbox.log(after=after, limit=10000)
+            if not part:
+                return out
+            out.extend(e for e in part if e.key and e.key.startswith(self.prefix))
+            after = part[-1].seq
+
+    def result(self, step: int) -> Any:
+        """The recorded result of step ``step`` (see :meth:`Sandbox.step_result`)."""
+        return self.sandbox.step_result(self.key(step))
+
+    def replay(self, to_step: Optional[int] = None, keep: bool = False) -> "ReplayReport[Sandbox]":
+        """Replays the sandbox's log into a fresh sandbox up to this trajectory's step
+        ``to_step`` (or the end) and reports the first divergence; see :meth:`Sandbox.replay`."""
+        return parse_replay(self.sandbox.client._call(self._replay_request(to_step, keep)), self.sandbox.client._sandbox)
+
+    def branch(self, k: int, id: Optional[str] = None) -> "Trajectory":
+        """A new trajectory that continues live from the state after step ``k``: a fresh
+        sandbox into which steps 1..k were replayed (re-keyed as ``f"{id}/1"`` ...), so
+        that its next step is k+1. ``id`` defaults to a new unique one. Branching again
+        with the same ``id`` (a restarted trainer) returns the same branch."""
+        new_id = self._branch_id(k, id)
+        req = self._branch_request(k, new_id)
+        report = parse_replay(self.sandbox.client._call(req, f"{new_id}/branch"), self.sandbox.client._sandbox)
+        if report.sandbox is None:
+            raise TidepoolError("internal", f"branch of {self.sandbox.id} at step {k} returned no sandbox", None)
+        t = Trajectory(report.sandbox, new_id, start=k)
+        t.report = report
+        return t
 
 
 def _parse_ndjson(lines: Iterator[bytes]) -> Iterator[OutputChunk]:

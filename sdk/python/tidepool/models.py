@@ -17,7 +17,7 @@ from typing import Any, Awaitable, Callable, Dict, Generic, List, Mapping, Named
 from .errors import CommandFailed, SandboxError, Timeout, error_from_response
 
 __all__ = ["SandboxInfo", "ExecResult", "OutputChunk", "FileEntry", "ProcessInfo", "BatchError",
-           "BatchResult", "parse_entries"]
+           "BatchResult", "parse_entries", "LogEntry", "ReplayReport", "Divergence"]
 
 S = TypeVar("S")
 
@@ -574,3 +574,160 @@ class StreamParser:
     def missing_exit() -> SandboxError:
         """The error for a stream that ended before its ``exit`` event."""
         return SandboxError("internal", "exec stream ended without an exit status")
+
+
+# -- the trajectory log ------------------------------------------------------------
+
+
+@dataclass
+class LogEntry:
+    """One record of a sandbox's trajectory log (schema ``LogEntry``).
+
+    Attributes:
+        seq: its place in the log, from 1; the cursor to resume a listing or a follow after.
+        kind: ``"call"`` (an answered state-changing call) or ``"event"`` (created,
+            process_exit, ended, replay, replay_finished).
+        time: when the call was answered (or the event happened).
+        key: the call's Idempotency-Key, None for a call without one (and for events).
+        method / target: the call (target is path and query, as sent).
+        status: the HTTP status it was answered with.
+        result: the answer in a few fields (exit_code, signal, stdout_bytes, path, ...).
+        request: method-independent facts of the request: bytes, sha256, body (JSON bodies).
+        caller: who made the call (transport, uid or key_id).
+        event / detail: an event's name and what it carries.
+        answer: the recorded answer's bytes, when the listing asked for output.
+        duration_ms: from the request's arrival to its answer.
+    """
+
+    seq: int
+    kind: str
+    time: Optional[_dt.datetime] = None
+    key: Optional[str] = None
+    method: Optional[str] = None
+    target: Optional[str] = None
+    status: Optional[int] = None
+    result: Dict[str, Any] = field(default_factory=dict)
+    request: Dict[str, Any] = field(default_factory=dict)
+    caller: Dict[str, Any] = field(default_factory=dict)
+    event: Optional[str] = None
+    detail: Dict[str, Any] = field(default_factory=dict)
+    answer: Optional[bytes] = None
+    duration_ms: Optional[float] = None
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_json(cls, obj: Mapping[str, Any]) -> "LogEntry":
+        """Builds a LogEntry from the daemon's JSON (unknown fields stay in ``raw``)."""
+        return cls(
+            seq=_int(obj.get("seq"), 0) or 0,
+            kind=str(obj.get("kind") or ""),
+            time=_parse_time(obj.get("time")),
+            key=obj.get("key"),
+            method=obj.get("method"),
+            target=obj.get("target"),
+            status=_int(obj.get("status")),
+            result=dict(obj.get("result") or {}),
+            request=dict(obj.get("request") or {}),
+            caller=dict(obj.get("caller") or {}),
+            event=obj.get("event"),
+            detail=dict(obj.get("detail") or {}),
+            answer=_b64(obj["answer"]) if "answer" in obj else None,
+            duration_ms=obj.get("duration_ms"),
+            raw=dict(obj),
+        )
+
+    def exec_result(self) -> Optional[ExecResult]:
+        """The command's result when this is an exec call listed with output, else None."""
+        if self.kind != "call" or self.answer is None or not (self.target or "").split("?")[0].endswith("/exec"):
+            return None
+        if self.status != 200:
+            return None
+        return parse_answer(self.raw.get("content_type") or "", self.answer)
+
+
+def parse_log(obj: Mapping[str, Any]) -> List[LogEntry]:
+    return [LogEntry.from_json(e) for e in obj.get("entries") or []]
+
+
+def parse_answer(content_type: str, body: bytes) -> Any:
+    """A recorded answer: an :class:`ExecResult` for a command's (plain or streamed),
+    else the decoded JSON (None for an empty body)."""
+    ct = content_type.split(";")[0].strip().lower()
+    if ct == "application/x-ndjson":
+        parser = StreamParser()
+        for line in body.splitlines():
+            item = parser.feed(line)
+            if isinstance(item, ExecResult):
+                return item
+        raise parser.missing_exit()
+    if not body:
+        return None
+    try:
+        obj = json.loads(body.decode("utf-8"))
+    except (ValueError, UnicodeDecodeError) as e:
+        raise SandboxError("internal", f"malformed recorded answer: {e}") from None
+    if isinstance(obj, dict) and "exit_code" in obj and "stdout" in obj:
+        return ExecResult.from_json(obj)
+    return obj
+
+
+@dataclass
+class Divergence:
+    """Where a replayed step's answer first differed from the recorded one."""
+
+    seq: int
+    key: Optional[str]
+    call: str
+    field: str
+    recorded: str
+    replayed: str
+
+
+@dataclass
+class ReplayReport(Generic[S]):
+    """The outcome of :meth:`Sandbox.replay` / :meth:`Trajectory.replay`.
+
+    Attributes:
+        source: the sandbox whose log was replayed.
+        sandbox: the fresh sandbox the steps ran in (a live handle when ``kept``).
+        kept: it still runs (a branch, or ``keep=True``); else it was removed.
+        to_step: the last seq replayed up to.
+        replayed: calls re-run; skipped: seqs of calls not re-run.
+        matched: every replayed answer matched the record.
+        first_divergence: the first step that differed, None when all matched.
+        divergences: how many steps differed.
+        notes: what the daemon had to do differently (e.g. an image that changed).
+    """
+
+    source: str
+    sandbox: Optional[S]
+    kept: bool
+    to_step: int
+    replayed: int
+    skipped: List[int]
+    matched: bool
+    divergences: int
+    first_divergence: Optional[Divergence]
+    notes: List[str]
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+
+def parse_replay(obj: Mapping[str, Any], make: Callable[[SandboxInfo], S]) -> "ReplayReport[S]":
+    d = obj.get("first_divergence")
+    sb = obj.get("sandbox")
+    return ReplayReport(
+        source=str(obj.get("source") or ""),
+        sandbox=make(SandboxInfo.from_json(sb)) if isinstance(sb, dict) else None,
+        kept=bool(obj.get("kept")),
+        to_step=_int(obj.get("to_step"), 0) or 0,
+        replayed=_int(obj.get("replayed"), 0) or 0,
+        skipped=[int(s) for s in obj.get("skipped") or []],
+        matched=bool(obj.get("matched")),
+        divergences=_int(obj.get("divergences"), 0) or 0,
+        first_divergence=Divergence(
+            seq=int(d.get("seq") or 0), key=d.get("key"), call=str(d.get("call") or ""),
+            field=str(d.get("field") or ""), recorded=str(d.get("recorded") or ""),
+            replayed=str(d.get("replayed") or "")) if isinstance(d, dict) else None,
+        notes=[str(n) for n in obj.get("notes") or []],
+        raw=dict(obj),
+    )

@@ -3,8 +3,10 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <condition_variable>
 #include <filesystem>
+#include <random>
 #include <thread>
 
 namespace tp::api {
@@ -70,22 +72,32 @@ class Idempotency : public ::testing::Test {
     reopen();
   }
   void TearDown() override {
+    log.reset();
     cache.reset();
     std::filesystem::remove_all(dir_);
   }
   // A new cache on the same data dir: what a daemon restart sees.
   void reopen(size_t max_in_flight = 100000) {
+    log.reset();
     cache.reset();
     cache = std::make_unique<IdempotencyCache>(max_in_flight);
     node::StepLog::Options o;
     o.data_dir = dir_;
     o.inline_max = 16;
+    o.retention = std::chrono::hours(1);
+    o.clock = [this] { return now_us.load(); };
     auto l = node::StepLog::open(o);
     ASSERT_TRUE(l);
-    cache->set_log(std::move(*l));
+    log = std::move(*l);
+    cache->set_log(log);
   }
   std::string dir_;
   std::unique_ptr<IdempotencyCache> cache;
+  std::shared_ptr<node::StepLog> log;
+  // The log's clock: a fake, moved by the tests (never a sleep).
+  std::atomic<int64_t> now_us{std::chrono::duration_cast<std::chrono::microseconds>(
+                                  std::chrono::system_clock::now().time_since_epoch())
+                                  .count()};
 };
 
 TEST_F(Idempotency, RepeatGetsTheRecordedAnswerWithoutRunningAgain) {
@@ -99,7 +111,9 @@ TEST_F(Idempotency, RepeatGetsTheRecordedAnswerWithoutRunningAgain) {
   EXPECT_EQ(cache->begin(post("/v1/x"), "k", second), nullptr);  // handler must not run
   EXPECT_EQ(second->wait(), 201);
   EXPECT_EQ(second->body, "{\"id\":1}");
-  EXPECT_EQ(second->headers, "Idempotent-Replayed: true\n");
+  // Replays say so, and how long the server took to answer from the record.
+  EXPECT_EQ(second->headers.rfind("Idempotent-Replayed: true\nServer-Timing: replay;dur=", 0), 0u)
+      << second->headers;
   EXPECT_EQ(first->headers, "");
   EXPECT_EQ(cache->in_flight(), 0u);
 }
@@ -227,6 +241,180 @@ TEST_F(Idempotency, KeyReusedForAnotherRequestIsAConflictNamingBoth) {
   EXPECT_EQ(cache->begin(post("/v1/x", "two"), "k", body), nullptr);
   EXPECT_EQ(body->wait(), 409);
   EXPECT_NE(body->body.find("3 bytes"), std::string::npos) << body->body;
+}
+
+constexpr const char* kSb = "n0-0123456789ab";
+const std::string kExec = std::string("/v1/sandboxes/") + kSb + "/exec";
+
+// A step whose side effect is visible: it appends a line to a "file" each time it runs.
+struct Step {
+  std::mutex mu;
+  std::string file;
+  int runs = 0;
+  // Sends the step with `key` through the cache; runs it when the cache says so.
+  std::shared_ptr<FakeResponder> send(IdempotencyCache& cache, const std::string& key,
+                                      std::function<void()> before_answer = nullptr) {
+    auto res = std::make_shared<FakeResponder>();
+    auto rec = cache.begin(post(kExec, R"({"cmd":"echo line >> /f"})"), key, res);
+    if (rec) {
+      int n;
+      {
+        std::lock_guard lk(mu);
+        file += "line\n";
+        n = ++runs;
+      }
+      if (before_answer) before_answer();
+      rec->send(200, "application/json", "{\"exit_code\":0,\"lines\":" + std::to_string(n) + "}");
+    }
+    res->wait();
+    return res;
+  }
+};
+
+TEST_F(Idempotency, AStepSentTwiceRunsOnceSequentiallyConcurrentlyAndTenMinutesLater) {
+  Step step;
+  // Sequentially.
+  auto a = step.send(*cache, "traj/1");
+  auto b = step.send(*cache, "traj/1");
+  EXPECT_EQ(step.runs, 1);
+  EXPECT_EQ(b->body, a->body);
+  EXPECT_NE(b->headers.find("Idempotent-Replayed: true"), std::string::npos);
+  // Concurrently, in random interleavings: the first runs, the others wait for its answer.
+  std::mt19937 rng(12345);
+  for (int round = 0; round < 50; ++round) {
+    std::string key = "traj/c" + std::to_string(round);
+    int before = step.runs;
+    std::vector<std::shared_ptr<FakeResponder>> answers(4);
+    std::vector<std::thread> ts;
+    std::vector<int> delays(4);
+    for (auto& d : delays) d = static_cast<int>(rng() % 300);
+    int answer_delay = static_cast<int>(rng() % 300);
+    for (int t = 0; t < 4; ++t)
+      ts.emplace_back([&, t] {
+        std::this_thread::sleep_for(std::chrono::microseconds(delays[t]));
+        answers[t] = step.send(*cache, key, [&] {
+          std::this_thread::sleep_for(std::chrono::microseconds(answer_delay));
+        });
+      });
+    for (auto& t : ts) t.join();
+    EXPECT_EQ(step.runs, before + 1) << key;
+    for (auto& r : answers) {
+      EXPECT_EQ(r->status, 200);
+      EXPECT_EQ(r->body, answers[0]->body);
+    }
+  }
+  // Ten minutes later (the log's clock; nothing sleeps), and after a restart too.
+  now_us += 10 * 60 * 1'000'000ll;
+  log->sweep();
+  auto c = step.send(*cache, "traj/1");
+  EXPECT_EQ(c->body, a->body);
+  reopen();
+  auto d = step.send(*cache, "traj/1");
+  EXPECT_EQ(d->body, a->body);
+  EXPECT_EQ(step.runs, 51);
+  EXPECT_EQ(std::count(step.file.begin(), step.file.end(), '\n'), 51);
+}
+
+TEST_F(Idempotency, NodeWideKeysAreForgottenAfterTheRetentionOnly) {
+  int runs = 0;
+  auto create = [&] {
+    auto res = std::make_shared<FakeResponder>();
+    if (auto rec = cache->begin(post("/v1/sandboxes", "{}"), "create-1", res)) {
+      ++runs;
+      rec->send(201, "application/json", "{}");
+    }
+    res->wait();
+  };
+  create();
+  now_us += 59 * 60 * 1'000'000ll;  // within the hour
+  log->sweep();
+  create();
+  EXPECT_EQ(runs, 1);
+  now_us += 2 * 60 * 1'000'000ll;  // past it
+  log->sweep();
+  create();
+  EXPECT_EQ(runs, 2);
+}
+
+TEST_F(Idempotency, CallsWithoutAKeyAreRecordedOnLiveSandboxesOnly) {
+  cache->record_unkeyed([](const std::string& id) { return id == kSb; });
+  Request r = post(kExec, R"({"cmd":"echo hi"})");
+  r.caller.transport = Caller::Transport::kUnix;
+  r.caller.uid = 1000;
+  r.caller.gid = 1000;
+  auto res = std::make_shared<FakeResponder>();
+  auto rec = cache->record(r, res);
+  ASSERT_NE(rec, res);
+  rec->send(200, "application/json", R"({"exit_code":3,"signal":0,"stdout":"aGkK","stderr":""})");
+  EXPECT_EQ(res->wait(), 200);
+  EXPECT_EQ(res->headers, "");
+  // Another sandbox, and calls about no sandbox, are not recorded without a key.
+  auto other = std::make_shared<FakeResponder>();
+  EXPECT_EQ(cache->record(post("/v1/sandboxes/n0-aaaaaaaaaaaa/exec"), other), other);
+  EXPECT_EQ(cache->record(post("/v1/sandboxes"), other), other);
+  // A second identical call runs again (no key, no replay) and is recorded again.
+  auto again = std::make_shared<FakeResponder>();
+  auto rec2 = cache->record(r, again);
+  ASSERT_NE(rec2, again);
+  rec2->send(200, "application/json", "{}");
+  again->wait();
+  auto all = log->list(kSb, 0, 10, true);
+  ASSERT_TRUE(all);
+  ASSERT_EQ(all->size(), 2u);
+  const auto& first = (*all)[0];
+  EXPECT_EQ(first.key, "");
+  EXPECT_EQ(first.request.method, "POST");
+  EXPECT_EQ(first.request.target, kExec);
+  auto body = log->request_body(kSb, first);  // above inline_max (16): in a side file
+  ASSERT_TRUE(body && *body);
+  EXPECT_EQ(**body, R"({"cmd":"echo hi"})");
+  EXPECT_EQ(first.caller, R"({"transport":"unix","uid":1000,"gid":1000})");
+  EXPECT_EQ(first.summary, R"({"exit_code":3,"signal":0,"stdout_bytes":3,"stderr_bytes":0})");
+  EXPECT_EQ(first.status, 200);
+  EXPECT_GE(first.finished_us, first.started_us);
+  EXPECT_EQ(log->size(), 0u);  // nothing indexed
+}
+
+TEST_F(Idempotency, AResultIsFetchedByKeyAlsoWhileInFlightAndAfterARestart) {
+  auto first = std::make_shared<FakeResponder>();
+  auto rec = cache->begin(post(kExec, "{}"), "traj/7", first);
+  ASSERT_NE(rec, nullptr);
+  auto fetched = std::make_shared<FakeResponder>();
+  cache->fetch("traj/7", kSb, fetched);  // in flight: waits
+  EXPECT_EQ(fetched->sends, 0);
+  auto elsewhere = std::make_shared<FakeResponder>();
+  cache->fetch("traj/7", "n0-aaaaaaaaaaaa", elsewhere);  // another sandbox's log
+  EXPECT_EQ(elsewhere->wait(), 404);
+  rec->send(200, "application/json", R"({"exit_code":0,"stdout":"b3V0"})");
+  EXPECT_EQ(fetched->wait(), 200);
+  EXPECT_EQ(fetched->body, R"({"exit_code":0,"stdout":"b3V0"})");
+  rec.reset();
+  reopen();
+  auto later = std::make_shared<FakeResponder>();
+  cache->fetch("traj/7", kSb, later);
+  EXPECT_EQ(later->wait(), 200);
+  EXPECT_EQ(later->body, fetched->body);
+  auto missing = std::make_shared<FakeResponder>();
+  cache->fetch("traj/8", kSb, missing);
+  EXPECT_EQ(missing->wait(), 404);
+  EXPECT_NE(missing->body.find("traj/8"), std::string::npos);
+}
+
+TEST_F(Idempotency, KeyedCallsOnSandboxesTheNodeDoesNotKnowGoNodeWide) {
+  cache->set_sandbox_known([](const std::string& id) { return id == kSb; });
+  Step step;
+  auto ghost = std::make_shared<FakeResponder>();
+  auto rec = cache->begin(post("/v1/sandboxes/n0-aaaaaaaaaaaa/exec", "{}"), "g/1", ghost);
+  ASSERT_NE(rec, nullptr);
+  rec->send(404, "application/json", R"({"code":"not_found"})");
+  ghost->wait();
+  EXPECT_FALSE(log->info("n0-aaaaaaaaaaaa").exists);  // no log for a sandbox that never was
+  EXPECT_EQ(log->find("g/1")->log, 0u);               // the node-wide one
+  auto again = std::make_shared<FakeResponder>();
+  EXPECT_EQ(cache->begin(post("/v1/sandboxes/n0-aaaaaaaaaaaa/exec", "{}"), "g/1", again), nullptr);
+  EXPECT_EQ(again->wait(), 404);
+  step.send(*cache, "k/1");  // a known sandbox: its own log
+  EXPECT_EQ(log->info(kSb).records, 1u);
 }
 
 TEST_F(Idempotency, BadKeysAreRefused) {

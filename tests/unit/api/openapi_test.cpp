@@ -7,6 +7,7 @@
 
 #include "api/auth.h"
 #include "api/image_routes.h"
+#include "api/log_routes.h"
 #include "api/routes.h"
 
 namespace tp::api {
@@ -44,6 +45,7 @@ TEST(OpenApi, ServedRoutesMatchTheContract) {
   std::set<std::string> served;
   for (const auto& r : Api::routes()) served.insert(r.method + " " + r.pattern);
   for (const auto& r : ImageRoutes::routes()) served.insert(r.method + " " + r.pattern);
+  for (const auto& r : LogRoutes::routes()) served.insert(r.method + " " + r.pattern);
   for (const auto& r : Auth::routes()) served.insert(r.method + " " + r.pattern);
   std::set<std::string> spec = spec_routes();
   ASSERT_FALSE(spec.empty());

@@ -1017,5 +1017,104 @@ TEST_F(ManagerTest, JobQuotasAreCheckedAtomicallyWithTheCreate) {
   EXPECT_EQ(get_or_fail(g).error().code, Code::kNotFound);
 }
 
+// The trajectory log's hooks: a creation before it is answered, a background process's
+// end, a keyed call's note kept with its command, and what a restart finds unanswered.
+TEST_F(ManagerTest, TrajectoryHooksSeeCreationsProcessEndsAndStepTags) {
+  std::mutex m;
+  std::vector<std::string> seen;
+  ManagerOptions o;
+  o.on_created = [&](const SandboxRecord& r) {
+    std::lock_guard lk(m);
+    seen.push_back("created " + r.id + " " + r.state);
+  };
+  o.on_process_exit = [&](const std::string& id, const ProcessInfo& i) {
+    std::lock_guard lk(m);
+    seen.push_back("exit " + id + " " + std::to_string(i.pid) + " " +
+                   std::to_string(i.outcome ? i.outcome->result.exit_code : -99));
+  };
+  make(o);
+  auto r = create_sync();
+  ASSERT_TRUE(r);
+  {
+    std::lock_guard lk(m);
+    ASSERT_EQ(seen, std::vector<std::string>{"created " + r->id + " running"});
+  }
+  ExecParams p;
+  p.argv = {"sleep", "1"};
+  p.step_tag = "TAG-P";
+  ASSERT_TRUE(mgr_->start_process(r->id, p));
+  auto a = agent(r->id);
+  EXPECT_NE(a->meta_of(1).find(R"("step":"TAG-P")"), std::string::npos) << a->meta_of(1);
+  ExecParams e;
+  e.argv = {"true"};
+  e.step_tag = "TAG-E";
+  ExecCallbacks none;
+  none.on_started = [](uint32_t) {};
+  none.on_output = [](int, std::string_view) {};
+  none.on_done = [](Result<ExecOutcome>) {};
+  auto eid = mgr_->exec(r->id, e, none);
+  ASSERT_TRUE(eid);
+  EXPECT_EQ(a->meta_of(*eid), R"({"kind":"exec","step":"TAG-E"})");
+  e.step_tag.clear();
+  auto plain = mgr_->exec(r->id, e, none);
+  ASSERT_TRUE(plain);
+  EXPECT_EQ(a->meta_of(*plain), R"({"kind":"exec"})");
+  a->finish(1, "", 3);
+  for (int i = 0; i < 600; ++i) {
+    {
+      std::lock_guard lk(m);
+      if (seen.size() == 2) break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  {
+    std::lock_guard lk(m);
+    ASSERT_EQ(seen.size(), 2u);
+    EXPECT_EQ(seen[1], "exit " + r->id + " 1 3");
+  }
+  auto d = destroy_async(r->id);
+  ASSERT_TRUE(get_or_fail(d));
+}
+
+TEST_F(ManagerTest, RecoverReportsTheKeyedCallsItFindsUnanswered) {
+  SandboxRecord r;
+  r.id = "n0-steps";
+  r.state = "running";
+  r.tier = "container";
+  r.image = "host";
+  r.node = "n0";
+  r.created_at_ms = 1;
+  r.expires_at_ms = now_ms() + 3600 * 1000;
+  ASSERT_TRUE(store_.insert(r));
+  backend_->adoptable = {"n0-steps"};
+  std::shared_ptr<FakeAgent> adopted;
+  std::vector<std::string> lost;
+  ManagerOptions o;
+  o.agent_connect = [&](asio::io_context& io, const std::string&,
+                        std::string) -> Result<std::shared_ptr<AgentClient>> {
+    adopted = std::make_shared<FakeAgent>(io);
+    adopted->resumed_ = {
+        {40, R"({"kind":"process","handle":7,"argv":["x"],"started_ms":5,"limit":9,"step":"P"})",
+         true},
+        {41, R"({"kind":"exec","step":"E"})", true},
+        {42, R"({"kind":"exec"})", true},
+    };
+    return adopted;
+  };
+  o.on_step_lost = [&](const std::string& id, const std::string& tag, uint32_t pid) {
+    lost.push_back(id + " " + tag + " " + std::to_string(pid));
+  };
+  stop_runners();
+  make(o);
+  ASSERT_TRUE(mgr_->recover());
+  guard_.emplace(asio::make_work_guard(io_));
+  for (int i = 0; i < 2; ++i) threads_.emplace_back([this] { io_.run(); });
+  // Before serving: the process runs on (its handle), the request's command was stopped.
+  EXPECT_EQ(lost, (std::vector<std::string>{"n0-steps P 7", "n0-steps E 0"}));
+  EXPECT_EQ(adopted->signalled(), (std::vector<uint32_t>{41, 42}));
+  auto d = destroy_async("n0-steps");
+  ASSERT_TRUE(get_or_fail(d));
+}
+
 }  // namespace
 }  // namespace tp::node

@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <filesystem>
 #include <fstream>
 #include <thread>
@@ -29,6 +30,7 @@ class StepLogTest : public ::testing::Test {
     o.retention = retention;
     o.inline_max = 1024;
     o.is_live = std::move(live);
+    o.clock = [this] { return now_us_.load(); };
     auto l = StepLog::open(o);
     EXPECT_TRUE(l) << (l ? "" : l.error().message());
     return l ? std::move(*l) : nullptr;
@@ -65,6 +67,10 @@ class StepLogTest : public ::testing::Test {
     return r ? r->answer : "<error " + r.error().message() + ">";
   }
   std::string dir_;
+  // The log's clock (a fake): the real time at the start, moved by the tests.
+  std::atomic<int64_t> now_us_{std::chrono::duration_cast<std::chrono::microseconds>(
+                                   std::chrono::system_clock::now().time_since_epoch())
+                                   .count()};
 };
 
 TEST_F(StepLogTest, AppendThenReadBackAndAfterReopen) {
@@ -197,7 +203,7 @@ TEST_F(StepLogTest, CorruptMiddleRecordStopsReadingAndKeepsTheFileAside) {
   {
     auto l = open();
     ASSERT_TRUE(l->append_sync(kSb, rec("a"), "one"));
-    second_at = fs::file_size(log_path());
+    second_at = l->info(kSb).bytes;  // the file itself is larger: preallocated
     ASSERT_TRUE(l->append_sync(kSb, rec("b"), "two"));
     ASSERT_TRUE(l->append_sync(kSb, rec("c"), "three"));
   }
@@ -226,7 +232,7 @@ TEST_F(StepLogTest, ReadDetectsAChecksumErrorAfterOpen) {
   auto l = open();
   ASSERT_TRUE(l->append_sync(kSb, rec("a"), "one"));
   auto bytes = read_file(log_path());
-  bytes[bytes.size() - 3] ^= 1;
+  bytes[l->info(kSb).bytes - 3] ^= 1;  // in the record (zeros of the preallocated tail follow)
   write_file(log_path(), bytes);
   auto r = l->read(*l->find("a"), true);
   ASSERT_FALSE(r);
@@ -318,6 +324,259 @@ TEST_F(StepLogTest, ParseDuration) {
   EXPECT_FALSE(StepLog::parse_duration(""));
   EXPECT_FALSE(StepLog::parse_duration("h"));
   EXPECT_FALSE(StepLog::parse_duration("5w"));
+}
+
+// A version 1 record, as the step log of keyed answers wrote it: kind 1, no seq.
+std::string v1_record(const std::string& key, const std::string& answer) {
+  auto u32 = [](uint32_t v) {
+    std::string b;
+    for (int i = 0; i < 4; ++i) b.push_back(static_cast<char>(v >> (8 * i)));
+    return b;
+  };
+  auto u64 = [](uint64_t v) {
+    std::string b;
+    for (int i = 0; i < 8; ++i) b.push_back(static_cast<char>(v >> (8 * i)));
+    return b;
+  };
+  auto field = [&](uint16_t tag, const std::string& v) {
+    return std::string{static_cast<char>(tag), static_cast<char>(tag >> 8)} +
+           u32(static_cast<uint32_t>(v.size())) + v;
+  };
+  std::string p(1, '\1');
+  p += field(1, key) + field(2, "POST") + field(3, "/v1/sandboxes/" + std::string(kSb) + "/exec") +
+       field(4, std::string(32, 'h')) + field(5, u64(3)) + field(6, "abc") + field(10, u32(200)) +
+       field(11, "application/json") + field(12, answer) + field(14, u64(answer.size())) +
+       field(15, u32(crc32c(0, answer.data(), answer.size()))) + field(20, u64(1)) +
+       field(21, u64(2));
+  return u32(0x52535054) + u32(static_cast<uint32_t>(p.size())) + u32(step_format::record_crc(p)) +
+         p;
+}
+
+TEST_F(StepLogTest, Version1FilesAreReadAndContinued) {
+  fs::create_directories(dir_ + "/sandboxes/" + kSb);
+  write_file(log_path(),
+             step_format::file_header(1) + v1_record("old-a", "A") + v1_record("old-b", "B"));
+  {
+    auto l = open();
+    EXPECT_EQ(answer_of(*l, "old-a"), "A");
+    EXPECT_EQ(answer_of(*l, "old-b"), "B");
+    auto all = l->list(kSb, 0, 10, false);
+    ASSERT_TRUE(all);
+    ASSERT_EQ(all->size(), 2u);
+    EXPECT_EQ((*all)[0].seq, 1u);  // their place in the file
+    EXPECT_EQ((*all)[1].seq, 2u);
+    ASSERT_TRUE(l->append_sync(kSb, rec("new"), "N"));
+    EXPECT_EQ(l->info(kSb).last_seq, 3u);
+  }
+  auto bytes = read_file(log_path());
+  EXPECT_EQ(*step_format::parse_file_header(bytes.substr(0, 16)), 2u);
+  auto l = open();
+  auto all = l->list(kSb, 0, 10, true);
+  ASSERT_TRUE(all);
+  ASSERT_EQ(all->size(), 3u);
+  EXPECT_EQ((*all)[2].key, "new");
+  EXPECT_EQ((*all)[2].seq, 3u);
+  EXPECT_EQ((*all)[0].answer, "A");
+}
+
+TEST_F(StepLogTest, ANewerFormatIsLeftAloneAndNeverWritten) {
+  fs::create_directories(dir_ + "/sandboxes/" + kSb);
+  std::string newer = step_format::file_header(9) + "whatever a later daemon wrote";
+  write_file(log_path(), newer);
+  auto l = open();
+  EXPECT_FALSE(l->info(kSb).exists);
+  EXPECT_FALSE(l->append_sync(kSb, rec("k"), "x"));
+  EXPECT_FALSE(l->find("k"));
+  l.reset();
+  EXPECT_EQ(read_file(log_path()), newer);
+}
+
+TEST_F(StepLogTest, EveryRecordHasItsSeqCallsWithoutKeyAndEventsToo) {
+  {
+    auto l = open();
+    l->append_event(kSb, "created", R"({"image":"host"})", false);
+    ASSERT_TRUE(l->append_sync(kSb, rec(""), "unkeyed"));  // a call without a key
+    ASSERT_TRUE(l->append_sync(kSb, rec("k"), "keyed"));
+    EXPECT_EQ(l->size(), 1u);  // only keys are indexed
+    auto info = l->info(kSb);
+    EXPECT_EQ(info.last_seq, 3u);
+    EXPECT_EQ(info.records, 3u);
+  }
+  auto l = open();
+  auto all = l->list(kSb, 0, 100, true);
+  ASSERT_TRUE(all);
+  ASSERT_EQ(all->size(), 3u);
+  EXPECT_EQ((*all)[0].kind, StepKind::kEvent);
+  EXPECT_EQ((*all)[0].event, "created");
+  EXPECT_EQ((*all)[0].detail, R"({"image":"host"})");
+  EXPECT_EQ((*all)[1].kind, StepKind::kCall);
+  EXPECT_EQ((*all)[1].key, "");
+  EXPECT_EQ((*all)[1].answer, "unkeyed");
+  EXPECT_EQ((*all)[2].key, "k");
+  for (size_t i = 0; i < all->size(); ++i) EXPECT_EQ((*all)[i].seq, i + 1);
+  // From a cursor, bounded.
+  auto part = l->list(kSb, 1, 1, false);
+  ASSERT_TRUE(part);
+  ASSERT_EQ(part->size(), 1u);
+  EXPECT_EQ((*part)[0].seq, 2u);
+  EXPECT_TRUE(l->list(kSb, 3, 10, false)->empty());
+  EXPECT_TRUE(l->list("n0-bbbbbbbbbbbb", 0, 10, false)->empty());  // no such log
+}
+
+TEST_F(StepLogTest, CallerSummaryAndLargeRequestBodiesAreKept) {
+  std::string body(5000, 'q');  // > inline_max (1024): a side file
+  {
+    auto l = open();
+    auto r = rec("big-req");
+    r.request_body = body;
+    r.request.body_len = body.size();
+    r.caller = R"({"transport":"unix","uid":1000})";
+    r.summary = R"({"exit_code":0})";
+    ASSERT_TRUE(l->append_sync(kSb, r, "ok"));
+    auto nokeep = rec("no-body");
+    nokeep.request_body.reset();  // larger than the recorded maximum
+    nokeep.request.body_len = 1 << 30;
+    ASSERT_TRUE(l->append_sync(kSb, nokeep, "ok"));
+  }
+  auto l = open();  // also: the request's side file is named, so not an orphan
+  auto all = l->list(kSb, 0, 10, false);
+  ASSERT_TRUE(all);
+  ASSERT_EQ(all->size(), 2u);
+  const auto& r = (*all)[0];
+  EXPECT_EQ(r.caller, R"({"transport":"unix","uid":1000})");
+  EXPECT_EQ(r.summary, R"({"exit_code":0})");
+  EXPECT_FALSE(r.request_side.empty());
+  auto b = l->request_body(kSb, r);
+  ASSERT_TRUE(b);
+  ASSERT_TRUE(b->has_value());
+  EXPECT_EQ(**b, body);
+  auto none = l->request_body(kSb, (*all)[1]);
+  ASSERT_TRUE(none);
+  EXPECT_FALSE(none->has_value());
+  EXPECT_GE(l->info(kSb).bytes, body.size());  // side files count
+}
+
+TEST_F(StepLogTest, AnEndedEventFollowsEveryCallBeingAnswered) {
+  auto l = open();
+  l->hold(kSb);  // a call is being answered
+  std::atomic<bool> ended_written{false};
+  l->append_event(kSb, "ended", "{}", true,
+                  [&](Result<void> r, std::string) { ended_written = r.has_value(); });
+  l->sandbox_ended(kSb);                                                // its trim waits as well
+  ASSERT_TRUE(l->append_sync(kSb, rec("late"), "answer of the call"));  // held calls still append
+  EXPECT_FALSE(ended_written);
+  EXPECT_FALSE(l->info(kSb).ended);
+  EXPECT_TRUE(l->info(kSb).busy);
+  std::mutex m;
+  std::condition_variable cv;
+  bool woke = false;
+  l->when_after(kSb, 1, [&] {
+    std::lock_guard lk(m);
+    woke = true;
+    cv.notify_all();
+  });
+  l->release(kSb);
+  {
+    std::unique_lock lk(m);
+    cv.wait(lk, [&] { return woke; });
+  }
+  // Written in that order: the call, then the end.
+  ASSERT_TRUE(l->append_sync(kSb, rec("after"), "x"));
+  auto all = l->list(kSb, 0, 10, false);
+  ASSERT_TRUE(all);
+  ASSERT_EQ(all->size(), 3u);
+  EXPECT_EQ((*all)[0].key, "late");
+  EXPECT_EQ((*all)[1].event, "ended");
+  EXPECT_TRUE(ended_written);
+  EXPECT_TRUE(l->info(kSb).ended);
+  EXPECT_TRUE(l->info(kSb).closed);
+}
+
+TEST_F(StepLogTest, WhenAfterRunsAtOnceOrOnTheNextAppend) {
+  auto l = open();
+  ASSERT_TRUE(l->append_sync(kSb, rec("a"), "1"));
+  int now = 0;
+  l->when_after(kSb, 0, [&] { ++now; });  // seq 1 > 0: at once
+  EXPECT_EQ(now, 1);
+  std::mutex m;
+  std::condition_variable cv;
+  int later = 0;
+  l->when_after(kSb, 1, [&] {
+    std::lock_guard lk(m);
+    ++later;
+    cv.notify_all();
+  });
+  EXPECT_EQ(later, 0);
+  ASSERT_TRUE(l->append_sync("n0-cccccccccccc", rec("other"), "2"));  // another log: not yet
+  {
+    std::lock_guard lk(m);
+    EXPECT_EQ(later, 0);
+  }
+  ASSERT_TRUE(l->append_sync(kSb, rec("b"), "3"));
+  std::unique_lock lk(m);
+  cv.wait(lk, [&] { return later == 1; });
+  // Dropped callbacks never run.
+  bool ran = false;
+  l->when_after(kSb, 5, [&] { ran = true; });
+  l->drop_waiters();
+  lk.unlock();
+  ASSERT_TRUE(l->append_sync(kSb, rec("c"), "4"));
+  EXPECT_FALSE(ran);
+}
+
+TEST_F(StepLogTest, APreallocatedTailLeftByACrashIsNotATornRecord) {
+  std::string on_disk;
+  {
+    auto l = open();
+    ASSERT_TRUE(l->append_sync(kSb, rec("a"), "one"));
+    ASSERT_TRUE(l->append_sync(kSb, rec("b"), "two"));
+    on_disk = read_file(log_path());  // what a crash leaves: the records, then zeros
+    EXPECT_GT(on_disk.size(), l->info(kSb).bytes);
+  }
+  EXPECT_LT(fs::file_size(log_path()), on_disk.size());  // a clean stop trims it
+  write_file(log_path(), on_disk);
+  auto l = open();
+  EXPECT_EQ(answer_of(*l, "a"), "one");
+  EXPECT_EQ(answer_of(*l, "b"), "two");
+  EXPECT_EQ(fs::file_size(log_path()), l->info(kSb).bytes);  // cut at open
+  for (auto& e : fs::directory_iterator(dir_ + "/sandboxes/" + kSb))
+    EXPECT_FALSE(e.path().filename().string().starts_with("steps.log.damaged-"));
+  // A record cut short inside preallocated space (zeros after it) is torn, not damage.
+  std::string two_records = read_file(log_path());
+  ASSERT_TRUE(l->append_sync(kSb, rec("c"), "three"));
+  l.reset();
+  std::string three = read_file(log_path());
+  std::string cut = three.substr(0, two_records.size() + (three.size() - two_records.size()) / 2);
+  write_file(log_path(), cut + std::string(4096, '\0'));
+  l = open();
+  EXPECT_EQ(answer_of(*l, "b"), "two");
+  EXPECT_FALSE(l->find("c"));
+  EXPECT_EQ(fs::file_size(log_path()), two_records.size());
+  for (auto& e : fs::directory_iterator(dir_ + "/sandboxes/" + kSb))
+    EXPECT_FALSE(e.path().filename().string().starts_with("steps.log.damaged-"));
+}
+
+TEST_F(StepLogTest, RetentionRunsOnTheLogsClock) {
+  const int64_t kMinute = 60'000'000;
+  {
+    auto l = open(std::chrono::hours(1));
+    auto g = rec("global-key");
+    g.finished_us = now_us_;
+    ASSERT_TRUE(l->append_sync("", g, "g"));
+    ASSERT_TRUE(l->append_sync(kSb, rec("sb-key"), "s"));
+    l->sandbox_ended(kSb);
+    // Ten minutes later: everything is still there.
+    now_us_ += 10 * kMinute;
+    l->sweep();
+    EXPECT_EQ(answer_of(*l, "global-key"), "g");
+    EXPECT_EQ(answer_of(*l, "sb-key"), "s");
+    // Past the hour: the ended sandbox's log and the node-wide key are forgotten.
+    now_us_ += 51 * kMinute;
+    l->sweep();
+    EXPECT_FALSE(l->find("global-key"));
+    EXPECT_FALSE(l->find("sb-key"));
+  }
+  EXPECT_FALSE(fs::exists(log_path()));
 }
 
 TEST(Crc32c, KnownValue) {

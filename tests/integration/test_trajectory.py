@@ -1,0 +1,367 @@
+"""The trajectory log (docs/trajectory-log.md) through a real daemon and the SDK: every
+state-changing call in order with its key, caller and result; exactly-once by key; the
+result channel (by key, and a follower from a cursor); provenance through the CLI;
+replay and branch; the SDK's Trajectory, sync and asyncio."""
+import asyncio
+import base64
+import http.client
+import json
+import os
+import socket
+import subprocess
+import threading
+import time
+import uuid
+
+import pytest
+
+import tidepool
+from tp_testlib import Daemon, api_call as call, wait_until
+
+
+def send_and_leave(daemon, path, body, key, finish=False):
+    """Sends a request and closes the connection before any answer."""
+    s = socket.create_connection(("127.0.0.1", daemon.port))
+    data = json.dumps(body).encode()
+    key_header = f"Idempotency-Key: {key}\r\n" if key else ""
+    if finish:
+        key_header += "Tidepool-On-Disconnect: finish\r\n"
+    s.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+              f"{key_header}Content-Length: {len(data)}\r\n\r\n".encode() + data)
+    time.sleep(0.3)
+    s.close()
+
+
+def test_every_state_changing_call_is_logged_in_order(daemon, client):
+    sb = client.create(ttl=600, labels={"t": "log"})
+    sid = sb.id
+    sb.exec("echo one")                                        # keyed (the SDK's own key)
+    s, _, _ = call(daemon, "POST", f"/v1/sandboxes/{sid}/exec", {"cmd": "echo two; exit 3"})
+    assert s == 200                                            # no key: logged all the same
+    sb.files.write("/tmp/f", "data")
+    sb.files.remove("/tmp/f")
+    p = sb.start("sleep 0.2; exit 4")
+    assert p.wait().exit_code == 4
+    s, _, _ = call(daemon, "GET", f"/v1/sandboxes/{sid}/files?path=/etc/hostname")
+    assert s == 200                                            # reads are not logged
+    sb.kill()
+    entries = wait_until(lambda: (e := sb.log()) and e[-1].event == "ended" and e,
+                         timeout=15, what="the ended event")
+    assert [e.seq for e in entries] == list(range(1, len(entries) + 1))
+    kinds = [(e.kind, e.event or f"{e.method} {e.target.split(sid, 1)[1]}") for e in entries]
+    assert kinds[0] == ("event", "created")
+    assert kinds[-1] == ("event", "ended")
+    calls = [k for t, k in kinds if t == "call"]
+    assert calls == ["POST /exec", "POST /exec", "PUT /files?path=/tmp/f", "DELETE /files?path=/tmp/f",
+                     "POST /processes", "POST /processes/1/wait", "DELETE "], calls
+    assert ("event", "process_exit") in kinds
+    created = entries[0].detail
+    assert created["image"] == "host" and created["labels"] == {"t": "log"} and created["ttl_seconds"] == 600
+    by = [e for e in entries if e.kind == "call"]
+    assert by[0].key and by[1].key is None                     # keyed by the SDK / not keyed
+    assert by[0].result["exit_code"] == 0 and by[0].result["stdout_bytes"] == 4
+    assert by[1].result["exit_code"] == 3
+    assert by[1].request["body"] == {"cmd": "echo two; exit 3"}
+    assert by[0].caller["transport"] == "tcp"
+    assert all(e.status and e.time and e.duration_ms >= 0 for e in by)
+    assert entries[-1].detail["end_reason"] == "deleted"
+    # The full answers on request.
+    full = sb.log(output=True)
+    assert full[1].exec_result().stdout == "one\n"
+    # Paged from a cursor.
+    assert [e.seq for e in sb.log(after=2, limit=2)] == [3, 4]
+
+
+def test_tidepool_log_prints_the_history(daemon, client, build_dir):
+    sb = client.create(ttl=600)
+    sb.exec(["sh", "-c", "echo hi"], idempotency_key="prov/1")
+    sb.files.write("/tmp/x", b"12345", idempotency_key="prov/2")
+    cli = [str(build_dir / "bin" / "tidepool"), "--url", daemon.url]
+    out = subprocess.run(cli + ["log", sb.id], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0].split()[:3] == ["SEQ", "TIME", "(UTC)"]
+    assert "created (image host)" in lines[1]
+    assert "prov/1" in lines[2] and "exec sh -c 'echo hi'" in lines[2] and "exit 0 (3 B out, 0 B err)" in lines[2]
+    assert "prov/2" in lines[3] and "write /tmp/x (5 B)" in lines[3]
+    js = subprocess.run(cli + ["log", sb.id, "--json"], capture_output=True, text=True, timeout=60)
+    assert js.returncode == 0
+    doc = json.loads(js.stdout)
+    assert [e["seq"] for e in doc["entries"]] == [1, 2, 3] and doc["bytes"] > 0
+    ans = subprocess.run(cli + ["log", sb.id, "--key", "prov/1"], capture_output=True, text=True, timeout=60)
+    assert ans.returncode == 0 and base64.b64decode(json.loads(ans.stdout)["stdout"]) == b"hi\n"
+    # Bad input: a clear one-line error and a non-zero exit.
+    bad = subprocess.run(cli + ["log", "n0-000000000000"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 1 and bad.stderr.startswith("tidepool: ") and "not found" in bad.stderr
+    bad = subprocess.run(cli + ["log", sb.id, "--key", "prov/9"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 1 and "prov/9" in bad.stderr
+    bad = subprocess.run(cli + ["log", sb.id, "--limit", "0"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2
+    # tidepool replay: exit 0 when every step matched, 3 with the first divergence.
+    rp = subprocess.run(cli + ["replay", sb.id], capture_output=True, text=True, timeout=120)
+    assert rp.returncode == 0 and "every step matched" in rp.stdout and "(removed)" in rp.stdout, rp
+    sb.exec("cat /proc/sys/kernel/random/uuid", idempotency_key="prov/3")
+    rp = subprocess.run(cli + ["replay", sb.id], capture_output=True, text=True, timeout=120)
+    assert rp.returncode == 3 and "key prov/3" in rp.stdout and ": stdout" in rp.stdout, rp
+    bad = subprocess.run(cli + ["replay", sb.id, "--to", "1", "--to-key", "x"], capture_output=True,
+                         text=True, timeout=60)
+    assert bad.returncode == 2
+
+
+def test_a_step_sent_twice_runs_once_sequentially_and_concurrently(daemon, sandbox):
+    path = f"/v1/sandboxes/{sandbox.id}/exec"
+    step = {"cmd": "echo step >> /tmp/steps; wc -l < /tmp/steps"}
+    a = call(daemon, "POST", path, step, "once/1")
+    b = call(daemon, "POST", path, step, "once/1")
+    assert a[0] == b[0] == 200 and a[2] == b[2]
+    assert b[1].get("idempotent-replayed") == "true"
+    assert b[1].get("server-timing", "").startswith("replay;dur=")
+    # Eight at once, the step slow enough that they overlap.
+    slow = {"cmd": "sleep 0.5; echo slow >> /tmp/steps; wc -l < /tmp/steps"}
+    answers = [None] * 8
+
+    def go(i):
+        answers[i] = call(daemon, "POST", path, slow, "once/2")
+
+    ts = [threading.Thread(target=go, args=(i,)) for i in range(8)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    assert all(x[0] == 200 and x[2] == answers[0][2] for x in answers)
+    assert sandbox.files.read("/tmp/steps") == b"step\nslow\n"  # each ran once
+    keyed = [e.key for e in sandbox.log() if e.kind == "call" and e.key and e.key.startswith("once/")]
+    assert keyed == ["once/1", "once/2"]                        # one record each
+    # The same key with another command is refused, naming both requests.
+    s, _, body = call(daemon, "POST", path, {"cmd": "echo other >> /tmp/steps"}, "once/1")
+    assert s == 409
+    msg = json.loads(body)["message"]
+    assert msg.count(f"POST {path}") == 2 and msg.count("sha256:") == 2, msg
+    assert sandbox.files.read("/tmp/steps") == b"step\nslow\n"
+
+
+def test_a_client_that_lost_its_connection_gets_the_whole_result_by_key(daemon, sandbox):
+    path = f"/v1/sandboxes/{sandbox.id}/exec"
+    big = 300_000  # above the inline limit: the answer is in a side file
+    step = {"cmd": f"sleep 1; head -c {big} /dev/zero | tr '\\0' a; echo ran >> /tmp/ran"}
+    # A step (Tidepool-On-Disconnect: finish) runs to its end however late its client comes
+    # back; a keyed call without it is killed once the retry grace (5 s) passed unanswered.
+    send_and_leave(daemon, path, step, "lost/1", finish=True)
+    send_and_leave(daemon, path, {"cmd": "sleep 8; echo late >> /tmp/late"}, "lost/0")
+    time.sleep(6.5)
+    r = sandbox.step_result("lost/1")
+    assert r.exit_code == 0 and r.stdout_bytes == b"a" * big
+    assert sandbox.files.read("/tmp/ran") == b"ran\n"
+    killed = sandbox.step_result("lost/0")
+    assert killed.signal == 9 and not sandbox.files.exists("/tmp/late")
+    # A streamed step whose client left after its first event: the same.
+    stream = dict(step, stream=True, cmd="sleep 1; seq 1 50000; echo ran >> /tmp/ran")
+    conn = http.client.HTTPConnection("127.0.0.1", daemon.port, timeout=60)
+    conn.request("POST", path, body=json.dumps(stream).encode(),
+                 headers={"Content-Type": "application/json", "Idempotency-Key": "lost/2"})
+    resp = conn.getresponse()
+    assert json.loads(resp.readline())["type"] == "started"
+    conn.close()
+    r = sandbox.step_result("lost/2")
+    assert r.stdout == "".join(f"{i}\n" for i in range(1, 50001))
+    assert sandbox.files.read("/tmp/ran") == b"ran\nran\n"
+    with pytest.raises(tidepool.NotFound):
+        sandbox.step_result("lost/3")
+    conn = http.client.HTTPConnection("127.0.0.1", daemon.port, timeout=60)
+    conn.request("POST", path, body=b'{"cmd":"true"}',
+                 headers={"Content-Type": "application/json", "Tidepool-On-Disconnect": "maybe"})
+    bad = conn.getresponse()
+    assert bad.status == 400 and b"Tidepool-On-Disconnect" in bad.read()
+    conn.close()
+    # Without a key a command dies with its connection (nobody could get its result).
+    send_and_leave(daemon, path, {"cmd": "sleep 2; echo late >> /tmp/ran"}, None)
+    time.sleep(2.5)
+    assert sandbox.files.read("/tmp/ran") == b"ran\nran\n"
+
+
+def test_a_follower_resumes_from_its_cursor_without_gaps_or_duplicates(daemon, client):
+    sb = client.create(ttl=600)
+    n = 40
+    seen = []
+    done = threading.Event()
+
+    def follow():
+        after = 0
+        while True:
+            got = 0
+            for e in sb.follow_log(after=after):
+                seen.append(e.seq)
+                after = e.seq
+                got += 1
+                if e.event == "ended":
+                    done.set()
+                    return
+                if got == 7:
+                    break  # the connection goes; resume from the cursor
+            time.sleep(0.05)
+
+    t = threading.Thread(target=follow)
+    t.start()
+    for i in range(n):
+        sb.exec(f"echo {i}")
+    sb.kill()
+    assert done.wait(60), seen
+    t.join(10)
+    last = sb.log()[-1].seq
+    assert seen == list(range(1, last + 1))                     # every seq once, in order
+    assert last >= n + 2                                        # created, n execs, delete, ended
+
+
+def test_a_follow_of_an_ended_sandbox_ends(daemon, client):
+    sb = client.create(ttl=600)
+    sb.exec("true")
+    sb.kill()
+    wait_until(lambda: sb.log()[-1].event == "ended", timeout=15, what="the ended event")
+    got = list(sb.follow_log())
+    assert got[-1].event == "ended" and [e.seq for e in got] == list(range(1, len(got) + 1))
+    assert list(sb.follow_log(after=got[-1].seq)) == []
+
+
+def test_bad_log_requests(daemon, sandbox):
+    base = f"/v1/sandboxes/{sandbox.id}"
+    for q in ("?after=-1", "?after=x", "?limit=0", "?limit=10001", "?follow=maybe"):
+        s, _, b = call(daemon, "GET", base + "/log" + q)
+        assert s == 400 and json.loads(b)["code"] == "invalid_argument", (q, b)
+    s, _, b = call(daemon, "GET", "/v1/sandboxes/n0-000000000000/log")
+    assert s == 404
+    # A keyed call on a sandbox that never was makes no log for it (its answer is kept
+    # node-wide: a repeat still gets it).
+    ghost = "n0-111111111111"
+    for _ in range(2):
+        s, h, _ = call(daemon, "POST", f"/v1/sandboxes/{ghost}/exec", {"cmd": "true"}, "ghost/1")
+        assert s == 404
+    assert h.get("idempotent-replayed") == "true"
+    assert call(daemon, "GET", f"/v1/sandboxes/{ghost}/log")[0] == 404
+    assert not os.path.exists(os.path.join(daemon.data_dir, "sandboxes", ghost))
+    s, _, b = call(daemon, "GET", base + "/log/result")
+    assert s == 400 and "key" in json.loads(b)["message"]
+    for body in ({"to_step": 0}, {"to_step": "x"}, {"nope": 1}, {"to_step": 1, "to_key": "a"},
+                 {"rekey": {"from": ""}}, {"rekey": "x"}):
+        s, _, b = call(daemon, "POST", base + "/replay", body)
+        assert s == 400, (body, b)
+    s, _, b = call(daemon, "POST", base + "/replay", {"to_step": 9999})
+    assert s == 400 and "past the end" in json.loads(b)["message"]
+    s, _, b = call(daemon, "POST", base + "/replay", {"to_key": "no/such"})
+    assert s == 404
+    s, _, b = call(daemon, "POST", "/v1/sandboxes/n0-000000000000/replay", {})
+    assert s == 404
+
+
+def test_replay_matches_reports_the_first_divergence_and_branches_continue_live(daemon, client, track):
+    traj = tidepool.Trajectory.create(client, f"rp-{uuid.uuid4().hex[:6]}", ttl=600)
+    traj.mkdir("/w", parents=True)                              # step 1
+    traj.write("/w/a", "one\n")                                 # step 2
+    traj.exec("cat /w/a >> /w/log; hostname")                  # step 3 (the hostname is the id)
+    traj.exec("echo two > /w/b")                                # step 4
+    traj.exec("ls /w; cat /w/log")                              # step 5
+    rep = traj.replay()
+    assert rep.matched and rep.first_divergence is None, rep
+    assert rep.replayed == 5 and not rep.kept
+    assert rep.sandbox.state == "stopped"                       # a plain replay removes it
+    # A step that differs each run is the first divergence.
+    traj.exec("cat /proc/sys/kernel/random/uuid")               # step 6
+    traj.exec("true")                                           # step 7
+    rep = traj.replay()
+    assert not rep.matched and rep.divergences == 1
+    d = rep.first_divergence
+    assert d.key == traj.key(6) and d.field == "stdout" and d.recorded != d.replayed
+    # Up to a step only.
+    rep = traj.replay(to_step=5)
+    assert rep.matched and rep.replayed == 5
+    # A branch at step 3 continues live from the state after step 3.
+    br = traj.branch(3)
+    track(br.sandbox.id)
+    assert br.step == 3 and br.report.matched and br.sandbox.state == "running"
+    assert br.sandbox.files.read("/w/log") == b"one\n"
+    assert not br.sandbox.files.exists("/w/b")                  # step 4 was not replayed
+    r = br.exec("echo live >> /w/log; cat /w/log")             # step 4 of the branch, live
+    assert r.stdout == "one\nlive\n"
+    keys = [e.key for e in br.log()]
+    assert keys == [br.key(i) for i in range(1, 5)]             # replayed steps re-keyed
+    assert br.sandbox.labels.get("replay_of") == traj.sandbox.id
+    events = [e.event for e in br.sandbox.log() if e.kind == "event"]
+    assert events[:2] == ["created", "replay"] and "replay_finished" in events
+    # The original is untouched.
+    assert traj.sandbox.files.read("/w/log") == b"one\n"
+    # Branching again with the same id (a restarted trainer) gives the same branch.
+    again = traj.branch(3, id=br.id)
+    assert again.sandbox.id == br.sandbox.id
+    br.sandbox.kill()
+
+
+def test_a_restarted_trainer_fast_forwards_and_continues_live(daemon, client):
+    tid = f"ff-{uuid.uuid4().hex[:6]}"
+
+    def rollout(stop_after=None):
+        traj = tidepool.Trajectory.create(client, tid, ttl=600)
+        outs = []
+        for i in range(1, 7):
+            if stop_after is not None and i > stop_after:
+                break
+            outs.append(traj.exec(f"echo {i} >> /tmp/steps; wc -l < /tmp/steps").stdout)
+        return traj, outs
+
+    first, outs1 = rollout(stop_after=4)
+    second, outs2 = rollout()                                   # "restarted": same id, same code
+    assert second.sandbox.id == first.sandbox.id                # the keyed create came back
+    assert outs2[:4] == outs1                                   # fast-forwarded: recorded results
+    assert outs2 == [f"{i}\n" for i in range(1, 7)]
+    assert second.sandbox.files.read("/tmp/steps") == b"".join(f"{i}\n".encode() for i in range(1, 7))
+    assert [e.key for e in second.log()] == [second.key(i) for i in range(1, 7)]
+    assert second.result(2).stdout == "2\n"
+
+
+def test_async_trajectory(daemon, make_async_client, track):
+    tid = f"as-{uuid.uuid4().hex[:6]}"
+
+    async def rollout(n):
+        async with make_async_client(timeout=60) as c:
+            traj = await tidepool.AsyncTrajectory.create(c, tid, ttl=600)
+            assert isinstance(tidepool.Trajectory(traj.sandbox, tid), tidepool.AsyncTrajectory)
+            await traj.write("/tmp/a", "x")
+            outs = [(await traj.exec(f"echo {i} >> /tmp/s; wc -l < /tmp/s")).stdout for i in range(n)]
+            chunks = [c async for c in traj.exec_stream("cat /tmp/s")]
+            entries = await traj.log()
+            rep = await traj.replay()
+            br = await traj.branch(2)
+            track(br.sandbox.id)
+            b_out = (await br.exec("cat /tmp/s")).stdout
+            await br.sandbox.kill()
+            return traj.sandbox.id, outs, chunks, entries, rep, b_out
+
+    sid, outs, chunks, entries, rep, b_out = asyncio.run(rollout(3))
+    assert outs == ["1\n", "2\n", "3\n"]
+    assert chunks[-1].stdout == "0\n1\n2\n"
+    assert [e.key for e in entries] == [f"{tid}/{i}" for i in range(1, 6)]
+    assert rep.matched, rep
+    assert b_out == "0\n"                                       # after step 2: the write, one exec
+    # Again, as a restarted trainer: fast-forwarded, nothing ran twice.
+    sid2, outs2, _, _, _, _ = asyncio.run(rollout(3))
+    assert sid2 == sid and outs2 == outs
+
+
+def test_trajectory_log_off_records_keyed_calls_only(build_dir, track):
+    d = Daemon(build_dir, extra_args=["--trajectory-log", "off"])
+    try:
+        d.start()
+        with tidepool.Client(d.url, timeout=60) as c:
+            sb = c.create(ttl=600)
+            track(sb.id)
+            s, _, _ = call(d, "POST", f"/v1/sandboxes/{sb.id}/exec", {"cmd": "true"})
+            assert s == 200
+            sb.exec("echo keyed", idempotency_key="off/1")
+            entries = sb.log()
+            assert [(e.kind, e.key) for e in entries] == [("call", "off/1")]   # no events, no unkeyed
+            assert sb.exec("echo keyed", idempotency_key="off/1").stdout == "keyed\n"
+            sb.kill()
+            # Without an ended event a follow of the ended sandbox still ends.
+            followed = list(sb.follow_log())
+            assert followed and all(e.kind == "call" and e.key for e in followed)
+    finally:
+        d.stop()
+        d.cleanup()
