@@ -119,8 +119,8 @@ TEST_F(TrajectoryEventsTest, WithoutEventsOnlyTheRetentionClockStarts) {
 }
 
 TEST_F(TrajectoryEventsTest, AStepLostInARestartIsRecordedAs503UnlessItWasAnswered) {
-  StepFingerprint fp{"POST", std::string("/v1/sandboxes/") + kEvSb + "/exec", std::string(32, '\x7f'),
-                     12};
+  StepFingerprint fp{"POST", std::string("/v1/sandboxes/") + kEvSb + "/exec",
+                     std::string(32, '\x7f'), 12};
   std::string tag = step_tag("T/4", fp, R"({"transport":"tcp"})");
   auto rec = step_lost_record(tag, 0, 42);
   ASSERT_TRUE(rec) << rec.error().message();
