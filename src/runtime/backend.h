@@ -52,6 +52,11 @@ struct SandboxSpec {
   // id), allocated by the node (node/uid_ranges.h) so that per-user kernel
   // limits are the sandbox's own. 0 = the backend's shared default range.
   uint32_t uid_base = 0;
+  // The function tier's workers (src/function/): processes inside may use the mount
+  // API (a call's child builds its own root; each call is then put under the default
+  // filter again), and the sandbox's memory and pids cgroups are delegated to its root
+  // (v1; v2 delegates its one cgroup anyway), so that each call gets limits of its own.
+  bool nested_isolation = false;
 };
 
 struct Usage {
