@@ -71,7 +71,18 @@ std::string Metrics::render() const {
       "# TYPE tidepool_http_requests_total counter\n";
   for (const auto& [code, n] : http)
     out += fmt::format("tidepool_http_requests_total{{code=\"{}\"}} {}\n", code, n);
+  std::vector<std::function<void(std::string*)>> sources;
+  {
+    std::lock_guard lk(mu_);
+    sources = sources_;
+  }
+  for (const auto& f : sources) f(&out);
   return out;
+}
+
+void Metrics::add_source(std::function<void(std::string* out)> f) {
+  std::lock_guard lk(mu_);
+  sources_.push_back(std::move(f));
 }
 
 }  // namespace tp

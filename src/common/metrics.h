@@ -10,6 +10,7 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <vector>
 
 namespace tp {
 
@@ -40,12 +41,16 @@ class Metrics {
   void count_http(int status);
   // Gauge source: sandboxes by state, asked at render time.
   void set_state_source(std::function<std::map<std::string, uint64_t>()> f);
+  // More lines at the end of render(), from a module with metrics of its own (the
+  // function tier). Set before serving.
+  void add_source(std::function<void(std::string* out)> f);
   std::string render() const;
 
  private:
   mutable std::mutex mu_;
   std::map<int, uint64_t> http_;
   std::function<std::map<std::string, uint64_t>()> states_;
+  std::vector<std::function<void(std::string*)>> sources_;
 };
 
 }  // namespace tp
