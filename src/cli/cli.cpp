@@ -123,8 +123,8 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   app.fallthrough();  // `tidepool ls --url U` as well as `tidepool --url U ls`
   app.footer(
-      "Exit status: 0 ok, 1 error (one line on stderr), 2 usage error; run and exec exit\n"
-      "with the command's code (128+N if killed by signal N, 124 on timeout).");
+      "Exit status: 0 ok, 1 error (one line on stderr), 2 usage error; run, exec and fn run\n"
+      "exit with the command's code (128+N if killed by signal N, 124 on timeout).");
 
   std::vector<std::pair<CLI::App*, Action>> actions;
   auto add = [&](const char* name, Action (*fn)(CLI::App&, Context&)) {
@@ -139,6 +139,7 @@ int main(int argc, char** argv) {
   add("rm", add_rm);
   add("version", add_version);
   add("image", add_image);
+  add("fn", add_fn);
 
   try {
     app.parse(argc, argv);

@@ -69,6 +69,7 @@ Action add_ls(CLI::App& root, Context& ctx);
 Action add_rm(CLI::App& root, Context& ctx);
 Action add_version(CLI::App& root, Context& ctx);
 Action add_image(CLI::App& root, Context& ctx);  // cmd_image.cpp
+Action add_fn(CLI::App& root, Context& ctx);     // cmd_fn.cpp
 
 // Flags that describe a new sandbox, shared by `create` and `run`.
 struct CreateFlags {
