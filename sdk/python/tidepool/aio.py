@@ -33,12 +33,14 @@ from typing import Any, AsyncIterator, Dict, List, Mapping, Optional, Union
 from . import _api, _tar
 from ._aio import AsyncTransport
 from ._base import USER_AGENT, ClientBase, FilesBase, ProcessHandleBase, SandboxBase, command_opts, create_fields
+from ._base import run_fields
 from ._http import Request, default_url, prepare
 from ._retry import DEFAULT_RETRY, RetryPolicy
 from .errors import NotFound, TidepoolError
 from .models import BatchResult, ExecResult, FileEntry, OutputChunk, ProcessInfo, SandboxInfo, StreamParser
 from .models import _finish, checked, chunks_of, parse_batch, parse_entries, parse_exec_json
 from .models import parse_processes, parse_sandboxes, run_shielded, wait_result
+from .models import RunResult, parse_run_batch
 
 __all__ = ["AsyncClient", "AsyncSandbox", "AsyncFiles", "AsyncProcessHandle"]
 
@@ -100,6 +102,80 @@ class AsyncClient(ClientBase):
     async def metrics(self) -> str:
         """GET /metrics: the Prometheus text exposition."""
         return (await self._transport.request(_api.metrics())).body.decode("utf-8", errors="replace")
+
+    # -- the function tier -------------------------------------------------------
+
+    async def run_code(
+        self,
+        language: str,
+        source: str,
+        stdin: Optional[Union[bytes, str]] = None,
+        timeout: Optional[_api.Seconds] = None,
+        memory_mb: Optional[int] = None,
+        files: Optional[Mapping[str, Union[bytes, str]]] = None,
+        args: Optional[List[str]] = None,
+        env: Optional[Mapping[str, str]] = None,
+        fetch_files: Optional[List[str]] = None,
+        compile_timeout: Optional[_api.Seconds] = None,
+        idempotency_key: Optional[str] = None,
+    ) -> RunResult:
+        """Runs a program once in the function tier and returns its outcome.
+
+        No sandbox of your own: the program runs in a fresh isolated child of a
+        pre-started worker (its own namespaces, cgroup, scratch tmpfs, no network) and
+        nothing of it remains afterwards. A failing program is a result (see
+        ``verdict``), not an exception.
+
+        Args:
+            language: ``"python"``, ``"cpp"``, ``"c"``, ``"nodejs"``, ``"bash"``, ... (see
+                :meth:`fn_languages`).
+            source: the program's text.
+            stdin: its standard input (str or bytes).
+            timeout: wall-clock limit in seconds (daemon default 10).
+            memory_mb: memory limit of the run (daemon default 512).
+            files: more files for its directory, ``{relative path: bytes or str}``.
+            args: arguments after the program.
+            env: environment variables.
+            fetch_files: files to return from its directory afterwards (``result.files``).
+            compile_timeout: limit of the compile step of compiled languages.
+            idempotency_key: makes the daemon record the answer and return it again on a
+                repeat of the key (by default none: a run changes nothing, and a retry
+                after a broken connection simply runs it again).
+
+        Raises:
+            InvalidArgument: unknown language, a limit out of range, a file path outside
+                the program's directory.
+            QuotaExceeded: too many runs of this client are queued.
+            Unavailable: no worker could run it.
+        """
+        fields = run_fields(language, source, stdin, timeout, memory_mb, files, args, env, fetch_files,
+                            compile_timeout)
+        return RunResult.from_json(await self._call(_api.run_code(self.timeout, **fields), idempotency_key))
+
+    async def run_code_batch(
+        self, runs: List[Mapping[str, Any]], idempotency_key: Optional[str] = None, **defaults: Any
+    ) -> List[Union[RunResult, Exception]]:
+        """Runs many programs, or one program against many inputs, in one request.
+
+        ``runs`` is a sequence of mappings of :meth:`run_code` keywords; ``defaults``
+        (the same keywords) apply to every run. With ``language`` and ``source`` in
+        ``defaults`` and runs that give only ``stdin``, ``args``, ``files`` or ``env``,
+        the program is sent (and compiled) once::
+
+            results = client.run_code_batch([{"stdin": t} for t in tests], language="cpp", source=src)
+
+        Returns the results in order; a run that could not complete is the exception
+        :meth:`run_code` would have raised, as a value (check with ``isinstance``).
+        """
+        return parse_run_batch(await self._call(_api.run_code_batch(runs, defaults), idempotency_key))
+
+    async def fn_languages(self) -> List[Dict[str, Any]]:
+        """The languages the function tier serves (name, aliases, SandboxFusion names, ...)."""
+        return list((await self._call(_api.fn_languages())).get("languages") or [])
+
+    async def fn_status(self) -> Dict[str, Any]:
+        """The function tier's workers, queue, rate and verdict counts."""
+        return await self._call(_api.fn_status())
 
     # -- sandboxes ---------------------------------------------------------------
 
