@@ -400,6 +400,9 @@ bool FunctionRoutes::handle(Request& req, std::shared_ptr<Responder> res) {
     cfg["max_timeout"] = static_cast<double>(opts.max.timeout_ms) / 1000.0;
     cfg["default_memory_mb"] = opts.defaults.memory_bytes >> 20;
     cfg["max_memory_mb"] = opts.max.memory_bytes >> 20;
+    json::object warm;
+    for (const auto& [k, v] : svc->warm_per_worker()) warm[k] = v;
+    cfg["warm_per_worker"] = std::move(warm);
     out["config"] = std::move(cfg);
     res->send_json(200, out);
     return true;

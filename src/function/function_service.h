@@ -25,6 +25,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -57,6 +58,7 @@ struct ServiceOptions {
   uint64_t cache_bytes = 256ull << 20;
   size_t max_batch = 10'000;
   std::chrono::milliseconds retry_backoff{500};  // first retry of a failed worker start
+  std::map<std::string, uint32_t> warm;          // what each worker keeps ready (status only)
   // Runs blocking work (worker creation and removal); default: two threads of its own.
   std::function<void(std::function<void()>)> run_blocking;
 };
@@ -87,6 +89,9 @@ class FunctionService {
   void warm_up(const std::string& image);
 
   const LanguageSet& languages() const { return *langs_; }
+  // Children each worker keeps ready, by flavor (what the tier was configured with;
+  // informational, for status and the tests' leak checks).
+  std::map<std::string, uint32_t> warm_per_worker() const { return opts_.warm; }
   const ServiceOptions& options() const { return opts_; }
 
   struct WorkerStatus {

@@ -45,6 +45,7 @@ Result<std::unique_ptr<FunctionService>> make_function_tier(boost::asio::io_cont
     }
   }
   init.preload.assign(preload.begin(), preload.end());
+  opts.service.warm = init.warm;
   // Every slot's child, the warm ones, and a few being torn down.
   init.max_children =
       static_cast<uint32_t>(opts.service.slots + opts.warm + prestarted * opts.warm_prestart + 8);

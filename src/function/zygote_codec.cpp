@@ -237,6 +237,8 @@ Result<FilesStream> parse_files(std::string_view data, FilesStream* partial) {
           fs.status_exit_code = c->as_int64();
         if (const auto* s = o->if_contains("signal"); s && s->is_int64())
           fs.status_signal = static_cast<int>(s->as_int64());
+        if (const auto* c = o->if_contains("cpu_us"); c && c->is_int64() && c->as_int64() >= 0)
+          fs.status_cpu_us = static_cast<uint64_t>(c->as_int64());
         break;
       }
       case 4:
@@ -262,11 +264,12 @@ StepResult step_result(const ExitInfo& exit, std::string out, std::string err, b
   s.timed_out = exit.timed_out;
   s.oom_killed = exit.oom_kills > 0;
   s.output_limit = exit.output_limit;
-  // pid 1 supervised the program (compile steps, fetches, prestarted runtimes): its
-  // report is the program's status unless pid 1 itself was killed (limits).
+  // pid 1 supervises the program (pid 2): its report is the program's status, unless
+  // pid 1 itself was killed (a limit, which kills the whole namespace).
   if (files.has_status && exit.signal == 0) {
     s.exit_code = files.status_exit_code;
     s.signal = files.status_signal;
+    if (files.status_cpu_us) s.cpu_us = *files.status_cpu_us;
   } else {
     s.exit_code = exit.exit_code;
     s.signal = exit.signal;

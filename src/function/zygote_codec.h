@@ -18,7 +18,8 @@
 //   kLog     JSON {level, message}: the zygote's own diagnostics (call 0)
 // The files stream, written by the call's child on its fd 3: records of u8 kind, u32
 // name_len, u64 data_len, name, data. kFile (a fetched file), kMissing (name only),
-// kStatus (JSON {exit_code, signal}: the program's status, when pid 1 supervised it),
+// kStatus (JSON {exit_code, signal, cpu_us}: the program's status, from pid 1, which
+// supervises the program, pid 2),
 // kError (text: the child could not start the program). It comes from the call's own
 // world, so it is parsed strictly and bounded, and can speak only for its own call.
 //
@@ -133,6 +134,7 @@ struct FilesStream {
   std::vector<std::string> missing;
   std::optional<int64_t> status_exit_code;  // set with has_status
   int status_signal = 0;
+  std::optional<uint64_t> status_cpu_us;  // the program's own CPU time (not pid 1's set-up)
   bool has_status = false;
   std::string error;
 };

@@ -117,6 +117,7 @@ class AsyncClient(ClientBase):
         env: Optional[Mapping[str, str]] = None,
         fetch_files: Optional[List[str]] = None,
         compile_timeout: Optional[_api.Seconds] = None,
+        max_output_bytes: Optional[int] = None,
         idempotency_key: Optional[str] = None,
     ) -> RunResult:
         """Runs a program once in the function tier and returns its outcome.
@@ -138,6 +139,8 @@ class AsyncClient(ClientBase):
             env: environment variables.
             fetch_files: files to return from its directory afterwards (``result.files``).
             compile_timeout: limit of the compile step of compiled languages.
+            max_output_bytes: per stream; a program writing more is killed (verdict
+                ``output_limit``; daemon default 16 MiB).
             idempotency_key: makes the daemon record the answer and return it again on a
                 repeat of the key (by default none: a run changes nothing, and a retry
                 after a broken connection simply runs it again).
@@ -149,7 +152,7 @@ class AsyncClient(ClientBase):
             Unavailable: no worker could run it.
         """
         fields = run_fields(language, source, stdin, timeout, memory_mb, files, args, env, fetch_files,
-                            compile_timeout)
+                            compile_timeout, max_output_bytes)
         return RunResult.from_json(await self._call(_api.run_code(self.timeout, **fields), idempotency_key))
 
     async def run_code_batch(

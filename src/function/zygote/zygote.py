@@ -58,7 +58,6 @@ MNT_DETACH = 2
 AT_RECURSIVE = 0x8000
 MOUNT_ATTR_RDONLY = 0x1
 MOUNT_ATTR_NOSUID = 0x2
-MOUNT_ATTR_NODEV = 0x4
 PR_SET_PDEATHSIG = 1
 PR_SET_DUMPABLE = 4
 PR_SET_SECCOMP = 22
@@ -219,8 +218,9 @@ def _child_setup(cfg, slot, flavor, cg_dirs):
         pass
     uid = cfg["uid_base"] + slot
     mount(None, "/", None, MS_REC | MS_PRIVATE, None)
-    # Read-only everywhere, then fresh writable places of its own on top.
-    mount_setattr_recursive("/", MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV)
+    # Read-only everywhere, then fresh writable places of its own on top. (Not nodev:
+    # /dev is the sandbox's read-only bind of a few harmless nodes, null among them.)
+    mount_setattr_recursive("/", MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID)
     umount(cfg["private_dir"], MNT_DETACH)  # the zygote's cgroup mounts
     mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV,
           f"size={cfg['scratch_bytes']},nr_inodes={cfg['scratch_inodes']},mode=0755,uid={uid},gid={uid}")
@@ -330,6 +330,7 @@ def _status_of(wstatus):
 
 
 def _fetch(req):
+    """Records the files `req` names ({"fetch": [...], "fetch_bytes": N}) on fd 3."""
     limit = req.get("fetch_bytes", 64 << 20)
     for name in req.get("fetch", []):
         path = _safe_path(name)
@@ -377,9 +378,7 @@ def _run_python(req, memfd, stdin_off):
     sys.stderr = sys.__stderr__ = io.TextIOWrapper(io.BufferedWriter(io.FileIO(2, "w", closefd=False)),
                                                    encoding="utf-8", errors="backslashreplace",
                                                    line_buffering=True)
-    fetch = bool(req.get("fetch"))
-    if not fetch:
-        os.close(3)
+    os.close(3)  # the supervisor reports and fetches; the program has no say in it
     main = types.ModuleType("__main__")
     main.__file__ = script
     main.__builtins__ = builtins
@@ -397,13 +396,7 @@ def _run_python(req, memfd, stdin_off):
         e = e.with_traceback(tb.tb_next if tb is not None else None)
         sys.excepthook(type(e), e, e.__traceback__)
         code = 1
-    code = _finish_python(code)
-    if fetch:
-        try:
-            _fetch(req)
-        except OSError:
-            pass
-    os._exit(code)
+    os._exit(_finish_python(code))
 
 
 def _exit_code(e):
@@ -441,33 +434,61 @@ def _finish_python(code):
     return code
 
 
-def _supervise(pid, req):
-    """pid 1 of a supervised call: waits for the program, reports its status, fetches files."""
+def _supervise(pid, fetch_of):
+    """pid 1 of a call: reaps every process that ends up as its child (as an init does)
+    until the program (pid 2) ended, then reports the program's status and fetches the
+    files it was asked for. `fetch_of()` gives that list (after the program ended)."""
     while True:
         try:
-            _, wstatus = os.waitpid(pid, 0)
-            break
+            got, wstatus, ru = os.wait4(-1, 0)
         except InterruptedError:
             continue
-    _record(REC_STATUS, "", json.dumps(_status_of(wstatus)).encode())
-    _fetch(req)
+        except ChildProcessError:
+            os._exit(0)
+        if got == pid:
+            break
+    st = _status_of(wstatus)
+    st["cpu_us"] = int((ru.ru_utime + ru.ru_stime) * 1e6)
+    _record(REC_STATUS, "", json.dumps(st).encode())
+    _fetch(fetch_of())
     os._exit(0)
 
 
-def _run_call(cfg, memfd, prestarted):
+def _fetch_list(fd):
+    """The fetch list the runner wrote before it ran the program ([] if it never did)."""
+    data = b""
+    try:
+        while True:
+            b = os.read(fd, 65536)
+            if not b:
+                break
+            data += b
+    except OSError:
+        pass
+    try:
+        v = json.loads(data or b"{}")
+        return v if isinstance(v, dict) else {}
+    except ValueError:
+        return {}
+
+
+def _run_call(cfg, memfd, prestarted, fetch_w):
     hlen = struct.unpack("<I", os.pread(memfd, 4, 0))[0]
     req = json.loads(os.pread(memfd, hlen, 4))
+    if fetch_w is not None:  # the supervisor fetches after the program: tell it what
+        write_all(fetch_w, json.dumps({"fetch": req.get("fetch", []),
+                                       "fetch_bytes": req.get("fetch_bytes", 64 << 20)}).encode())
+        os.close(fetch_w)
     stdin_off = _write_files(req, memfd, 4 + hlen)
     env = req.get("env", {})
     _set_limits(req)
     os.chdir(req.get("cwd", "/tmp"))
-    mode = req["mode"]
-    if mode == "python":
-        os.environ.clear()
-        os.environ.update(env)
-        _run_python(req, memfd, stdin_off)
     if prestarted is not None:
         node_pid, code_w, stdin_w = prestarted
+        if req.get("cpu_seconds"):  # it started before its limits were known
+            import resource
+            c = req["cpu_seconds"]
+            resource.prlimit(node_pid, resource.RLIMIT_CPU, (c, c + 1))
         write_all(code_w, json.dumps({"argv": req["argv"], "env": env,
                                       "cwd": req.get("cwd", "/tmp")}).encode())
         os.close(code_w)
@@ -482,13 +503,11 @@ def _run_call(cfg, memfd, prestarted):
             pass  # the program stopped reading its stdin
         os.close(stdin_w)
         os.close(memfd)
-        _supervise(node_pid, req)
-    supervised = bool(req.get("fetch"))
-    if supervised:
-        pid = os.fork()
-        if pid:
-            os.close(memfd)
-            _supervise(pid, req)
+        _supervise(node_pid, lambda: req)
+    if req["mode"] == "python":
+        os.environ.clear()
+        os.environ.update(env)
+        _run_python(req, memfd, stdin_off)
     os.lseek(memfd, stdin_off, os.SEEK_SET)
     os.dup2(memfd, 0)
     os.close(memfd)
@@ -524,8 +543,38 @@ def _prestart(cfg, lang):
     return pid, code_w, stdin_w
 
 
+def _wait_for_call():
+    """Tells the zygote this child is ready and waits for its call's memfd (fd 4 is the
+    control socket); exits quietly when the zygote is gone."""
+    ctl_sock = socket.socket(fileno=4)
+    # The zygote keeps the call's mount namespace alive past its exit (and lets its
+    # closer process drop it), so that tearing down its mounts is not on the call's path.
+    nsfd = os.open("/proc/self/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
+    socket.send_fds(ctl_sock, [b"R"], [nsfd])
+    os.close(nsfd)
+    msg, fds_in, _, _ = socket.recv_fds(ctl_sock, 16, 1)
+    if msg != b"G" or len(fds_in) != 1:
+        os._exit(0)  # the zygote is gone (EOF) or confused: nothing to run
+    ctl_sock.detach()
+    os.close(4)
+    return fds_in[0]
+
+
+def _become_supervisor():
+    """pid 1 lets go of everything a call writes to (the zygote sees the end of the call's
+    output when the program's copies close) and of the control socket."""
+    null = os.open("/dev/null", os.O_RDWR | os.O_CLOEXEC)
+    move_fds({0: null, 1: null, 2: null})
+    os.close(null)
+    os.close(4)
+    for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
+        signal.signal(s, signal.SIG_DFL)  # pid 1: what the program sends it is ignored
+
+
 def child_main(cfg, slot, flavor, cg_dirs, fds):
-    """A warm child: isolate, tell the zygote it is ready, serve exactly one call."""
+    """A warm child: isolate, then split into pid 1 (the supervisor, which reports the
+    program's status) and the program's process (pid 2, which gets the call); the
+    program is never pid 1 of its namespace, so its signals act as anywhere else."""
     out_w, err_w, files_w, ctl = fds
     try:
         null = os.open("/dev/null", os.O_RDONLY | os.O_CLOEXEC)
@@ -533,21 +582,19 @@ def child_main(cfg, slot, flavor, cg_dirs, fds):
         os.closerange(5, 1 << 20)  # the zygote's stdin/stdout, siblings' pipes, pidfds: all gone
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         _child_setup(cfg, slot, flavor, cg_dirs)
-        prestarted = None
         if flavor != "generic":
             prestarted = _prestart(cfg, cfg["languages"][flavor])
-        ctl_sock = socket.socket(fileno=4)
-        # The zygote keeps the call's mount namespace alive past its exit (and lets its
-        # closer process drop it), so that tearing down its mounts is not on the call's path.
-        nsfd = os.open("/proc/self/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
-        socket.send_fds(ctl_sock, [b"R"], [nsfd])
-        os.close(nsfd)
-        msg, fds_in, _, _ = socket.recv_fds(ctl_sock, 16, 1)
-        if msg != b"G" or len(fds_in) != 1:
-            os._exit(0)  # the zygote is gone (EOF) or confused: nothing to run
-        ctl_sock.detach()
-        os.close(4)
-        _run_call(cfg, fds_in[0], prestarted)
+            memfd = _wait_for_call()
+            _run_call(cfg, memfd, prestarted, None)
+        fetch_r, fetch_w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            os.close(fetch_r)
+            memfd = _wait_for_call()
+            _run_call(cfg, memfd, None, fetch_w)
+        os.close(fetch_w)
+        _become_supervisor()
+        _supervise(pid, lambda: _fetch_list(fetch_r))
     except BaseException as e:  # noqa: BLE001
         msg = f"{type(e).__name__}: {e}"
         try:
