@@ -4,7 +4,9 @@
 # (bench/daemon_bench): exec in a running sandbox against a host spawn of the same binary,
 # its RSS under keyed 4 MiB execs, and a restart with 500 sandboxes alive (50 when quick);
 # then bench/hostile_bench.py: /health with 10,000 idle connections held open, and what a
-# uid range per sandbox adds to a create.
+# uid range per sandbox adds to a create; then bench/fn_bench: `print(1)` through the
+# function tier against a fresh sandbox per call and a bare host python3 (1, 2, 8
+# clients), and a C++ solution against 100 test cases in one batch call.
 #
 #   make bench                      ~10 min on 2 cores: 20 latency rounds x 30 runs per tool,
 #                                   5 s per tool and concurrency, 1,000 idle sandboxes per tool
@@ -28,10 +30,12 @@ if [ "${BENCH_QUICK:-0}" = 1 ]; then
   ARGS="--rounds 3 --runs 5 --rate-seconds 1.5 --idle 100 --idle-cap 20 --exec-rounds 2 --exec-runs 20 --rss-execs 10"
   RESTART_N=${BENCH_RESTART_N:-50}
   HOSTILE_IDLE=1000 HOSTILE_ROUNDS=2 HOSTILE_RUNS=5
+  FN_ARGS="--rounds 1 --seconds 1 --sandbox-seconds 1"
 else
   ARGS="--rounds 20 --runs 30 --rate-seconds 5 --idle 1000 --idle-cap 100 --exec-rounds 10 --exec-runs 50 --rss-execs 100"
   RESTART_N=${BENCH_RESTART_N:-500}
   HOSTILE_IDLE=10000 HOSTILE_ROUNDS=10 HOSTILE_RUNS=20
+  FN_ARGS="--rounds 2 --seconds 5 --sandbox-seconds 4"
 fi
 # How the daemon is stopped for the restart measurement: KILL, as a crash or an upgrade
 # that gives the old daemon no chance to tidy up (TERM ends every sandbox by design).
@@ -39,7 +43,7 @@ RESTART_SIGNAL=${BENCH_RESTART_SIGNAL:-KILL}
 
 [ "$(id -u)" = 0 ] || { echo "bench: needs root (namespaces, cgroups, peers' containers)" >&2; exit 1; }
 sh "$ROOT/scripts/install-bench-deps.sh"
-for b in tidepoold tidepool tp-agent api_bench raw_floor daemon_bench; do
+for b in tidepoold tidepool tp-agent api_bench raw_floor daemon_bench fn_bench; do
   [ -x "$BIN/$b" ] || { echo "bench: $BIN/$b missing (make build)" >&2; exit 1; }
 done
 
@@ -184,6 +188,27 @@ mkdir -p "$OUT"
 # shellcheck disable=SC2086
 in_peer_ns "$PY" "$ROOT/bench/peers.py" --work "$WORK" --bin "$BIN" --url "$URL" --daemon-pid "$DPID" \
   --image "$IMAGE" --image-note "$NOTE" --prefix "$PREFIX" --out "$WORK/results.json" $ARGS
+
+# The function tier (bench/fn_bench): print(1) through it, through a fresh container-tier
+# sandbox per call and as a bare host python3, at 1, 2 and 8 clients; a C++ solution
+# against 100 test cases in one batch call. Outside the peers' mount namespace, as the
+# daemon's own sandboxes need the host's mounts.
+echo "bench: function tier"
+# shellcheck disable=SC2086
+"$BIN/fn_bench" --url "$URL" --json $FN_ARGS >"$WORK/fn.json" 2>"$WORK/fn.log" || true
+"$PY" - "$WORK/results.json" "$WORK/fn.json" "$WORK/fn.log" <<'EOF'
+import json, sys
+path, out, log = sys.argv[1:]
+try:
+    lines = [l for l in open(out).read().splitlines() if l.startswith("{")]
+    f = json.loads(lines[-1])
+except (OSError, ValueError, IndexError):
+    f = {"error": open(log).read().strip()[-400:] or "fn_bench failed"}
+res = json.load(open(path))
+res["function"] = f
+json.dump(res, open(path, "w"))
+print("bench: function tier: " + json.dumps(f)[:400], file=sys.stderr)
+EOF
 
 # Restart with RESTART_N sandboxes alive: each answers an exec, the daemon is stopped with
 # RESTART_SIGNAL and started again on the same data directory; the time is from that start

@@ -90,6 +90,9 @@ print(json.dumps(res))
 
 
 def test_sees_only_its_own_processes(fn_clean):
+    """Any program sees its own processes only (bash: pid 1 supervises it as pid 2)."""
+    sh = fn_clean.run_code("bash", "echo $$ $PPID; ls /proc | grep -E '^[0-9]+$' | sort -n | tr '\\n' ' '")
+    assert sh.ok and sh.stdout.split()[:2] == ["2", "1"], sh
     out = py(fn_clean, """
 import os, json, subprocess
 p = subprocess.Popen(["sleep", "10"])
@@ -98,8 +101,9 @@ print(json.dumps({"pid": os.getpid(), "ppid": os.getppid(), "pids": pids, "child
 p.kill()
 """)
     res = json.loads(out)
-    assert res["pids"] == sorted([1, res["pid"], res["child"]]), res
-    assert res["ppid"] == 1
+    # A python program is pid 1 of its own namespace (its parent, the zygote, is outside it).
+    assert res["pid"] == 1 and res["ppid"] == 0, res
+    assert res["pids"] == [1, res["child"]], res
 
 
 def test_concurrent_calls_do_not_see_each_other(fn_clean, make_client):
@@ -128,7 +132,7 @@ print(json.dumps({
         held = h.result()
     assert held.ok, held
     assert seen["tmp"] == ["main.py"] and seen["shm"] == [] and seen["secret"] == [], seen
-    assert len(seen["procs"]) == 2  # its pid 1 and itself
+    assert seen["procs"] == [1]  # itself alone
 
 
 def test_nothing_survives_a_call(fn_clean):
@@ -196,7 +200,8 @@ print(json.dumps(res))
     res = json.loads(out)
     assert res["ptrace_parent"][0] == -1 and res["ptrace_1"][0] == -1, res
     assert res["/proc/1/mem"] != "read" and res["/proc/1/environ"] != "read", res
-    assert res["fds"] == [0, 1, 2, 3], res  # stdin (its memfd), stdout, stderr, the listing
+    # stdin (its memfd), stdout, stderr, the listing, and where it reports its own end.
+    assert res["fds"] == [0, 1, 2, 3, 200], res
     assert "socket" not in res["fd_targets"], res
     assert worker_ids(fn_clean) == before
     assert fn_clean.run_code("python", "print(2)").stdout == "2\n"

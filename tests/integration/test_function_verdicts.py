@@ -53,7 +53,7 @@ PROGRAMS = {
         "crash": "throw new Error('boom');",
         "time_limit": "for (;;) {}",
         "memory_limit": "const a = []; for (;;) a.push(Buffer.alloc(1 << 24, 1));",
-        "output_limit": "for (;;) process.stdout.write('y'.repeat(1000) + '\\n');",
+        "output_limit": "const fs = require('fs'); for (;;) fs.writeSync(1, 'y'.repeat(1000) + '\\n');",
     },
 }
 
@@ -192,3 +192,19 @@ def test_unknown_language_and_bad_limits(fn_clean):
         fn_clean.run_code("python", "1", timeout=10 ** 6)
     with pytest.raises(tidepool.InvalidArgument, match="scratch"):
         fn_clean.run_code("python", "1", files={"../escape": "x"})
+
+
+@pytest.mark.parametrize("lang,src", [
+    ("python", "import os, signal\nprint('x', flush=True)\nos.kill(os.getpid(), signal.SIGTERM)\nprint('not reached')"),
+    ("bash", "echo x; kill -TERM $$; echo not reached"),
+    ("c", "#include <signal.h>\n#include <stdio.h>\nint main(){ puts(\"x\"); fflush(stdout); raise(SIGTERM); puts(\"not reached\"); }"),
+])
+def test_a_program_that_signals_itself_dies_of_it(fn_clean, lang, src):
+    r = fn_clean.run_code(lang, src)
+    assert r.verdict == "runtime_error" and r.signal == 15 and r.exit_code is None, r
+    assert r.stdout == "x\n"
+
+
+def test_abort_is_sigabrt(fn_clean):
+    r = fn_clean.run_code("c", "#include <stdlib.h>\nint main(){ abort(); }")
+    assert r.signal == 6, r

@@ -308,21 +308,6 @@ def _set_limits(req):
             resource.setrlimit(resource.RLIMIT_STACK, (stack, hard))
 
 
-def _default_signals():
-    for s in (signal.SIGPIPE, signal.SIGINT, signal.SIGCHLD, signal.SIGTERM, signal.SIGXFSZ):
-        signal.signal(s, signal.SIG_DFL)
-    signal.pthread_sigmask(signal.SIG_SETMASK, [])
-
-
-def _exec(argv, env):
-    _default_signals()
-    try:
-        os.execvpe(argv[0], argv, env)
-    except OSError as e:
-        _report_error(f"execve {argv[0]}: {e.strerror}")
-    os._exit(127)
-
-
 def _status_of(wstatus):
     if os.WIFSIGNALED(wstatus):
         return {"exit_code": None, "signal": os.WTERMSIG(wstatus)}
@@ -361,9 +346,12 @@ def _fetch(req):
 
 def _run_python(req, memfd, stdin_off):
     """Runs the call's program in this process (forked from the preloaded interpreter) the
-    way `python3 FILE ARGS...` would: __main__, sys.argv, sys.path[0], tracebacks, exit codes."""
+    way `python3 FILE ARGS...` would: __main__, sys.argv, sys.path[0], tracebacks, exit codes.
+    What runs after the program (its status report) uses only functions bound before it
+    ran, so a program that changes os, json or struct cannot break it."""
     import builtins
     import io
+    import resource
     import types
     script = req["argv"][1]
     sys.argv = list(req["argv"][1:])
@@ -378,7 +366,35 @@ def _run_python(req, memfd, stdin_off):
     sys.stderr = sys.__stderr__ = io.TextIOWrapper(io.BufferedWriter(io.FileIO(2, "w", closefd=False)),
                                                    encoding="utf-8", errors="backslashreplace",
                                                    line_buffering=True)
-    os.close(3)  # the supervisor reports and fetches; the program has no say in it
+    # fd 3 (the call's files stream) moves out of the way; this process reports its own
+    # end on it (a program can only speak for its own call there).
+    report = fcntl.fcntl(3, fcntl.F_DUPFD_CLOEXEC, 200)
+    os.close(3)
+    write, exit_, getrusage, pack = os.write, os._exit, resource.getrusage, REC_HDR.pack
+    self_, children = resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN
+
+    def cpu_us():
+        a, b = getrusage(self_), getrusage(children)
+        return int((a.ru_utime + a.ru_stime + b.ru_utime + b.ru_stime) * 1e6)
+
+    cpu0 = cpu_us()
+
+    def end(code, signo):
+        body = ('{"exit_code": %s, "signal": %d, "cpu_us": %d}'
+                % ("null" if signo else str(code), signo, cpu_us() - cpu0)).encode()
+        try:
+            write(report, pack(REC_STATUS, 0, len(body)) + body)
+        except OSError:
+            pass
+        exit_(code)
+
+    # The program is pid 1 of its namespace, where a signal it sends itself (kill(getpid(),
+    # SIGTERM), raise_signal, alarm) would be ignored instead of ending it: these handlers
+    # end it as the default action would, and say so. (It may install its own, as
+    # anywhere; a self-sent SIGKILL or SIGSTOP stays ignored, abort() ends in SIGSEGV.)
+    for s in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2,
+              signal.SIGALRM, signal.SIGXCPU, signal.SIGVTALRM, signal.SIGPROF):
+        signal.signal(s, lambda signo, frame: end(128 + signo, signo))
     main = types.ModuleType("__main__")
     main.__file__ = script
     main.__builtins__ = builtins
@@ -396,7 +412,7 @@ def _run_python(req, memfd, stdin_off):
         e = e.with_traceback(tb.tb_next if tb is not None else None)
         sys.excepthook(type(e), e, e.__traceback__)
         code = 1
-    os._exit(_finish_python(code))
+    end(_finish_python(code), 0)
 
 
 def _exit_code(e):
@@ -434,10 +450,10 @@ def _finish_python(code):
     return code
 
 
-def _supervise(pid, fetch_of):
-    """pid 1 of a call: reaps every process that ends up as its child (as an init does)
-    until the program (pid 2) ended, then reports the program's status and fetches the
-    files it was asked for. `fetch_of()` gives that list (after the program ended)."""
+def _supervise(pid, req):
+    """pid 1 of a call whose program runs as its child (exec languages, prestarted
+    runtimes): reaps every process that ends up as its child, as an init does, until the
+    program ended; then reports the program's status and fetches the files asked for."""
     while True:
         try:
             got, wstatus, ru = os.wait4(-1, 0)
@@ -450,35 +466,29 @@ def _supervise(pid, fetch_of):
     st = _status_of(wstatus)
     st["cpu_us"] = int((ru.ru_utime + ru.ru_stime) * 1e6)
     _record(REC_STATUS, "", json.dumps(st).encode())
-    _fetch(fetch_of())
+    _fetch(req)
     os._exit(0)
 
 
-def _fetch_list(fd):
-    """The fetch list the runner wrote before it ran the program ([] if it never did)."""
-    data = b""
+def _spawn(req, env, memfd, stdin_off):
+    """Starts the program as pid 2 (vfork-style: no copy of this interpreter's page
+    tables), stdin from the call's memfd, default signal dispositions, no other fd."""
+    os.lseek(memfd, stdin_off, os.SEEK_SET)
+    os.environ["PATH"] = env.get("PATH", "/usr/bin:/bin")  # posix_spawnp searches ours
+    everything = [s for s in signal.valid_signals() if s not in (signal.SIGKILL, signal.SIGSTOP)]
     try:
-        while True:
-            b = os.read(fd, 65536)
-            if not b:
-                break
-            data += b
-    except OSError:
-        pass
-    try:
-        v = json.loads(data or b"{}")
-        return v if isinstance(v, dict) else {}
-    except ValueError:
-        return {}
+        return os.posix_spawnp(req["argv"][0], req["argv"], env,
+                               file_actions=[(os.POSIX_SPAWN_DUP2, memfd, 0), (os.POSIX_SPAWN_CLOSE, 3)],
+                               setsigdef=everything, setsigmask=[])
+    except OSError as e:
+        _report_error(f"execve {req['argv'][0]}: {e.strerror}")
+        _record(REC_STATUS, "", json.dumps({"exit_code": 127, "signal": 0, "cpu_us": 0}).encode())
+        os._exit(0)
 
 
-def _run_call(cfg, memfd, prestarted, fetch_w):
+def _run_call(cfg, memfd, prestarted):
     hlen = struct.unpack("<I", os.pread(memfd, 4, 0))[0]
     req = json.loads(os.pread(memfd, hlen, 4))
-    if fetch_w is not None:  # the supervisor fetches after the program: tell it what
-        write_all(fetch_w, json.dumps({"fetch": req.get("fetch", []),
-                                       "fetch_bytes": req.get("fetch_bytes", 64 << 20)}).encode())
-        os.close(fetch_w)
     stdin_off = _write_files(req, memfd, 4 + hlen)
     env = req.get("env", {})
     _set_limits(req)
@@ -503,16 +513,27 @@ def _run_call(cfg, memfd, prestarted, fetch_w):
             pass  # the program stopped reading its stdin
         os.close(stdin_w)
         os.close(memfd)
-        _supervise(node_pid, lambda: req)
+        _supervise(node_pid, req)
     if req["mode"] == "python":
+        if req.get("fetch"):
+            # The files are fetched after the program ended, however it ended: by pid 1,
+            # with the program as its child.
+            pid = os.fork()
+            if pid:
+                os.close(memfd)
+                null = os.open("/dev/null", os.O_RDWR | os.O_CLOEXEC)
+                move_fds({0: null, 1: null, 2: null})
+                os.close(null)
+                _supervise(pid, req)
         os.environ.clear()
         os.environ.update(env)
         _run_python(req, memfd, stdin_off)
-    os.lseek(memfd, stdin_off, os.SEEK_SET)
-    os.dup2(memfd, 0)
+    pid = _spawn(req, env, memfd, stdin_off)
     os.close(memfd)
-    os.set_inheritable(3, False)  # closes at execve; left open to report an execve error
-    _exec(req["argv"], env)
+    null = os.open("/dev/null", os.O_RDWR | os.O_CLOEXEC)
+    move_fds({0: null, 1: null, 2: null})  # the call's output ends when the program's does
+    os.close(null)
+    _supervise(pid, req)
 
 
 def _prestart(cfg, lang):
@@ -521,19 +542,19 @@ def _prestart(cfg, lang):
     stdin_r, stdin_w = os.pipe()
     code_r, code_w = os.pipe()
     ready_r, ready_w = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        try:
-            move_fds({0: stdin_r, 5: code_r, 6: ready_w})
-            os.close(3)
-            os.close(4)
-            os.closerange(7, 1 << 20)
-            env = dict(lang.get("env", {}))
-            env.update({"TP_FN_CODE_FD": "5", "TP_FN_READY_FD": "6"})
-            _default_signals()
-            os.execvpe(lang["prestart"][0], lang["prestart"], env)
-        finally:
-            os._exit(127)
+    # Out of the way of the targets first (sources may sit on 5 or 6), then one spawn.
+    hi = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 100) for fd in (stdin_r, code_r, ready_w)]
+    env = dict(lang.get("env", {}))
+    env.update({"TP_FN_CODE_FD": "5", "TP_FN_READY_FD": "6"})
+    os.environ["PATH"] = env.get("PATH", "/usr/bin:/bin")
+    everything = [s for s in signal.valid_signals() if s not in (signal.SIGKILL, signal.SIGSTOP)]
+    pid = os.posix_spawnp(lang["prestart"][0], lang["prestart"], env,
+                          file_actions=[(os.POSIX_SPAWN_DUP2, hi[0], 0), (os.POSIX_SPAWN_DUP2, hi[1], 5),
+                                        (os.POSIX_SPAWN_DUP2, hi[2], 6), (os.POSIX_SPAWN_CLOSE, 3),
+                                        (os.POSIX_SPAWN_CLOSE, 4)],
+                          setsigdef=everything, setsigmask=[])
+    for fd in hi:
+        os.close(fd)
     for fd in (stdin_r, code_r, ready_w):
         os.close(fd)
     ok = os.read(ready_r, 1)
@@ -560,21 +581,10 @@ def _wait_for_call():
     return fds_in[0]
 
 
-def _become_supervisor():
-    """pid 1 lets go of everything a call writes to (the zygote sees the end of the call's
-    output when the program's copies close) and of the control socket."""
-    null = os.open("/dev/null", os.O_RDWR | os.O_CLOEXEC)
-    move_fds({0: null, 1: null, 2: null})
-    os.close(null)
-    os.close(4)
-    for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
-        signal.signal(s, signal.SIG_DFL)  # pid 1: what the program sends it is ignored
-
-
 def child_main(cfg, slot, flavor, cg_dirs, fds):
-    """A warm child: isolate, then split into pid 1 (the supervisor, which reports the
-    program's status) and the program's process (pid 2, which gets the call); the
-    program is never pid 1 of its namespace, so its signals act as anywhere else."""
+    """A warm child: isolate, tell the zygote it is ready, serve exactly one call. It is
+    pid 1 of the call's namespaces; a python program runs in it (forked from the
+    preloaded interpreter), any other program as its child (pid 2), supervised."""
     out_w, err_w, files_w, ctl = fds
     try:
         null = os.open("/dev/null", os.O_RDONLY | os.O_CLOEXEC)
@@ -582,19 +592,11 @@ def child_main(cfg, slot, flavor, cg_dirs, fds):
         os.closerange(5, 1 << 20)  # the zygote's stdin/stdout, siblings' pipes, pidfds: all gone
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         _child_setup(cfg, slot, flavor, cg_dirs)
+        prestarted = None
         if flavor != "generic":
             prestarted = _prestart(cfg, cfg["languages"][flavor])
-            memfd = _wait_for_call()
-            _run_call(cfg, memfd, prestarted, None)
-        fetch_r, fetch_w = os.pipe()
-        pid = os.fork()
-        if pid == 0:
-            os.close(fetch_r)
-            memfd = _wait_for_call()
-            _run_call(cfg, memfd, None, fetch_w)
-        os.close(fetch_w)
-        _become_supervisor()
-        _supervise(pid, lambda: _fetch_list(fetch_r))
+        memfd = _wait_for_call()
+        _run_call(cfg, memfd, prestarted)
     except BaseException as e:  # noqa: BLE001
         msg = f"{type(e).__name__}: {e}"
         try:
@@ -643,6 +645,7 @@ class Zygote:
         self.cg = {}  # controller -> mount point
         self.closer = None
         self.closer_pid = 0
+        self.slot_limits = {}  # slot -> (memory, pids) last written
 
     # -- output to the daemon
     def send(self, kind, call, data=b""):
@@ -698,6 +701,7 @@ class Zygote:
         for d in self.cg_dirs(slot):
             try:
                 os.mkdir(d, 0o755)
+                self.slot_limits.pop(slot, None)  # a new cgroup: no limits written yet
             except FileExistsError:
                 pass
 
@@ -729,6 +733,12 @@ class Zygote:
     def set_limits(self, child, meta):
         s = child.slot
         mem = meta["memory_bytes"]
+        # A slot's cgroups serve one child after another: its limits are written only
+        # when a call asks for others than the last one (the peak is reset every time).
+        if self.slot_limits.get(s) == (mem, meta["pids"]):
+            self.cg_write(s, "memory.max_usage_in_bytes", 0)
+            child.oom_before = self.oom_kills(s)
+            return
         if self.cgroup_version == 1:
             # memsw >= limit at all times: raise memsw first when growing, lower it last.
             has_sw = os.path.exists(self.cg_dirs(s)[0] + "/memory.memsw.limit_in_bytes")
@@ -747,6 +757,7 @@ class Zygote:
             self.cg_write(s, "memory.max", mem)
             self.cg_write(s, "memory.swap.max", 0)
         self.cg_write(s, "pids.max", meta["pids"])
+        self.slot_limits[s] = (mem, meta["pids"])
         child.oom_before = self.oom_kills(s)
 
     def peak(self, slot):
