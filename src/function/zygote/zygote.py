@@ -646,6 +646,7 @@ class Zygote:
         self.closer = None
         self.closer_pid = 0
         self.slot_limits = {}  # slot -> (memory, pids) last written
+        self.slot_ooms = {}  # slot -> its memory cgroup's oom_kill count after its last call
 
     # -- output to the daemon
     def send(self, kind, call, data=b""):
@@ -702,6 +703,7 @@ class Zygote:
             try:
                 os.mkdir(d, 0o755)
                 self.slot_limits.pop(slot, None)  # a new cgroup: no limits written yet
+                self.slot_ooms.pop(slot, None)
             except FileExistsError:
                 pass
 
@@ -737,7 +739,7 @@ class Zygote:
         # when a call asks for others than the last one (the peak is reset every time).
         if self.slot_limits.get(s) == (mem, meta["pids"]):
             self.cg_write(s, "memory.max_usage_in_bytes", 0)
-            child.oom_before = self.oom_kills(s)
+            child.oom_before = self.slot_ooms.get(s, 0)
             return
         if self.cgroup_version == 1:
             # memsw >= limit at all times: raise memsw first when growing, lower it last.
@@ -758,7 +760,7 @@ class Zygote:
             self.cg_write(s, "memory.swap.max", 0)
         self.cg_write(s, "pids.max", meta["pids"])
         self.slot_limits[s] = (mem, meta["pids"])
-        child.oom_before = self.oom_kills(s)
+        child.oom_before = self.slot_ooms[s] = self.oom_kills(s)
 
     def peak(self, slot):
         v = self.cg_read(slot, "memory.max_usage_in_bytes") or self.cg_read(slot, "memory.peak")
@@ -988,7 +990,9 @@ class Zygote:
             cpu = 0
             if c.rusage is not None:
                 cpu = int((c.rusage.ru_utime + c.rusage.ru_stime) * 1e6)
-            oom = max(0, self.oom_kills(c.slot) - c.oom_before)
+            ooms = self.oom_kills(c.slot)
+            self.slot_ooms[c.slot] = ooms  # the count the slot's next call starts from
+            oom = max(0, ooms - c.oom_before)
             self.send(OUT_EXIT, c.call, json.dumps({
                 "exit_code": st["exit_code"], "signal": st["signal"],
                 "wall_us": int((time.monotonic() - c.start) * 1e6), "cpu_us": cpu,
@@ -1012,7 +1016,11 @@ class Zygote:
                                 self.send(OUT_FAILED, call_id, json.dumps(
                                     {"message": f"the {f} workers fail to start"}).encode())
                             q.clear()
-        if self.cgroup_empty(c.slot):
+        # Once pid 1 of its pid namespace is reaped, every process the child started is
+        # gone (the kernel kills and waits for them first), and nothing outside the
+        # namespace can join the slot's cgroups: the slot is free again. (Checked anyway
+        # when the child died before its call, which is rare.)
+        if c.call is not None or self.cgroup_empty(c.slot):
             self.free_slots.append(c.slot)
         else:
             self.log("error", f"cgroup fncall-{c.slot} not empty after its child ended; slot retired")
