@@ -613,14 +613,17 @@ class StepResult:
 
     @property
     def stdout(self) -> str:
+        """Standard output decoded as UTF-8 (invalid bytes replaced)."""
         return _decode(self.stdout_bytes)
 
     @property
     def stderr(self) -> str:
+        """Standard error decoded as UTF-8 (invalid bytes replaced)."""
         return _decode(self.stderr_bytes)
 
     @property
     def ok(self) -> bool:
+        """True when the verdict is ``"ok"`` (exit status 0, no limit hit)."""
         return self.verdict == "ok"
 
     def __repr__(self) -> str:
@@ -646,6 +649,7 @@ class StepResult:
 
     @classmethod
     def from_json(cls, obj: Mapping[str, Any]) -> "StepResult":
+        """Builds a StepResult from the daemon's JSON (schema ``FunctionStep``)."""
         return cls(**cls._fields(obj))
 
 
@@ -674,6 +678,7 @@ class RunResult(StepResult):
 
     @classmethod
     def from_json(cls, obj: Mapping[str, Any]) -> "RunResult":
+        """Builds a RunResult from the daemon's JSON (schema ``FunctionResult``)."""
         comp = obj.get("compile")
         return cls(
             **cls._fields(obj),
