@@ -7,7 +7,6 @@ import pathlib
 import re
 import subprocess
 
-import pytest
 
 from fn_lib import fn, fn_clean  # noqa: F401  (fixtures)
 

@@ -14,8 +14,6 @@ import concurrent.futures
 import json
 import time
 
-import pytest
-
 from fn_lib import fn, fn_clean, worker_ids  # noqa: F401  (fixtures)
 
 

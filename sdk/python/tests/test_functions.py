@@ -2,7 +2,6 @@
 that a run retries without an idempotency key, and the asyncio twins."""
 import asyncio
 import base64
-import json
 
 import pytest
 
