@@ -1,5 +1,6 @@
 #include "cli/cli.h"
 
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -73,6 +74,19 @@ bool write_all(int fd, std::string_view data) {
     data.remove_prefix(static_cast<size_t>(n));
   }
   return true;
+}
+
+Result<std::string> read_file(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return sys_fail("open " + path);
+  auto r = read_all(fd, path);
+  ::close(fd);
+  return r;
+}
+
+std::string str_of(const boost::json::object& o, std::string_view key) {
+  const auto* v = o.if_contains(key);
+  return v && v->is_string() ? std::string(v->get_string()) : std::string();
 }
 
 Result<std::string> read_all(int fd, const std::string& what) {

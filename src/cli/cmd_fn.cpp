@@ -24,11 +24,6 @@ namespace {
 
 namespace json = boost::json;
 
-std::string str_of(const json::object& o, std::string_view k) {
-  const auto* v = o.if_contains(k);
-  return v && v->is_string() ? std::string(v->get_string()) : std::string();
-}
-
 // A program's output as it ran (stdout_b64 when it was not UTF-8).
 std::string output_of(const json::object& o, const char* key) {
   std::string b64 = str_of(o, std::string(key) + "_b64");
@@ -37,14 +32,6 @@ std::string output_of(const json::object& o, const char* key) {
     if (d) return *d;
   }
   return str_of(o, key);
-}
-
-Result<std::string> read_path(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return sys_fail("open " + path);
-  auto r = read_all(fd, path);
-  ::close(fd);
-  return r;
 }
 
 // The language whose definition lists FILE's extension.
@@ -98,7 +85,7 @@ Action add_run_sub(CLI::App* fn, Context& ctx) {
 
   return [st, &ctx]() -> int {
     const std::string& file = st->program.front();
-    auto source = read_path(file);
+    auto source = read_file(file);
     if (!source) return report(source.error());
     json::object req;
     req["source"] = *source;
@@ -130,7 +117,7 @@ Action add_run_sub(CLI::App* fn, Context& ctx) {
         name = f.substr(0, eq);
         path = f.substr(eq + 1);
       }
-      auto data = read_path(path);
+      auto data = read_file(path);
       if (!data) return report(data.error());
       files[name] = base64_encode(*data);
     }

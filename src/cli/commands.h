@@ -58,6 +58,10 @@ bool write_all(int fd, std::string_view data);
 
 // Reads a whole fd (stdin, a file) into memory.
 Result<std::string> read_all(int fd, const std::string& what);
+// Reads a whole file; the error names the path.
+Result<std::string> read_file(const std::string& path);
+// A string field of a JSON object, "" when absent or not a string.
+std::string str_of(const boost::json::object& o, std::string_view key);
 
 using Action = std::function<int()>;
 

@@ -550,6 +550,25 @@ void submit_run(ServiceCore& core, const std::shared_ptr<RunState>& st,
               });
 }
 
+// Starts the steps of one normalized request: its compile (through the cache) or its run.
+void start_run(ServiceCore& core, const LanguageSet& langs, const std::string& client,
+               RunRequest req, std::shared_ptr<FunctionService::Job> job,
+               FunctionService::RunDone done) {
+  auto st = std::make_shared<RunState>();
+  st->client = client;
+  st->lang = langs.find(req.language);
+  st->req = std::move(req);
+  st->job = std::move(job);
+  st->done = std::move(done);
+  st->t0 = Clock::now();
+  if (st->lang->compiled()) {
+    st->cache_key = CompileCache::key(*st->lang, st->req.source, st->req.files);
+    start_compile(core, st);
+  } else {
+    submit_run(core, st, nullptr);
+  }
+}
+
 }  // namespace
 
 FunctionService::FunctionService(std::shared_ptr<const LanguageSet> languages,
@@ -626,19 +645,7 @@ Result<std::shared_ptr<FunctionService::Job>> FunctionService::run(const std::st
                                                                    RunRequest req, RunDone done) {
   TP_TRY(normalize(&req));
   auto job = std::make_shared<Job>();
-  auto st = std::make_shared<RunState>();
-  st->client = client;
-  st->lang = langs_->find(req.language);
-  st->req = std::move(req);
-  st->job = job;
-  st->done = std::move(done);
-  st->t0 = Clock::now();
-  if (st->lang->compiled()) {
-    st->cache_key = CompileCache::key(*st->lang, st->req.source, st->req.files);
-    start_compile(*core_, st);
-  } else {
-    submit_run(*core_, st, nullptr);
-  }
+  start_run(*core_, *langs_, client, std::move(req), job, std::move(done));
   return job;
 }
 
@@ -662,14 +669,8 @@ Result<std::shared_ptr<FunctionService::Job>> FunctionService::run_batch(
   g->left = reqs.size();
   g->done = std::move(done);
   auto job = std::make_shared<Job>();
-  for (size_t i = 0; i < reqs.size(); ++i) {
-    auto st = std::make_shared<RunState>();
-    st->client = client;
-    st->lang = langs_->find(reqs[i].language);
-    st->req = std::move(reqs[i]);
-    st->job = job;
-    st->t0 = Clock::now();
-    st->done = [g, i](Result<RunResult> r) {
+  for (size_t i = 0; i < reqs.size(); ++i)
+    start_run(*core_, *langs_, client, std::move(reqs[i]), job, [g, i](Result<RunResult> r) {
       bool last;
       {
         std::lock_guard lock(g->mu);
@@ -677,14 +678,7 @@ Result<std::shared_ptr<FunctionService::Job>> FunctionService::run_batch(
         last = --g->left == 0;
       }
       if (last) g->done(std::move(g->results));
-    };
-    if (st->lang->compiled()) {
-      st->cache_key = CompileCache::key(*st->lang, st->req.source, st->req.files);
-      start_compile(*core_, st);
-    } else {
-      submit_run(*core_, st, nullptr);
-    }
-  }
+    });
   return job;
 }
 

@@ -121,8 +121,25 @@ class SandboxInfo:
         return self.state in ("creating", "running", "paused")
 
 
+class _TextOutput:
+    """``stdout``/``stderr`` as text for results that hold ``stdout_bytes``/``stderr_bytes``."""
+
+    stdout_bytes: bytes
+    stderr_bytes: bytes
+
+    @property
+    def stdout(self) -> str:
+        """Standard output decoded as UTF-8 (invalid bytes replaced)."""
+        return _decode(self.stdout_bytes)
+
+    @property
+    def stderr(self) -> str:
+        """Standard error decoded as UTF-8 (invalid bytes replaced)."""
+        return _decode(self.stderr_bytes)
+
+
 @dataclass(repr=False)
-class ExecResult:
+class ExecResult(_TextOutput):
     """Outcome of one command (schema ``ExecResult`` in the contract).
 
     A non-zero exit is a result, not an exception (unless ``check=True`` was passed).
@@ -168,15 +185,6 @@ class ExecResult:
         parts.append(f"stderr={short(self.stderr_bytes)}")
         return f"ExecResult({', '.join(parts)})"
 
-    @property
-    def stdout(self) -> str:
-        """Standard output decoded as UTF-8 (invalid bytes replaced)."""
-        return _decode(self.stdout_bytes)
-
-    @property
-    def stderr(self) -> str:
-        """Standard error decoded as UTF-8 (invalid bytes replaced)."""
-        return _decode(self.stderr_bytes)
 
     @property
     def truncated(self) -> bool:
@@ -585,7 +593,7 @@ def _text_or_b64(obj: Mapping[str, Any], key: str) -> bytes:
 
 
 @dataclass(repr=False)
-class StepResult:
+class StepResult(_TextOutput):
     """One step of a function-tier run (the compile step, or the run itself).
 
     Attributes:
@@ -611,15 +619,6 @@ class StepResult:
     memory_peak_bytes: int = 0
     error: str = ""
 
-    @property
-    def stdout(self) -> str:
-        """Standard output decoded as UTF-8 (invalid bytes replaced)."""
-        return _decode(self.stdout_bytes)
-
-    @property
-    def stderr(self) -> str:
-        """Standard error decoded as UTF-8 (invalid bytes replaced)."""
-        return _decode(self.stderr_bytes)
 
     @property
     def ok(self) -> bool:
