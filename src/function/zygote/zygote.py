@@ -614,7 +614,8 @@ def child_main(cfg, slot, flavor, cg_dirs, fds):
 class Child:
     __slots__ = ("pid", "slot", "flavor", "pidfd", "ctl", "out", "err", "files", "state",
                  "call", "deadline", "start", "sent", "files_sent", "limits", "timed_out",
-                 "output_limit", "status", "rusage", "oom_before", "open_streams", "nsfd")
+                 "output_limit", "status", "rusage", "oom_before", "open_streams", "nsfd",
+                 "delivered")
 
     def __init__(self):
         self.state = "warming"
@@ -628,6 +629,7 @@ class Child:
         self.files_sent = 0
         self.oom_before = 0
         self.nsfd = -1
+        self.delivered = False
 
 
 class Zygote:
@@ -901,6 +903,7 @@ class Zygote:
         c.deadline = c.start + meta["timeout_ms"] / 1000.0
         try:
             socket.send_fds(c.ctl, [b"G"], [memfd])
+            c.delivered = True
         except OSError as e:
             self.log("warn", f"call {call_id}: child {c.pid} is gone ({e})")
         os.close(memfd)
@@ -984,7 +987,13 @@ class Zygote:
         self.unwatch(c.ctl.fileno())
         c.ctl.close()
         self.release_ns(c)
-        if c.call is not None:
+        if c.call is not None and not c.delivered:
+            # Died between saying it was ready and getting its call: nothing of the call
+            # ran; the daemon answers that it could not run (and may try again).
+            self.calls.pop(c.call, None)
+            self.send(OUT_FAILED, c.call, json.dumps({"message": "its child died before the call "
+                                                      f"reached it (status {c.status})"}).encode())
+        elif c.call is not None:
             self.calls.pop(c.call, None)
             st = _status_of(c.status)
             cpu = 0
