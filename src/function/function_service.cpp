@@ -467,12 +467,21 @@ void start_compile(ServiceCore& core, const std::shared_ptr<RunState>& st) {
   auto meta = meta_for(lang, l, st->req.compile_timeout_ms, /*generic=*/true);
   std::string key = st->cache_key;
   core.submit(st->client, lang.image, meta, zygote::encode_payload(c), st->job,
-              [weak, key, bin = lang.binary](Result<StepResult> step) {
+              [weak, key, bin = lang.binary, job = st->job](Result<StepResult> step) {
                 auto cp = weak.lock();
                 if (!cp) return;
+                bool cancelled;
+                {
+                  std::lock_guard lock(cp->mu);
+                  cancelled = job->cancelled;
+                }
                 Result<CompileCache::EntryPtr> entry = std::unexpected(Error{});
                 if (!step) {
                   entry = std::unexpected(step.error());
+                } else if (cancelled) {
+                  // Killed because its caller went away: no verdict for the others who
+                  // wait for the same program (they compile it again themselves).
+                  entry = fail(Code::kUnavailable, "the compile was cancelled");
                 } else {
                   auto e = std::make_shared<CompileCache::Entry>();
                   e->compile = std::move(*step);

@@ -170,6 +170,33 @@ TEST(FunctionService, ACompileErrorIsAVerdictAndIsRemembered) {
   EXPECT_TRUE(c.got[1]->compile_cached);
 }
 
+TEST(FunctionService, ACancelledCompileDoesNotFailOthersWaitingForIt) {
+  Fixture f(1, 4);
+  Collect a, b;
+  auto leader = f.svc->run("a", req("cpp", "int main(){}"), a.fn());
+  ASSERT_TRUE(leader);
+  ASSERT_TRUE(f.svc->run("b", req("cpp", "int main(){}"), b.fn()));
+  f.svc->cancel(*leader);
+  auto compile = f.worker(0)->take();
+  EXPECT_TRUE(compile.cancelled);
+  StepResult killed;
+  killed.signal = 9;
+  killed.verdict = verdict_of(killed);
+  compile.done(killed);
+  ASSERT_EQ(a.got.size(), 1u);
+  EXPECT_FALSE(a.got[0]);
+  EXPECT_TRUE(b.got.empty());  // b compiles again instead of getting a bogus compile error
+  auto again = f.worker(0)->take();
+  EXPECT_EQ(payload_head(again.payload).at("argv").as_array()[0].as_string(), "g++");
+  StepResult built = step_exited(0);
+  built.files.push_back(File{"test", "BIN", 0644});
+  again.done(built);
+  f.worker(0)->take().done(step_exited(0, "ran"));
+  ASSERT_EQ(b.got.size(), 1u);
+  ASSERT_TRUE(b.got[0]);
+  EXPECT_EQ(b.got[0]->verdict, Verdict::kOk);
+}
+
 TEST(FunctionService, ClientsTakeTurns) {
   Fixture f(1, 1);
   Collect c;
