@@ -97,7 +97,14 @@ def tables(res, for_readme=False):
         L.append(f"| {label}{note} | {TOOLS[t][1]} | {s['n']} | {fmt(s['p50'], 2)} | {fmt(s['p99'], 2)} | "
                  f"{fmt(ratio(s['p50'], ref), 2)} | {fmt(ratio(s['p50'], floor), 2)} |")
     L.append("| Tidepool from a warm pool | – | – | n/a (no pools yet) | | | |")
-    L.append("| function tier vs bare interpreter | – | – | n/a (no function tier yet) | | | |")
+    fn1 = ((res.get("function") or {}).get("print1") or {})
+    f1, h1 = (fn1.get("function") or {}).get("1"), (fn1.get("host_python") or {}).get("1")
+    if f1 and h1:
+        L.append(f"| function tier `print(1)` ÷ a bare host `python3 -c 'print(1)'` (1 client; below) | in "
+                 f"process | {f1['calls']} | {fmt(f1['p50_ms'], 2)} | {fmt(f1['p99_ms'], 2)} | "
+                 f"{fmt(ratio(f1['p50_ms'], h1['p50_ms']), 2)} of python3 | |")
+    else:
+        L.append("| function tier vs bare interpreter | – | – | not measured | | | |")
     L.append("")
     L.append(f"Tidepool's image: `{img}`. {res.get('image_note', '')}.")
     L.append("")
@@ -144,6 +151,7 @@ def tables(res, for_readme=False):
     L += hostile_rows(res, tot)
     L += microvm_rows(res)
     L += trajectory_rows(res)
+    L += function_rows(res)
 
     # Throughput.
     concs = [c for c in cfg["concurrency"].split(",") if c]
@@ -368,6 +376,62 @@ def trajectory_rows(res):
                      f"({a['per_second'] / f['per_second']:.2f}×) | – | |")
         else:
             L.append(f"| {what} | not measured: {_err(t)} | – | |")
+    L.append("")
+    return L
+
+
+def function_rows(res):
+    """Issue 15's targets (same run; bench/fn_bench): the function tier against a fresh
+    sandbox per call and a bare host python3, and a C++ batch."""
+    f = res.get("function")
+    if f is None:
+        return []  # a run from before the function tier
+    L = ["**The function tier** (same run; bench/fn_bench: `print(1)` in python, rows interleaved round by "
+         "round; latency at the client, and at the server from the answer's `server_ms`):", ""]
+    p1 = f.get("print1") or {}
+    if not p1:
+        return L + [f"not measured: {_err(f)}", ""]
+    label = {"function": "function tier (`POST /v1/functions/run`)",
+             "sandbox": "fresh container sandbox per call (create, exec `python3 -c`, delete)",
+             "host_python": "bare `python3 -c 'print(1)'` on the host (posix_spawn + wait)"}
+    L += ["| path | clients | calls | p50 ms | p99 ms | server p50 ms | server p99 ms | calls/s |",
+          "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for name in ("function", "sandbox", "host_python"):
+        for n, r in sorted((p1.get(name) or {}).items(), key=lambda kv: int(kv[0])):
+            err = f" ({r['failed']} failed)" if r.get("failed") else ""
+            L.append(f"| {label[name]}{err} | {n} | {r['calls']} | {fmt(r['p50_ms'], 2)} | {fmt(r['p99_ms'], 2)} | "
+                     f"{fmt(r.get('server_p50_ms'), 2)} | {fmt(r.get('server_p99_ms'), 2)} | "
+                     f"{fmt(r['per_second'], 0)} |")
+    L.append("")
+    for k, what in (("batch_cold", "a new program: compiled in the call"), ("batch_warm", "the same program again: cached")):
+        b = f.get(k) or {}
+        if b.get("cases"):
+            L.append(f"C++ A+B against 100 test cases in one `POST /v1/functions/batch` ({what}): "
+                     f"**{b['wall_ms']:.0f} ms** for the call ({b['correct']}/{b['cases']} correct; compile "
+                     f"{b['compile_ms']:.0f} ms; per case p50 {b['case_p50_ms']:.2f} ms, p99 {b['case_p99_ms']:.2f} ms; "
+                     f"{b['cases_per_second']:.0f} cases/s).")
+        else:
+            L.append(f"C++ batch ({what}): not measured: {_err(b)}")
+        L.append("")
+
+    def verdict(ok):
+        return "**met**" if ok else "**missed**"
+
+    fn = p1.get("function") or {}
+    host = p1.get("host_python") or {}
+    L += ["| target (issue 15) | measured | |", "|---|---:|---|"]
+    one = fn.get("1") or {}
+    if one.get("server_p50_ms") is not None:
+        L.append(f"| function-tier python p50 at the server < 5 ms (1 client) | {one['server_p50_ms']:.2f} ms | "
+                 f"{verdict(one['server_p50_ms'] < 5)} |")
+    h1 = host.get("1") or {}
+    if one.get("p50_ms") and h1.get("p50_ms"):
+        L.append(f"| faster than a bare host `python3` in the same run (p50 at the client, 1 client) | "
+                 f"{one['p50_ms']:.2f} ms vs {h1['p50_ms']:.2f} ms | {verdict(one['p50_ms'] < h1['p50_ms'])} |")
+    eight = fn.get("8") or {}
+    if eight.get("per_second") is not None:
+        L.append(f"| ≥ 300 calls/s at 8 clients | {eight['per_second']:.0f} calls/s | "
+                 f"{verdict(eight['per_second'] >= 300)} |")
     L.append("")
     return L
 

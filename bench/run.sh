@@ -7,7 +7,9 @@
 # uid range per sandbox adds to a create; then bench/microvm_bench.py: the microvm tier;
 # then bench/trajlog_bench: exec latency with the trajectory log on vs off, fast-forward of
 # a recorded step, log bytes per step, and the sustained exec rate at 2 and 8 clients (two
-# more daemons of this build).
+# more daemons of this build); then bench/fn_bench: `print(1)` through the
+# function tier against a fresh sandbox per call and a bare host python3 (1, 2, 8
+# clients), and a C++ solution against 100 test cases in one batch call.
 #
 #   make bench                      ~10 min on 2 cores: 20 latency rounds x 30 runs per tool,
 #                                   5 s per tool and concurrency, 1,000 idle sandboxes per tool
@@ -32,11 +34,13 @@ if [ "${BENCH_QUICK:-0}" = 1 ]; then
   RESTART_N=${BENCH_RESTART_N:-50}
   HOSTILE_IDLE=1000 HOSTILE_ROUNDS=2 HOSTILE_RUNS=5
   TRAJ_ARGS="--rounds 3 --runs 20 --steps 50 --ff 50 --rate-seconds 1"
+  FN_ARGS="--rounds 1 --seconds 1 --sandbox-seconds 1"
 else
   ARGS="--rounds 20 --runs 30 --rate-seconds 5 --idle 1000 --idle-cap 100 --exec-rounds 10 --exec-runs 50 --rss-execs 100"
   RESTART_N=${BENCH_RESTART_N:-500}
   HOSTILE_IDLE=10000 HOSTILE_ROUNDS=10 HOSTILE_RUNS=20
   TRAJ_ARGS="--rounds 10 --runs 50 --steps 200 --ff 200 --rate-seconds 5"
+  FN_ARGS="--rounds 2 --seconds 5 --sandbox-seconds 4"
 fi
 # How the daemon is stopped for the restart measurement: KILL, as a crash or an upgrade
 # that gives the old daemon no chance to tidy up (TERM ends every sandbox by design).
@@ -44,7 +48,7 @@ RESTART_SIGNAL=${BENCH_RESTART_SIGNAL:-KILL}
 
 [ "$(id -u)" = 0 ] || { echo "bench: needs root (namespaces, cgroups, peers' containers)" >&2; exit 1; }
 sh "$ROOT/scripts/install-bench-deps.sh"
-for b in tidepoold tidepool tp-agent api_bench raw_floor daemon_bench trajlog_bench; do
+for b in tidepoold tidepool tp-agent api_bench raw_floor daemon_bench trajlog_bench fn_bench; do
   [ -x "$BIN/$b" ] || { echo "bench: $BIN/$b missing (make build)" >&2; exit 1; }
 done
 
@@ -189,6 +193,27 @@ mkdir -p "$OUT"
 # shellcheck disable=SC2086
 in_peer_ns "$PY" "$ROOT/bench/peers.py" --work "$WORK" --bin "$BIN" --url "$URL" --daemon-pid "$DPID" \
   --image "$IMAGE" --image-note "$NOTE" --prefix "$PREFIX" --out "$WORK/results.json" $ARGS
+
+# The function tier (bench/fn_bench): print(1) through it, through a fresh container-tier
+# sandbox per call and as a bare host python3, at 1, 2 and 8 clients; a C++ solution
+# against 100 test cases in one batch call. Outside the peers' mount namespace, as the
+# daemon's own sandboxes need the host's mounts.
+echo "bench: function tier"
+# shellcheck disable=SC2086
+"$BIN/fn_bench" --url "$URL" --json $FN_ARGS >"$WORK/fn.json" 2>"$WORK/fn.log" || true
+"$PY" - "$WORK/results.json" "$WORK/fn.json" "$WORK/fn.log" <<'EOF'
+import json, sys
+path, out, log = sys.argv[1:]
+try:
+    lines = [l for l in open(out).read().splitlines() if l.startswith("{")]
+    f = json.loads(lines[-1])
+except (OSError, ValueError, IndexError):
+    f = {"error": open(log).read().strip()[-400:] or "fn_bench failed"}
+res = json.load(open(path))
+res["function"] = f
+json.dump(res, open(path, "w"))
+print("bench: function tier: " + json.dumps(f)[:400], file=sys.stderr)
+EOF
 
 # Restart with RESTART_N sandboxes alive: each answers an exec, the daemon is stopped with
 # RESTART_SIGNAL and started again on the same data directory; the time is from that start

@@ -223,8 +223,23 @@ Result<void> Auth::authenticate(Request& req) {
       while (!v.empty() && v.front() == ' ') v.remove_prefix(1);
       while (!v.empty() && v.back() == ' ') v.remove_suffix(1);
       secret = std::string(v);
+    } else if (v.size() > 6 && (v.substr(0, 6) == "Basic " || v.substr(0, 6) == "basic ")) {
+      // HTTP Basic with the key as password (any user name): what clients that only take a
+      // URL send for http://user:KEY@host/... (SandboxFusion clients such as verl's).
+      v.remove_prefix(6);
+      while (!v.empty() && v.front() == ' ') v.remove_prefix(1);
+      auto decoded = json_util::base64_decode(v);
+      auto colon = decoded ? decoded->find(':') : std::string::npos;
+      if (colon == std::string::npos)
+        return fail(Code::kUnauthenticated,
+                    "the Authorization header's Basic credentials are malformed");
+      secret = decoded->substr(colon + 1);
+      if (secret.empty())
+        return fail(Code::kUnauthenticated, "Basic credentials carry the API key as password");
     } else {
-      return fail(Code::kUnauthenticated, "the Authorization header must be 'Bearer <API key>'");
+      return fail(Code::kUnauthenticated,
+                  "the Authorization header must be 'Bearer <API key>' (or Basic with the key as "
+                  "password)");
     }
   } else if (auto x = req.headers.find("x-api-key"); x != req.headers.end()) {
     secret = x->second;

@@ -5,7 +5,8 @@
 //   needed, access to the socket (root:tidepool 0660) is the gate. Host paths
 //   it names are read with its own uid, gid and groups.
 // - TCP: every request except GET /health and GET /version carries an API
-//   key (`Authorization: Bearer KEY` or `X-API-Key: KEY`), unless the
+//   key (`Authorization: Bearer KEY`, `X-API-Key: KEY`, or HTTP Basic with the
+//   key as password, for clients that only take a URL), unless the
 //   operator opted in to --insecure-tcp (loopback only). Keys have a scope:
 //   "user" (the sandbox and image API) or "admin" (also requests that name a
 //   host path, which are read only under the --import-root directories).

@@ -21,6 +21,7 @@
 #include <thread>
 
 #include "api/auth.h"
+#include "api/function_setup.h"
 #include "api/http_server.h"
 #include "api/image_routes.h"
 #include "api/log_routes.h"
@@ -134,6 +135,8 @@ int daemon_main(int argc, char** argv) {
   std::string step_retention = "24h";
   std::string trajectory_log = "on";
   bool stop_sandboxes_on_exit = false;
+  FunctionFlags fn_flags;
+  fn_flags.add_to(app);
   app.add_option("--data-dir", data_dir, "directory for state, images and sandboxes")
       ->capture_default_str();
   app.add_option("--role", role, "all (API + node + embedded store)")->capture_default_str();
@@ -352,7 +355,9 @@ int daemon_main(int argc, char** argv) {
   mopts.data_dir = data_dir;
   mopts.stop_on_exit = stop_sandboxes_on_exit;
   mopts.agent_connect = node::AgentClient::connect;
-  if (uid_ranges > 0) mopts.uid_ranges = std::make_shared<node::UidRanges>(uid_first, uid_ranges);
+  std::shared_ptr<node::UidRanges> ranges;
+  if (uid_ranges > 0) ranges = std::make_shared<node::UidRanges>(uid_first, uid_ranges);
+  mopts.uid_ranges = ranges;
   // The trajectory log is opened after the manager (it asks the manager what is live);
   // the manager's lifecycle hooks reach it through `events` while it exists.
   node::TrajectoryEvents events;
@@ -402,6 +407,11 @@ int daemon_main(int argc, char** argv) {
         if (!r) return std::unexpected(r.error());
         return r->digests;
       }));
+  // The function tier (src/function/): its worker sandboxes are its own, made after
+  // recover() (which removed any a crashed run left).
+  auto fn = start_function_tier(fn_flags, io, api, metrics, registry.find("container"), ranges,
+                                node, *images);
+  if (!fn) return die("function tier: " + fn.error().message());
   AuthOptions aopts;
   aopts.key_file = KeyFile::in_data_dir(data_dir);
   aopts.insecure_tcp = insecure_tcp;
@@ -418,8 +428,11 @@ int daemon_main(int argc, char** argv) {
   sopts_http.gate = ConnectionGate::create(max_connections, max_connections_per_client);
   sopts_http.max_body_bytes = static_cast<size_t>(max_upload_mb << 20);
   size_t json_max = static_cast<size_t>(max_json_body_kb << 10);
-  sopts_http.body_limit = [json_max, upload_max = sopts_http.max_body_bytes](
+  size_t fn_max = static_cast<size_t>(fn_flags.max_body_mb << 20);
+  sopts_http.max_body_bytes = std::max(sopts_http.max_body_bytes, fn_max);
+  sopts_http.body_limit = [json_max, fn_max, upload_max = static_cast<size_t>(max_upload_mb << 20)](
                               const std::string& method, const std::string& path) {
+    if (function_body(method, path)) return fn_max;
     return Api::takes_upload(method, path) ? upload_max : json_max;
   };
   if (max_body_memory_mb == 0) {
@@ -493,6 +506,7 @@ int daemon_main(int argc, char** argv) {
     unix_server.stop();
     // Destroying sandboxes blocks; run it off the io threads, which it needs.
     stopper = std::thread([&] {
+      if (*fn) (*fn)->shutdown();  // its workers are not adopted by the next daemon
       mgr.shutdown();
       keep_running.reset();
       io.stop();

@@ -873,7 +873,9 @@ void HttpServer::accept() {
     auto peer = sock.remote_endpoint(pec);
     std::string client = pec ? std::string("ip:?") : "ip:" + peer.address().to_string();
     std::string why;
-    if (!start_session<tcp>(std::move(sock), handler_, opts_, Caller{}, client, &why))
+    Caller c;
+    c.peer = client;
+    if (!start_session<tcp>(std::move(sock), handler_, opts_, std::move(c), client, &why))
       refuse_log_.log("http: refused a connection from {}: {}", client, why);
     accept();
   });
@@ -889,6 +891,7 @@ void HttpServer::accept_unix() {
         Caller c;
         if (peer_credentials(sock.native_handle(), &c)) {
           std::string client = "uid:" + std::to_string(c.uid);
+          c.peer = client;
           std::string why;
           if (!start_session<local>(std::move(sock), handler_, opts_, std::move(c), client, &why))
             refuse_log_.log("http: refused a unix socket connection of {}: {}", client, why);

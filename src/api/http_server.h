@@ -54,6 +54,8 @@ struct Caller {
   std::string key_id;                     // the API key used (TCP), empty when none
   std::string scope;                      // "admin" or "user" for a key; empty when none
   std::vector<std::string> import_roots;  // admin key: host paths are read under these only
+  std::string peer;  // "ip:<address>" (TCP) or "uid:<uid>" (unix), as the connection gate counts
+                     // clients
   bool unix_socket() const { return transport == Transport::kUnix; }
 };
 

@@ -1,5 +1,6 @@
 #include "cli/cli.h"
 
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -74,6 +75,19 @@ bool write_all(int fd, std::string_view data) {
     data.remove_prefix(static_cast<size_t>(n));
   }
   return true;
+}
+
+Result<std::string> read_file(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return sys_fail("open " + path);
+  auto r = read_all(fd, path);
+  ::close(fd);
+  return r;
+}
+
+std::string str_of(const boost::json::object& o, std::string_view key) {
+  const auto* v = o.if_contains(key);
+  return v && v->is_string() ? std::string(v->get_string()) : std::string();
 }
 
 Result<std::string> read_all(int fd, const std::string& what) {
@@ -156,9 +170,9 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   app.fallthrough();  // `tidepool ls --url U` as well as `tidepool --url U ls`
   app.footer(
-      "Exit status: 0 ok, 1 error (one line on stderr), 2 usage error; run and exec exit\n"
-      "with the command's code (128+N if killed by signal N, 124 on timeout); replay exits\n"
-      "3 when a step diverged.");
+      "Exit status: 0 ok, 1 error (one line on stderr), 2 usage error; run, exec and fn run\n"
+      "exit with the command's code (128+N if killed by signal N, 124 on timeout); replay\n"
+      "exits 3 when a step diverged.");
 
   std::vector<std::pair<CLI::App*, Action>> actions;
   auto add = [&](const char* name, Action (*fn)(CLI::App&, Context&)) {
@@ -175,6 +189,7 @@ int main(int argc, char** argv) {
   add("image", add_image);
   add("log", add_log);
   add("replay", add_replay);
+  add("fn", add_fn);
 
   try {
     app.parse(argc, argv);

@@ -16,11 +16,6 @@ namespace {
 
 namespace json = boost::json;
 
-std::string str_of(const json::object& o, std::string_view k) {
-  const auto* v = o.if_contains(k);
-  return v && v->is_string() ? std::string(v->get_string()) : std::string();
-}
-
 std::string human_bytes(double b) {
   const char* u[] = {"B", "KB", "MB", "GB", "TB"};
   int i = 0;
@@ -48,14 +43,6 @@ std::string image_path(const std::string& ref) {
   std::string enc = url_encode(ref), safe;
   for (char c : enc) safe += c == '/' ? std::string("%2F") : std::string(1, c);
   return "/v1/images/" + safe;
-}
-
-Result<std::string> read_file(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return sys_fail("open " + path);
-  auto r = read_all(fd, path);
-  ::close(fd);
-  return r;
 }
 
 struct ImageFlags {

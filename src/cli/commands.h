@@ -66,6 +66,10 @@ void print_table(const std::vector<std::vector<std::string>>& rows);
 
 // Reads a whole fd (stdin, a file) into memory.
 Result<std::string> read_all(int fd, const std::string& what);
+// Reads a whole file; the error names the path.
+Result<std::string> read_file(const std::string& path);
+// A string field of a JSON object, "" when absent or not a string.
+std::string str_of(const boost::json::object& o, std::string_view key);
 
 using Action = std::function<int()>;
 
@@ -79,6 +83,8 @@ Action add_version(CLI::App& root, Context& ctx);
 Action add_image(CLI::App& root, Context& ctx);   // cmd_image.cpp
 Action add_log(CLI::App& root, Context& ctx);     // cmd_log.cpp
 Action add_replay(CLI::App& root, Context& ctx);  // cmd_replay.cpp
+Action add_image(CLI::App& root, Context& ctx);  // cmd_image.cpp
+Action add_fn(CLI::App& root, Context& ctx);     // cmd_fn.cpp
 
 // Flags that describe a new sandbox, shared by `create` and `run`.
 struct CreateFlags {

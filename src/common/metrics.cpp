@@ -88,4 +88,5 @@ std::string Metrics::render() const {
   return out;
 }
 
+
 }  // namespace tp

@@ -44,7 +44,7 @@ class Metrics {
   void count_http(int status);
   // Gauge source: sandboxes by state, asked at render time.
   void set_state_source(std::function<std::map<std::string, uint64_t>()> f);
-  // A module's own metrics (pools, jobs), appended in Prometheus text at render
+  // A module's own metrics (pools, jobs, the function tier), appended in Prometheus text at render
   // time. Add before serving.
   void add_source(std::function<void(std::string* out)> f);
   std::string render() const;

@@ -56,6 +56,11 @@ struct SandboxSpec {
   // (which it cannot leave: that needs CAP_SYS_NICE on the host), so that it
   // runs only on CPU time nothing else wants.
   bool best_effort = false;
+  // The function tier's workers (src/function/): processes inside may use the mount
+  // API (a call's child builds its own root; each call is then put under the default
+  // filter again), and the sandbox's memory and pids cgroups are delegated to its root
+  // (v1; v2 delegates its one cgroup anyway), so that each call gets limits of its own.
+  bool nested_isolation = false;
 };
 
 struct Usage {

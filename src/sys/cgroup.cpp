@@ -339,6 +339,16 @@ std::string CgroupManager::delegated_dir(const std::string& id) const {
   return controller_dir(layout_.version == CgroupVersion::kV2 ? "" : "freezer", id);
 }
 
+std::vector<std::string> CgroupManager::limit_dirs(const std::string& id) const {
+  if (layout_.version == CgroupVersion::kV2) return {controller_dir("", id)};
+  std::vector<std::string> out;
+  for (const char* c : {"memory", "pids"}) {
+    std::string d = controller_dir(c, id);
+    if (!d.empty()) out.push_back(d);
+  }
+  return out;
+}
+
 std::vector<std::string> CgroupManager::delegated_files() const {
   if (layout_.version == CgroupVersion::kV2)
     return {"cgroup.procs", "cgroup.subtree_control", "cgroup.threads", "cgroup.kill"};

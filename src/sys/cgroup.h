@@ -114,6 +114,9 @@ class CgroupManager {
   // v2 cgroup.procs, cgroup.subtree_control, cgroup.threads, cgroup.kill; v1
   // cgroup.procs, tasks, freezer.state. Some may not exist on older kernels.
   std::vector<std::string> delegated_files() const;
+  // The sandbox's memory and pids cgroup directories (v1; v2: its one directory), for
+  // delegating them too (SandboxSpec::nested_isolation).
+  std::vector<std::string> limit_dirs(const std::string& id) const;
   // v1: thaws every cgroup under the sandbox's freezer cgroup, so that tasks of
   // a command cgroup its agent froze (and was killed before thawing) can die.
   // No-op on v2, whose frozen tasks die of SIGKILL.

@@ -207,6 +207,50 @@ class FakeDaemon:
     def _err(status: int, code: str, message: str) -> Tuple[int, Dict[str, str]]:
         return status, {"code": code, "message": message}
 
+    # The function tier: a run "prints" its stdin (bytes that are not UTF-8 come back as
+    # stdout_b64 too); language "fail" is a run that could not complete.
+    def _fn_result(self, run: Dict[str, Any]) -> Dict[str, Any]:
+        data = base64.b64decode(run["stdin_b64"]) if "stdin_b64" in run else run.get("stdin", "").encode()
+        out: Dict[str, Any] = {"verdict": "ok", "exit_code": 0, "signal": 0, "stdout": data.decode("utf-8", "replace"),
+                               "stderr": "", "stdout_truncated": False, "stderr_truncated": False, "wall_ms": 1.5,
+                               "cpu_ms": 1.0, "memory_peak_bytes": 4096, "files": {"echo": b64(data)},
+                               "missing_files": [], "compile": None, "compile_cached": False, "queue_ms": 0.1,
+                               "server_ms": 2.0}
+        try:
+            data.decode("utf-8")
+        except UnicodeDecodeError:
+            out["stdout_b64"] = b64(data)
+        if run.get("language") == "cpp":
+            out["compile"] = {"verdict": "ok", "exit_code": 0, "signal": 0, "stdout": "", "stderr": "warn",
+                              "wall_ms": 100.0, "cpu_ms": 90.0, "memory_peak_bytes": 1 << 20}
+        return out
+
+    def _functions(self, rest: List[str], rec: Recorded) -> Tuple[int, Any]:
+        if rest == ["languages"]:
+            return 200, {"languages": [{"name": "python", "aliases": ["py"]}]}
+        if rest == []:
+            return 200, {"pools": [], "queued": 0, "in_flight": 0}
+        req = rec.json()
+        with self.lock:
+            self.executions += 1
+        if rest == ["run"]:
+            if req.get("language") == "fail":
+                return self._err(503, "unavailable", "no worker")
+            return 200, self._fn_result(req)
+        if rest == ["batch"]:
+            runs = req.get("runs")
+            if runs is None:
+                base = {k: v for k, v in req.items() if k != "cases"}
+                runs = [{**base, **c} for c in req["cases"]]
+            results = []
+            for r in runs:
+                if r.get("language") == "fail":
+                    results.append({"error": {"code": "unavailable", "message": "no worker"}})
+                else:
+                    results.append(self._fn_result(r))
+            return 200, {"results": results}
+        return self._err(404, "not_found", "no route")
+
     def _route(self, h: BaseHTTPRequestHandler, rec: Recorded) -> Tuple[int, Any]:
         parts = [urllib.parse.unquote(p) for p in rec.path.split("/") if p]
         m = rec.method
@@ -216,6 +260,8 @@ class FakeDaemon:
             return 200, {"version": "0.0.0-fake", "api": "v1", "tiers": ["container"]}
         if parts == ["metrics"]:
             return 200, "tidepool_exec_total 0\n"
+        if parts[:2] == ["v1", "functions"]:
+            return self._functions(parts[2:], rec)
         if parts[:2] != ["v1", "sandboxes"]:
             return self._err(404, "not_found", f"no route {rec.path}")
         if len(parts) == 2:

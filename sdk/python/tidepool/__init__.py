@@ -15,6 +15,11 @@ The asyncio client has the same methods as coroutines::
         async with await client.create_batch(16, ttl=600) as batch:
             results = await asyncio.gather(*(sb.exec("make test") for sb in batch))
 
+The function tier runs a program once, without a sandbox of your own::
+
+    r = client.run_code("python", "print(int(input()) * 2)", stdin="21\n")
+    print(r.verdict, r.stdout)                 # ok 42
+
 Errors are typed exceptions, all subclasses of :class:`TidepoolError`. Transient
 failures are retried (:class:`RetryPolicy`); state-changing calls carry an
 ``Idempotency-Key`` so a retry never runs anything twice. A :class:`Trajectory` numbers
@@ -44,7 +49,7 @@ from .errors import (
     UnsafeArchive,
 )
 from .models import (BatchError, BatchResult, Divergence, ExecResult, FileEntry, LogEntry, OutputChunk, ProcessInfo,
-                     ReplayReport, SandboxInfo)
+                     ReplayReport, RunResult, SandboxInfo, StepResult)
 from .version import __version__
 
 __all__ = [
@@ -64,6 +69,8 @@ __all__ = [
     "OutputChunk",
     "FileEntry",
     "ProcessInfo",
+    "RunResult",
+    "StepResult",
     "BatchResult",
     "BatchError",
     "LogEntry",

@@ -361,3 +361,126 @@ def replay(sandbox_id: str, to_step: Optional[int] = None, to_key: Optional[str]
     if rekey is not None:
         body["rekey"] = {"from": rekey[0], "to": rekey[1]}
     return json_request("POST", sandbox_path(sandbox_id, "/replay"), body, timeout=None)
+# -- the function tier ------------------------------------------------------------
+
+FUNCTIONS = "/v1/functions"
+
+_RUN_FIELDS = ("language", "source", "stdin", "timeout", "memory_mb", "files", "args", "env",
+               "fetch_files", "compile_timeout", "max_output_bytes", "pids")
+_CASE_FIELDS = ("stdin", "args", "files", "env")
+
+
+def _files_json(files: Optional[Mapping[str, Union[bytes, str]]]) -> Dict[str, str]:
+    return {str(k): base64.b64encode(to_bytes(v, f"files[{k!r}]")).decode("ascii") for k, v in (files or {}).items()}
+
+
+def _stdin_fields(stdin: Optional[Union[bytes, str]], body: Dict[str, Any]) -> None:
+    if stdin is None:
+        return
+    if isinstance(stdin, str):
+        body["stdin"] = stdin
+    else:
+        body["stdin_b64"] = base64.b64encode(to_bytes(stdin, "stdin")).decode("ascii")
+
+
+def run_code_body(
+    language: Optional[str] = None,
+    source: Optional[str] = None,
+    *,
+    stdin: Optional[Union[bytes, str]] = None,
+    timeout: Optional[Seconds] = None,
+    memory_mb: Optional[int] = None,
+    files: Optional[Mapping[str, Union[bytes, str]]] = None,
+    args: Optional[Sequence[str]] = None,
+    env: Optional[Mapping[str, str]] = None,
+    fetch_files: Optional[Sequence[str]] = None,
+    compile_timeout: Optional[Seconds] = None,
+    max_output_bytes: Optional[int] = None,
+    pids: Optional[int] = None,
+) -> Dict[str, Any]:
+    """The ``FunctionRun`` JSON object. Fields left as None take the daemon's defaults."""
+    body: Dict[str, Any] = {}
+    if language is not None:
+        body["language"] = str(language)
+    if source is not None:
+        if not isinstance(source, str):
+            raise TypeError("source must be a str (the program's text)")
+        body["source"] = source
+    _stdin_fields(stdin, body)
+    for name, value in (("timeout", timeout), ("compile_timeout", compile_timeout)):
+        s = seconds(value, name)
+        if s is not None:
+            body[name] = s
+    if memory_mb is not None:
+        body["memory_mb"] = int(memory_mb)
+    if max_output_bytes is not None:
+        body["max_output_bytes"] = int(max_output_bytes)
+    if pids is not None:
+        body["pids"] = int(pids)
+    if files:
+        body["files"] = _files_json(files)
+    if args:
+        if isinstance(args, (str, bytes)):
+            raise TypeError("args must be a sequence of str")
+        body["args"] = [str(a) for a in args]
+    if env:
+        body["env"] = {str(k): str(v) for k, v in env.items()}
+    if fetch_files:
+        body["fetch_files"] = [str(f) for f in fetch_files]
+    return body
+
+
+def _run_read_timeout(body: Mapping[str, Any], client_timeout: Optional[float]) -> Optional[float]:
+    # The run's own limits (the daemon's default is 10 s each) plus the client's timeout as
+    # slack for queueing and transfer.
+    limit = float(body.get("timeout") or 10.0) + float(body.get("compile_timeout") or 10.0)
+    return limit + (client_timeout if client_timeout is not None else 60.0)
+
+
+def run_code(client_timeout: Optional[float], **fields: Any) -> Request:
+    """POST /v1/functions/run (``fields`` as the keywords of :func:`run_code_body`)."""
+    body = run_code_body(**fields)
+    return json_request("POST", FUNCTIONS + "/run", body, timeout=_run_read_timeout(body, client_timeout),
+                        stateless=True)
+
+
+def run_code_batch(runs: Sequence[Mapping[str, Any]], defaults: Mapping[str, Any]) -> Request:
+    """POST /v1/functions/batch. Each run is a mapping of :func:`run_code_body` keywords,
+    over ``defaults``. Runs that share their language and source and differ only in
+    stdin, args, files or env go as one program with cases (the daemon compiles it once
+    either way; this also sends the source once)."""
+    if isinstance(runs, Mapping) or isinstance(runs, (str, bytes)):
+        raise TypeError("runs must be a sequence of mappings")
+    runs = list(runs)
+    if not runs:
+        raise ValueError("runs must not be empty")
+    for r in runs:
+        if not isinstance(r, Mapping):
+            raise TypeError("each run must be a mapping of run_code keywords")
+        unknown = set(r) - set(_RUN_FIELDS)
+        if unknown:
+            raise TypeError(f"unknown run field(s): {', '.join(sorted(unknown))}")
+    unknown = set(defaults) - set(_RUN_FIELDS)
+    if unknown:
+        raise TypeError(f"unknown field(s): {', '.join(sorted(unknown))}")
+    if all(set(r) <= set(_CASE_FIELDS) for r in runs) and "language" in defaults and "source" in defaults:
+        body = run_code_body(**defaults)
+        cases = []
+        for r in runs:
+            case = run_code_body(**r)
+            cases.append({k: v for k, v in case.items() if k in ("stdin", "stdin_b64", "args", "files", "env")})
+        body["cases"] = cases
+    else:
+        body = {"runs": [run_code_body(**{**defaults, **r}) for r in runs]}
+    # A batch takes as long as it takes: no read timeout.
+    return json_request("POST", FUNCTIONS + "/batch", body, timeout=None, stateless=True)
+
+
+def fn_languages() -> Request:
+    """GET /v1/functions/languages."""
+    return Request("GET", FUNCTIONS + "/languages")
+
+
+def fn_status() -> Request:
+    """GET /v1/functions."""
+    return Request("GET", FUNCTIONS)

@@ -133,6 +133,15 @@ class SandboxBase(Generic[C]):
         return _api.exec_(self.id, cmd, stream=stream, client_timeout=self._client.timeout, **opts)
 
 
+def run_fields(language: str, source: str, stdin: Any, timeout: Any, memory_mb: Optional[int],
+               files: Any, args: Any, env: Any, fetch_files: Any, compile_timeout: Any,
+               max_output_bytes: Optional[int]) -> Mapping[str, Any]:
+    """The ``run_code`` arguments as keywords of :func:`tidepool._api.run_code_body`."""
+    return dict(language=language, source=source, stdin=stdin, timeout=timeout, memory_mb=memory_mb,
+                files=files, args=args, env=env, fetch_files=fetch_files, compile_timeout=compile_timeout,
+                max_output_bytes=max_output_bytes)
+
+
 def command_opts(timeout: Optional[_api.Seconds], env: Optional[Mapping[str, str]], cwd: Optional[str],
                  user: Optional[int], stdin: Any, max_output_bytes: Optional[int]) -> Mapping[str, Any]:
     """The command arguments shared by ``exec``, ``exec_stream`` and ``start`` as keywords."""

@@ -120,12 +120,16 @@ class Request:
     content_type: Optional[str] = None
     timeout: Any = DEFAULT
     headers: Dict[str, str] = field(default_factory=dict)
+    #: Running it twice does no harm (a function-tier run changes nothing): it may be
+    #: retried without an idempotency key, and gets none by default (the daemon would
+    #: record its answer durably).
+    stateless: bool = False
 
     @property
     def retryable(self) -> bool:
         """True when sending the request again cannot run anything twice: it changes
         nothing, or it carries an idempotency key the daemon recognises on a repeat."""
-        return self.method.upper() in _SAFE or IDEMPOTENCY_HEADER in self.headers
+        return self.method.upper() in _SAFE or self.stateless or IDEMPOTENCY_HEADER in self.headers
 
     def target(self, base_path: str = "") -> str:
         """Path plus encoded query string."""
@@ -143,7 +147,8 @@ def prepare(req: Request, idempotency_key: Optional[str] = None) -> Request:
     even if this client goes away (``Tidepool-On-Disconnect: finish``), its result kept
     for the key; with the SDK's own key the daemon kills it unless a retry comes soon.
     """
-    if req.method.upper() in MUTATING_METHODS and IDEMPOTENCY_HEADER not in req.headers:
+    if req.method.upper() in MUTATING_METHODS and IDEMPOTENCY_HEADER not in req.headers and not (
+            req.stateless and not idempotency_key):
         req.headers[IDEMPOTENCY_HEADER] = idempotency_key or new_idempotency_key()
     elif idempotency_key:
         req.headers[IDEMPOTENCY_HEADER] = idempotency_key

@@ -34,7 +34,7 @@ from typing import Any, AsyncIterator, Dict, List, Mapping, Optional, Tuple, Uni
 from . import _api, _tar
 from ._aio import AsyncTransport
 from ._base import (USER_AGENT, ClientBase, FilesBase, ProcessHandleBase, SandboxBase, TrajectoryBase, command_opts,
-                    create_fields)
+                    create_fields, run_fields)
 from ._http import Request, default_url, prepare
 from ._retry import DEFAULT_RETRY, RetryPolicy
 from .errors import NotFound, TidepoolError
@@ -42,6 +42,7 @@ from .models import BatchResult, ExecResult, FileEntry, LogEntry, OutputChunk, P
 from .models import StreamParser, _finish, checked, chunks_of, parse_answer, parse_batch, parse_entries
 from .models import parse_exec_json, parse_log, parse_processes, parse_replay, parse_sandboxes, run_shielded
 from .models import wait_result
+from .models import RunResult, parse_run_batch
 
 __all__ = ["AsyncClient", "AsyncSandbox", "AsyncFiles", "AsyncProcessHandle", "AsyncTrajectory"]
 
@@ -103,6 +104,42 @@ class AsyncClient(ClientBase):
     async def metrics(self) -> str:
         """GET /metrics: the Prometheus text exposition."""
         return (await self._transport.request(_api.metrics())).body.decode("utf-8", errors="replace")
+
+    # -- the function tier -------------------------------------------------------
+
+    async def run_code(
+        self,
+        language: str,
+        source: str,
+        stdin: Optional[Union[bytes, str]] = None,
+        timeout: Optional[_api.Seconds] = None,
+        memory_mb: Optional[int] = None,
+        files: Optional[Mapping[str, Union[bytes, str]]] = None,
+        args: Optional[List[str]] = None,
+        env: Optional[Mapping[str, str]] = None,
+        fetch_files: Optional[List[str]] = None,
+        compile_timeout: Optional[_api.Seconds] = None,
+        max_output_bytes: Optional[int] = None,
+        idempotency_key: Optional[str] = None,
+    ) -> RunResult:
+        """Runs a program once in the function tier (arguments as :meth:`tidepool.Client.run_code`)."""
+        fields = run_fields(language, source, stdin, timeout, memory_mb, files, args, env, fetch_files,
+                            compile_timeout, max_output_bytes)
+        return RunResult.from_json(await self._call(_api.run_code(self.timeout, **fields), idempotency_key))
+
+    async def run_code_batch(
+        self, runs: List[Mapping[str, Any]], idempotency_key: Optional[str] = None, **defaults: Any
+    ) -> List[Union[RunResult, Exception]]:
+        """Runs many programs, or one against many inputs (as :meth:`tidepool.Client.run_code_batch`)."""
+        return parse_run_batch(await self._call(_api.run_code_batch(runs, defaults), idempotency_key))
+
+    async def fn_languages(self) -> List[Dict[str, Any]]:
+        """The languages the function tier serves (name, aliases, SandboxFusion names, ...)."""
+        return list((await self._call(_api.fn_languages())).get("languages") or [])
+
+    async def fn_status(self) -> Dict[str, Any]:
+        """The function tier's workers, queue, rate and verdict counts."""
+        return await self._call(_api.fn_status())
 
     # -- sandboxes ---------------------------------------------------------------
 

@@ -20,6 +20,7 @@ from typing import Any, Dict, Iterator, List, Literal, Mapping, Optional, Tuple,
 
 from . import _api, _tar
 from ._base import (
+    run_fields,
     DEFAULT_URL,
     USER_AGENT,
     ClientBase,
@@ -33,6 +34,7 @@ from ._base import (
 from ._http import Request, SyncTransport, default_url, prepare
 from ._retry import DEFAULT_RETRY, RetryPolicy
 from .errors import NotFound, TidepoolError
+from .models import RunResult, parse_run_batch
 from .models import (  # noqa: F401 - StreamParser, parse_exec_json: kept importable from here
     BatchResult,
     ExecResult,
@@ -117,6 +119,83 @@ class Client(ClientBase):
     def metrics(self) -> str:
         """GET /metrics: the Prometheus text exposition."""
         return self._transport.request(_api.metrics()).body.decode("utf-8", errors="replace")
+
+    # -- the function tier -------------------------------------------------------
+
+    def run_code(
+        self,
+        language: str,
+        source: str,
+        stdin: Optional[Union[bytes, str]] = None,
+        timeout: Optional[_api.Seconds] = None,
+        memory_mb: Optional[int] = None,
+        files: Optional[Mapping[str, Union[bytes, str]]] = None,
+        args: Optional[List[str]] = None,
+        env: Optional[Mapping[str, str]] = None,
+        fetch_files: Optional[List[str]] = None,
+        compile_timeout: Optional[_api.Seconds] = None,
+        max_output_bytes: Optional[int] = None,
+        idempotency_key: Optional[str] = None,
+    ) -> RunResult:
+        """Runs a program once in the function tier and returns its outcome.
+
+        No sandbox of your own: the program runs in a fresh isolated child of a
+        pre-started worker (its own namespaces, cgroup, scratch tmpfs, no network) and
+        nothing of it remains afterwards. A failing program is a result (see
+        ``verdict``), not an exception.
+
+        Args:
+            language: ``"python"``, ``"cpp"``, ``"c"``, ``"nodejs"``, ``"bash"``, ... (see
+                :meth:`fn_languages`).
+            source: the program's text.
+            stdin: its standard input (str or bytes).
+            timeout: wall-clock limit in seconds (daemon default 10).
+            memory_mb: memory limit of the run (daemon default 512).
+            files: more files for its directory, ``{relative path: bytes or str}``.
+            args: arguments after the program.
+            env: environment variables.
+            fetch_files: files to return from its directory afterwards (``result.files``).
+            compile_timeout: limit of the compile step of compiled languages.
+            max_output_bytes: per stream; a program writing more is killed (verdict
+                ``output_limit``; daemon default 16 MiB).
+            idempotency_key: makes the daemon record the answer and return it again on a
+                repeat of the key (by default none: a run changes nothing, and a retry
+                after a broken connection simply runs it again).
+
+        Raises:
+            InvalidArgument: unknown language, a limit out of range, a file path outside
+                the program's directory.
+            QuotaExceeded: too many runs of this client are queued.
+            Unavailable: no worker could run it.
+        """
+        fields = run_fields(language, source, stdin, timeout, memory_mb, files, args, env, fetch_files,
+                            compile_timeout, max_output_bytes)
+        return RunResult.from_json(self._call(_api.run_code(self.timeout, **fields), idempotency_key))
+
+    def run_code_batch(
+        self, runs: List[Mapping[str, Any]], idempotency_key: Optional[str] = None, **defaults: Any
+    ) -> List[Union[RunResult, Exception]]:
+        """Runs many programs, or one program against many inputs, in one request.
+
+        ``runs`` is a sequence of mappings of :meth:`run_code` keywords; ``defaults``
+        (the same keywords) apply to every run. With ``language`` and ``source`` in
+        ``defaults`` and runs that give only ``stdin``, ``args``, ``files`` or ``env``,
+        the program is sent (and compiled) once::
+
+            results = client.run_code_batch([{"stdin": t} for t in tests], language="cpp", source=src)
+
+        Returns the results in order; a run that could not complete is the exception
+        :meth:`run_code` would have raised, as a value (check with ``isinstance``).
+        """
+        return parse_run_batch(self._call(_api.run_code_batch(runs, defaults), idempotency_key))
+
+    def fn_languages(self) -> List[Dict[str, Any]]:
+        """The languages the function tier serves (name, aliases, SandboxFusion names, ...)."""
+        return list((self._call(_api.fn_languages())).get("languages") or [])
+
+    def fn_status(self) -> Dict[str, Any]:
+        """The function tier's workers, queue, rate and verdict counts."""
+        return self._call(_api.fn_status())
 
     # -- sandboxes ---------------------------------------------------------------
 

@@ -17,7 +17,8 @@ from typing import Any, Awaitable, Callable, Dict, Generic, List, Mapping, Named
 from .errors import CommandFailed, SandboxError, Timeout, error_from_response
 
 __all__ = ["SandboxInfo", "ExecResult", "OutputChunk", "FileEntry", "ProcessInfo", "BatchError",
-           "BatchResult", "parse_entries", "LogEntry", "ReplayReport", "Divergence"]
+           "BatchResult", "parse_entries", "LogEntry", "ReplayReport", "Divergence",
+           "StepResult", "RunResult", "parse_run_batch"]
 
 S = TypeVar("S")
 
@@ -121,8 +122,25 @@ class SandboxInfo:
         return self.state in ("creating", "running", "paused")
 
 
+class _TextOutput:
+    """``stdout``/``stderr`` as text for results that hold ``stdout_bytes``/``stderr_bytes``."""
+
+    stdout_bytes: bytes
+    stderr_bytes: bytes
+
+    @property
+    def stdout(self) -> str:
+        """Standard output decoded as UTF-8 (invalid bytes replaced)."""
+        return _decode(self.stdout_bytes)
+
+    @property
+    def stderr(self) -> str:
+        """Standard error decoded as UTF-8 (invalid bytes replaced)."""
+        return _decode(self.stderr_bytes)
+
+
 @dataclass(repr=False)
-class ExecResult:
+class ExecResult(_TextOutput):
     """Outcome of one command (schema ``ExecResult`` in the contract).
 
     A non-zero exit is a result, not an exception (unless ``check=True`` was passed).
@@ -168,15 +186,6 @@ class ExecResult:
         parts.append(f"stderr={short(self.stderr_bytes)}")
         return f"ExecResult({', '.join(parts)})"
 
-    @property
-    def stdout(self) -> str:
-        """Standard output decoded as UTF-8 (invalid bytes replaced)."""
-        return _decode(self.stdout_bytes)
-
-    @property
-    def stderr(self) -> str:
-        """Standard error decoded as UTF-8 (invalid bytes replaced)."""
-        return _decode(self.stderr_bytes)
 
     @property
     def truncated(self) -> bool:
@@ -731,3 +740,121 @@ def parse_replay(obj: Mapping[str, Any], make: Callable[[SandboxInfo], S]) -> "R
         notes=[str(n) for n in obj.get("notes") or []],
         raw=dict(obj),
     )
+def _text_or_b64(obj: Mapping[str, Any], key: str) -> bytes:
+    """Output the daemon sent as text, or as base64 in ``<key>_b64`` when it was not UTF-8."""
+    b64 = obj.get(key + "_b64")
+    if b64:
+        return base64.b64decode(b64)
+    return str(obj.get(key) or "").encode("utf-8")
+
+
+@dataclass(repr=False)
+class StepResult(_TextOutput):
+    """One step of a function-tier run (the compile step, or the run itself).
+
+    Attributes:
+        verdict: ``"ok"``, ``"runtime_error"``, ``"time_limit"``, ``"memory_limit"``,
+            ``"output_limit"`` or ``"compile_error"``.
+        exit_code: the exit status, ``None`` when killed by a signal (or not run).
+        signal: the signal that ended it, 0 if none.
+        stdout_bytes / stderr_bytes: its output (``stdout``/``stderr``: decoded).
+        wall_time / cpu_time: seconds, as measured by the zygote (CPU: user + system).
+        memory_peak_bytes: the peak of its own memory cgroup.
+        error: why the program could not be started (e.g. ``execve ./test: ...``), else "".
+    """
+
+    verdict: str
+    exit_code: Optional[int] = None
+    signal: int = 0
+    stdout_bytes: bytes = b""
+    stderr_bytes: bytes = b""
+    stdout_truncated: bool = False
+    stderr_truncated: bool = False
+    wall_time: float = 0.0
+    cpu_time: float = 0.0
+    memory_peak_bytes: int = 0
+    error: str = ""
+
+
+    @property
+    def ok(self) -> bool:
+        """True when the verdict is ``"ok"`` (exit status 0, no limit hit)."""
+        return self.verdict == "ok"
+
+    def __repr__(self) -> str:
+        out = self.stdout_bytes if len(self.stdout_bytes) <= 100 else self.stdout_bytes[:100] + b"..."
+        return (f"{type(self).__name__}(verdict={self.verdict!r}, exit_code={self.exit_code}, "
+                f"wall_time={self.wall_time:.4f}, stdout={out!r})")
+
+    @classmethod
+    def _fields(cls, obj: Mapping[str, Any]) -> Dict[str, Any]:
+        return dict(
+            verdict=str(obj.get("verdict") or ""),
+            exit_code=_int(obj.get("exit_code")),
+            signal=_int(obj.get("signal"), 0) or 0,
+            stdout_bytes=_text_or_b64(obj, "stdout"),
+            stderr_bytes=_text_or_b64(obj, "stderr"),
+            stdout_truncated=bool(obj.get("stdout_truncated", False)),
+            stderr_truncated=bool(obj.get("stderr_truncated", False)),
+            wall_time=float(obj.get("wall_ms") or 0.0) / 1000.0,
+            cpu_time=float(obj.get("cpu_ms") or 0.0) / 1000.0,
+            memory_peak_bytes=_int(obj.get("memory_peak_bytes"), 0) or 0,
+            error=str(obj.get("error") or ""),
+        )
+
+    @classmethod
+    def from_json(cls, obj: Mapping[str, Any]) -> "StepResult":
+        """Builds a StepResult from the daemon's JSON (schema ``FunctionStep``)."""
+        return cls(**cls._fields(obj))
+
+
+@dataclass(repr=False)
+class RunResult(StepResult):
+    """The outcome of :meth:`Client.run_code` (schema ``FunctionResult`` in the contract).
+
+    A program that fails is a result with its ``verdict``, not an exception. The fields
+    of :class:`StepResult` describe the run itself; besides them:
+
+    Attributes:
+        compile: the compile step of a compiled language (``None`` otherwise).
+        compile_cached: the program was compiled by an earlier call (or one running alongside).
+        files: the fetched files (``fetch_files``) by name.
+        missing_files: fetched names that were not there (or not regular files).
+        queue_time / server_time: seconds waiting for a worker / in the daemon in all.
+    """
+
+    compile: Optional[StepResult] = None
+    compile_cached: bool = False
+    files: Dict[str, bytes] = field(default_factory=dict)
+    missing_files: List[str] = field(default_factory=list)
+    queue_time: float = 0.0
+    server_time: float = 0.0
+    raw: Dict[str, Any] = field(default_factory=dict, compare=False)
+
+    @classmethod
+    def from_json(cls, obj: Mapping[str, Any]) -> "RunResult":
+        """Builds a RunResult from the daemon's JSON (schema ``FunctionResult``)."""
+        comp = obj.get("compile")
+        return cls(
+            **cls._fields(obj),
+            compile=StepResult.from_json(comp) if isinstance(comp, Mapping) else None,
+            compile_cached=bool(obj.get("compile_cached", False)),
+            files={str(k): base64.b64decode(v) for k, v in (obj.get("files") or {}).items()},
+            missing_files=[str(x) for x in obj.get("missing_files") or []],
+            queue_time=float(obj.get("queue_ms") or 0.0) / 1000.0,
+            server_time=float(obj.get("server_ms") or 0.0) / 1000.0,
+            raw=dict(obj),
+        )
+
+
+def parse_run_batch(obj: Mapping[str, Any]) -> List[Union[RunResult, Exception]]:
+    """The results of a batch in request order; a run that could not complete is the
+    exception a single run_code would have raised (an instance, not raised)."""
+    out: List[Union[RunResult, Exception]] = []
+    for item in obj.get("results") or []:
+        err = item.get("error") if isinstance(item, Mapping) else None
+        if isinstance(err, Mapping):
+            out.append(error_from_response(None, str(err.get("code") or ""), str(err.get("message") or "")))
+        else:
+            out.append(RunResult.from_json(item))
+    return out

@@ -77,6 +77,8 @@ struct Shared {
   ContainerOptions opts;
   std::unique_ptr<sys::CgroupManager> cgroups;
   std::unique_ptr<sys::SeccompProgram> seccomp;
+  // SandboxSpec::nested_isolation: the same policy with the mount API allowed.
+  std::unique_ptr<sys::SeccompProgram> seccomp_nested;
   UniqueFd agent_exe;
   image::HostImage host;
   std::vector<std::pair<std::string, unsigned long>> host_binds;
@@ -558,7 +560,7 @@ Result<std::unique_ptr<SandboxInstance>> ContainerBackend::create_impl(const San
   plan.set_rlimit(RLIMIT_CORE, "RLIMIT_CORE", 0);
   if (spec.best_effort) plan.sched_idle();
   plan.finish();
-  plan.seccomp = sh_->seccomp.get();
+  plan.seccomp = spec.nested_isolation ? sh_->seccomp_nested.get() : sh_->seccomp.get();
   plan.exe_fd = sh_->agent_exe.get();
   for (const char* a : {"tp-agent", "--fd", "3"})
     plan.argv.push_back(const_cast<char*>(plan.keep(a)));
@@ -631,6 +633,13 @@ Result<std::unique_ptr<SandboxInstance>> ContainerBackend::create_impl(const San
     Result<void> d = own(cg_dir, true);
     for (const auto& f : sh_->cgroups->delegated_files())
       if (d) d = own(cg_dir + "/" + f, false);
+    // Nested isolation (the function tier): the memory and pids cgroups too, so that
+    // the sandbox's root can make a cgroup with limits of its own for each call below
+    // them. The sandbox's own limit files stay the host's (not writable from inside);
+    // a sub-cgroup's limits are bounded by the sandbox's.
+    if (spec.nested_isolation)
+      for (const auto& dir : sh_->cgroups->limit_dirs(spec.id))
+        if (d && dir != cg_dir) d = own(dir, true);
     if (d) {
       cg_fd.reset(::open(cg_dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
       if (!cg_fd) d = sys_fail("open(" + cg_dir + ", O_DIRECTORY)");
@@ -955,6 +964,9 @@ Result<std::unique_ptr<Backend>> make_container_backend(const ContainerOptions& 
   auto seccomp = sys::build_sandbox_filter();
   if (!seccomp) return std::unexpected(seccomp.error());
   sh->seccomp = std::move(*seccomp);
+  auto nested = sys::build_sandbox_filter({.allow_mounts = true});
+  if (!nested) return std::unexpected(nested.error());
+  sh->seccomp_nested = std::move(*nested);
 
   auto host = image::ensure_host_image(dd, opts.uid_base);
   if (!host) return std::unexpected(host.error());

@@ -7,6 +7,8 @@
 #include <filesystem>
 #include <fstream>
 
+#include "common/json_util.h"
+
 namespace tp::api {
 namespace {
 
@@ -171,6 +173,33 @@ TEST_F(AuthTest, ABrokenKeyFileAcceptsNoKey) {
   std::ofstream(keys(), std::ios::trunc) << "{not json";
   auto again = tcp("GET", "/v1/sandboxes", k->second);
   EXPECT_FALSE(auth.authenticate(again));
+}
+
+// Clients that take only a URL (SandboxFusion's, e.g. verl's) send http://user:KEY@host as
+// HTTP Basic: the password is the key, the user name is anything.
+TEST_F(AuthTest, BasicCredentialsCarryTheKeyAsPassword) {
+  KeyFile f(keys());
+  auto k = f.create("user", "verl");
+  ASSERT_TRUE(k);
+  Auth auth({keys(), false, {}});
+  auto basic = [](const std::string& userpass) {
+    Request r = tcp("POST", "/run_code");
+    r.headers["authorization"] = "Basic " + json_util::base64_encode(userpass);
+    return r;
+  };
+  auto ok = basic("anyone:" + k->second);
+  ASSERT_TRUE(auth.authenticate(ok));
+  EXPECT_EQ(ok.caller.key_id, k->first.id);
+  for (const std::string& bad :
+       {std::string("anyone:wrong"), std::string("no-colon"), std::string("user:")}) {
+    auto r = basic(bad);
+    auto e = auth.authenticate(r);
+    ASSERT_FALSE(e) << bad;
+    EXPECT_EQ(e.error().code, Code::kUnauthenticated);
+  }
+  Request garbage = tcp("POST", "/run_code");
+  garbage.headers["authorization"] = "Basic !!!";
+  EXPECT_FALSE(auth.authenticate(garbage));
 }
 
 }  // namespace

@@ -6,9 +6,11 @@
 #include <set>
 
 #include "api/auth.h"
+#include "api/function_routes.h"
 #include "api/image_routes.h"
 #include "api/log_routes.h"
 #include "api/routes.h"
+#include "api/sandbox_fusion.h"
 
 namespace tp::api {
 namespace {
@@ -47,6 +49,8 @@ TEST(OpenApi, ServedRoutesMatchTheContract) {
   for (const auto& r : ImageRoutes::routes()) served.insert(r.method + " " + r.pattern);
   for (const auto& r : LogRoutes::routes()) served.insert(r.method + " " + r.pattern);
   for (const auto& r : Auth::routes()) served.insert(r.method + " " + r.pattern);
+  for (const auto& r : FunctionRoutes::routes()) served.insert(r.method + " " + r.pattern);
+  for (const auto& r : SandboxFusionRoutes::routes()) served.insert(r.method + " " + r.pattern);
   std::set<std::string> spec = spec_routes();
   ASSERT_FALSE(spec.empty());
   for (const auto& s : served)
