@@ -24,14 +24,18 @@
 #include "api/function_setup.h"
 #include "api/http_server.h"
 #include "api/image_routes.h"
+#include "api/lifecycle_routes.h"
 #include "api/log_routes.h"
 #include "api/routes.h"
 #include "common/log.h"
+#include "control/sqlite/doc_store.h"
 #include "control/sqlite/image_record_store.h"
 #include "control/sqlite/sandbox_store.h"
 #include "image/builder.h"
 #include "image/image_store.h"
 #include "image/image_user.h"
+#include "node/jobs.h"
+#include "node/pools.h"
 #include "node/sandbox_manager.h"
 #include "node/step_log.h"
 #include "node/trajectory_events.h"
@@ -243,6 +247,21 @@ int daemon_main(int argc, char** argv) {
                  "one request sends, not the daemon's memory")
       ->capture_default_str()
       ->check(CLI::Range(uint64_t{1}, uint64_t{1} << 30));
+  uint64_t pool_budget_mb = 2048;
+  app.add_option("--pool-budget-mb", pool_budget_mb,
+                 "memory all warm pools together may hold (each pooled sandbox counted at "
+                 "--pool-idle-kb)")
+      ->capture_default_str();
+  uint64_t pool_idle_kb = 1024;
+  app.add_option("--pool-idle-kb", pool_idle_kb,
+                 "what one idle pooled sandbox is counted at against --pool-budget-mb")
+      ->capture_default_str()
+      ->check(CLI::Range(uint64_t{1}, uint64_t{1} << 30));
+  size_t pool_refills = 1;
+  app.add_option("--pool-refills", pool_refills,
+                 "warm-pool refills in flight at once (none while a client's create runs)")
+      ->capture_default_str()
+      ->check(CLI::Range(size_t{1}, size_t{64}));
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -412,6 +431,27 @@ int daemon_main(int argc, char** argv) {
   auto fn = start_function_tier(fn_flags, io, api, metrics, registry.find("container"), ranges,
                                 node, *images);
   if (!fn) return die("function tier: " + fn.error().message());
+  // Templates, warm pools and jobs (node/pools.h, node/jobs.h): after recover(), so that
+  // the pooled sandboxes it adopted go back to their pools.
+  auto template_docs = control::sqlite::SqliteDocStore::open(data_dir + "/state.db", "templates");
+  if (!template_docs) return die("templates: " + template_docs.error().message());
+  auto job_docs = control::sqlite::SqliteDocStore::open(data_dir + "/state.db", "jobs");
+  if (!job_docs) return die("jobs: " + job_docs.error().message());
+  control::TemplateStore template_store(**template_docs);
+  control::JobStore job_store(**job_docs);
+  node::WarmPools::Options popts;
+  popts.budget_mb = pool_budget_mb;
+  popts.idle_cost_kb = pool_idle_kb;
+  popts.refills_at_once = pool_refills;
+  node::WarmPools pools(mgr, template_store, metrics, popts);
+  node::JobManager jobs(mgr, job_store, metrics, {});
+  if (auto r = jobs.start(); !r) return die("jobs: " + r.error().message());
+  if (auto r = pools.start(); !r) return die("warm pools: " + r.error().message());
+  api.set_creator([&pools](node::CreateParams p, node::WarmPools::CreateCb cb) {
+    pools.create(std::move(p), std::move(cb));
+  });
+  api.set_client_work([&pools](int d) { pools.client_work(d); });
+  api.add_provider(std::make_shared<LifecycleRoutes>(pools, jobs));
   AuthOptions aopts;
   aopts.key_file = KeyFile::in_data_dir(data_dir);
   aopts.insecure_tcp = insecure_tcp;
@@ -507,6 +547,8 @@ int daemon_main(int argc, char** argv) {
     // Destroying sandboxes blocks; run it off the io threads, which it needs.
     stopper = std::thread([&] {
       if (*fn) (*fn)->shutdown();  // its workers are not adopted by the next daemon
+      pools.shutdown();
+      jobs.shutdown();
       mgr.shutdown();
       keep_running.reset();
       io.stop();

@@ -152,6 +152,8 @@ const std::vector<Api::Route>& Api::table() {
       {"POST", "/v1/sandboxes/{id}/processes/{pid}/signal", &Api::process_signal},
       {"GET", "/v1/sandboxes/{id}/files/tar", &Api::tar_download},
       {"PUT", "/v1/sandboxes/{id}/files/tar", &Api::tar_upload},
+      {"POST", "/v1/sandboxes/{id}/pause", &Api::pause},
+      {"POST", "/v1/sandboxes/{id}/resume", &Api::resume},
   };
   return t;
 }
@@ -238,16 +240,52 @@ void Api::metrics(Request&, const Params&, std::shared_ptr<Responder> res) {
 
 namespace {
 
-Result<node::CreateParams> parse_create(const json::object& o, bool batch) {
+// The sandbox fields of a create (and of a batch: its own keys are the caller's).
+const std::vector<std::string_view> kCreateKeys = {
+    "image",  "tier", "memory_mb", "cpus", "pids", "disk_mb", "ttl_seconds", "idle_timeout_seconds",
+    "labels", "env",  "template",  "job",  "step", "priority"};
+
+Result<void> check_name(const json::object& o, const char* key, size_t max) {
+  auto v = json_util::get_string(o, key, "");
+  if (!v) return std::unexpected(v.error());
+  if (!o.contains(key)) return {};
+  if (v->empty() || v->size() > max)
+    return fail(Code::kInvalidArgument,
+                std::string("field '") + key + "' must be 1 to " + std::to_string(max) + " bytes");
+  for (unsigned char c : *v)
+    if (c < 0x21 || c == 0x7f)
+      return fail(Code::kInvalidArgument,
+                  std::string("field '") + key + "' must not contain spaces or control bytes");
+  return {};
+}
+
+}  // namespace
+
+Result<node::CreateParams> parse_create(const json::object& o,
+                                        std::initializer_list<std::string_view> extra) {
   node::CreateParams p;
-  if (batch) {
-    TP_TRY(
-        json_util::only_keys(o, {"count", "image", "tier", "memory_mb", "cpus", "pids", "disk_mb",
-                                 "ttl_seconds", "idle_timeout_seconds", "labels", "env"}));
-  } else {
-    TP_TRY(json_util::only_keys(o, {"image", "tier", "memory_mb", "cpus", "pids", "disk_mb",
-                                    "ttl_seconds", "idle_timeout_seconds", "labels", "env"}));
-  }
+  std::vector<std::string_view> keys = kCreateKeys;
+  keys.insert(keys.end(), extra.begin(), extra.end());
+  TP_TRY(json_util::only_keys(o, std::span<const std::string_view>(keys)));
+  for (const auto& kv : o)
+    if (!kv.value().is_null()) p.given.insert(std::string(kv.key()));
+  TP_TRY(check_name(o, "template", 63));
+  TP_TRY(check_name(o, "job", 128));
+  TP_TRY(check_name(o, "step", 128));
+  auto tpl = json_util::get_string(o, "template", "");
+  auto job = json_util::get_string(o, "job", "");
+  auto step = json_util::get_string(o, "step", "");
+  auto prio = json_util::get_string(o, "priority", "normal");
+  if (!prio) return std::unexpected(prio.error());
+  if (*prio != "normal" && *prio != "best-effort")
+    return fail(Code::kInvalidArgument,
+                "field 'priority' must be 'normal' or 'best-effort', not '" + *prio + "'");
+  if (!step->empty() && job->empty())
+    return fail(Code::kInvalidArgument, "field 'step' needs a 'job'");
+  p.template_name = *tpl;
+  p.job = *job;
+  p.step = *step;
+  p.priority = *prio;
   auto image = json_util::get_string(o, "image", "host");
   if (!image) return std::unexpected(image.error());
   auto tier = json_util::get_string(o, "tier", "container");
@@ -284,6 +322,8 @@ Result<node::CreateParams> parse_create(const json::object& o, bool batch) {
   p.env = std::move(*env);
   return p;
 }
+
+namespace {
 
 struct ExecSpec {
   node::ExecParams params;
@@ -370,17 +410,51 @@ Result<uint32_t> pid_param(const std::string& s) {
 
 }  // namespace
 
+void Api::create_one(node::CreateParams p,
+                     std::function<void(Result<SandboxRecord>, bool from_pool)> cb) {
+  if (creator_) return creator_(std::move(p), std::move(cb));
+  if (!p.template_name.empty())
+    return cb(fail(Code::kNotFound, "template '" + p.template_name + "' not found"), false);
+  mgr_.create(std::move(p), [cb](Result<SandboxRecord> r) { cb(std::move(r), false); });
+}
+
 void Api::create(Request& req, const Params&, std::shared_ptr<Responder> res) {
   auto body = json_util::parse_object(req.body);
   if (!body) return res->send_error(body.error());
-  auto p = parse_create(*body, false);
+  auto p = parse_create(*body);
   if (!p) return res->send_error(p.error());
-  mgr_.create(std::move(*p), [res](Result<SandboxRecord> r) {
+  create_one(std::move(*p), [res](Result<SandboxRecord> r, bool from_pool) {
     if (!r) return res->send_error(r.error());
+    res->add_header("Tidepool-From-Pool", from_pool ? "true" : "false");
     res->send_json(201, node::sandbox_json(*r));
   });
 }
 
+namespace {
+
+// One batch in flight: its items' outcomes, and (streamed) the lines not yet written.
+struct Batch {
+  std::mutex mu;
+  std::vector<std::optional<Result<SandboxRecord>>> items;
+  std::vector<bool> pooled;
+  size_t left = 0;
+  bool gang = false, stream = false;
+  bool failed = false;  // gang: an item failed, the rest is released as it comes
+  std::shared_ptr<Responder> res;
+};
+
+json::object item_error(size_t i, const Error& e) {
+  return json::object{
+      {"index", i}, {"code", std::string(code_name(e.code))}, {"message", e.message()}};
+}
+
+}  // namespace
+
+// A batch: N creates of one shape (pool first, then cold), at once. Plain: one
+// answer with every item. Streamed (NDJSON): a line per item as it is ready or
+// failed, then a summary line. Gang: all or nothing; on the first failure every
+// created item is deleted again (and those still creating when they arrive), and
+// the answer is the failure (streamed: a summary with ok=false and the released ids).
 void Api::create_batch(Request& req, const Params&, std::shared_ptr<Responder> res) {
   auto body = json_util::parse_object(req.body);
   if (!body) return res->send_error(body.error());
@@ -388,36 +462,122 @@ void Api::create_batch(Request& req, const Params&, std::shared_ptr<Responder> r
   if (!count) return res->send_error(count.error());
   if (!body->contains("count"))
     return res->send_error(Error{Code::kInvalidArgument, 0, "field 'count' is required"});
-  auto p = parse_create(*body, true);
+  auto gang = json_util::get_bool(*body, "gang", false);
+  if (!gang) return res->send_error(gang.error());
+  auto stream = json_util::get_bool(*body, "stream", false);
+  if (!stream) return res->send_error(stream.error());
+  auto p = parse_create(*body, {"count", "gang", "stream"});
   if (!p) return res->send_error(p.error());
-  struct Acc {
-    std::mutex mu;
-    std::vector<std::optional<Result<SandboxRecord>>> items;
-    size_t left;
+  for (const char* k : {"count", "gang", "stream"}) p->given.erase(k);
+  auto b = std::make_shared<Batch>();
+  b->items.resize(static_cast<size_t>(*count));
+  b->pooled.resize(b->items.size());
+  b->left = b->items.size();
+  b->gang = *gang;
+  b->stream = *stream;
+  b->res = res;
+  if (b->stream) res->start_stream(200, "application/x-ndjson");
+  if (client_work_) client_work_(+1);
+  auto release = [this](const std::string& id) {
+    mgr_.destroy(id, node::EndReason::kDeleted, [id](Result<SandboxRecord> r) {
+      if (!r) TP_SB_WARN(id, "releasing a gang batch's sandbox: {}", r.error().message());
+    });
   };
-  auto acc = std::make_shared<Acc>();
-  acc->items.resize(static_cast<size_t>(*count));
-  acc->left = acc->items.size();
-  for (size_t i = 0; i < acc->items.size(); ++i) {
-    mgr_.create(*p, [acc, i, res](Result<SandboxRecord> r) {
-      std::lock_guard lk(acc->mu);
-      acc->items[i] = std::move(r);
-      if (--acc->left) return;
-      json::array ok, errors;
-      for (size_t k = 0; k < acc->items.size(); ++k) {
-        const auto& it = *acc->items[k];
-        if (it) {
-          ok.push_back(node::sandbox_json(*it));
+  for (size_t i = 0; i < b->items.size(); ++i) {
+    create_one(*p, [this, b, i, release](Result<SandboxRecord> r, bool from_pool) {
+      std::unique_lock lk(b->mu);
+      bool first_failure = !r && b->gang && !b->failed;
+      if (!r) b->failed = true;
+      if (r && b->gang && b->failed) release(r->id);  // the gang already failed
+      if (first_failure)                              // what the gang took so far goes back
+        for (auto& it : b->items)
+          if (it && *it) release((*it)->id);
+      if (b->stream) {
+        json::object line;
+        line["index"] = i;
+        if (r) {
+          line["sandbox"] = node::sandbox_json(*r);
+          line["from_pool"] = from_pool;
         } else {
-          errors.push_back(json::object{{"index", k},
-                                        {"code", std::string(code_name(it.error().code))},
-                                        {"message", it.error().message()}});
+          line["error"] = json::object{{"code", std::string(code_name(r.error().code))},
+                                       {"message", r.error().message()}};
+        }
+        b->res->write_chunk(json::serialize(line) + "\n");
+      }
+      b->items[i] = std::move(r);
+      b->pooled[i] = from_pool;
+      if (--b->left) return;
+      if (client_work_) client_work_(-1);
+      size_t ok_n = 0, pool_n = 0;
+      const Error* first = nullptr;
+      size_t first_i = 0;
+      for (size_t k = 0; k < b->items.size(); ++k) {
+        if (*b->items[k]) {
+          ok_n++;
+          pool_n += b->pooled[k];
+        } else if (!first) {
+          first = &b->items[k]->error();
+          first_i = k;
         }
       }
-      res->send_json(200,
-                     json::object{{"sandboxes", std::move(ok)}, {"errors", std::move(errors)}});
+      if (b->gang && b->failed) {
+        json::array released;
+        for (auto& it : b->items)
+          if (*it) released.emplace_back((*it)->id);
+        std::string msg = "gang batch of " + std::to_string(b->items.size()) + ": item " +
+                          std::to_string(first_i) + " failed (" + first->message() +
+                          "); released the " + std::to_string(ok_n) + " created";
+        if (b->stream) {
+          b->res->write_chunk(
+              json::serialize(
+                  json::object{{"done", true},
+                               {"ok", false},
+                               {"created", 0},
+                               {"failed", b->items.size() - ok_n},
+                               {"released", std::move(released)},
+                               {"error", json::object{{"code", std::string(code_name(first->code))},
+                                                      {"message", msg}}}}) +
+              "\n");
+          return b->res->end_stream();
+        }
+        return b->res->send_error(Error{first->code, 0, msg});
+      }
+      if (b->stream) {
+        b->res->write_chunk(json::serialize(json::object{{"done", true},
+                                                         {"ok", ok_n == b->items.size()},
+                                                         {"created", ok_n},
+                                                         {"from_pool", pool_n},
+                                                         {"failed", b->items.size() - ok_n}}) +
+                            "\n");
+        return b->res->end_stream();
+      }
+      json::array ok, errors;
+      for (size_t k = 0; k < b->items.size(); ++k) {
+        const auto& it = *b->items[k];
+        if (it)
+          ok.push_back(node::sandbox_json(*it));
+        else
+          errors.push_back(item_error(k, it.error()));
+      }
+      b->res->send_json(200, json::object{{"sandboxes", std::move(ok)},
+                                          {"errors", std::move(errors)},
+                                          {"from_pool", pool_n}});
     });
   }
+}
+
+void Api::pause(Request&, const Params& p, std::shared_ptr<Responder> res) {
+  mgr_.pause(p[0], [res](Result<SandboxRecord> r) {
+    if (!r) return res->send_error(r.error());
+    res->send_json(200, node::sandbox_json(*r));
+  });
+}
+
+void Api::resume(Request&, const Params& p, std::shared_ptr<Responder> res) {
+  mgr_.resume(p[0], [res](Result<SandboxRecord> r) {
+    if (!r) return res->send_error(r.error());
+    res->send_json(200, node::sandbox_json(*r));
+  });
 }
 
 void Api::list(Request& req, const Params&, std::shared_ptr<Responder> res) {

@@ -5,9 +5,13 @@
 // Thread rules: handle() may be called from any io thread concurrently.
 #pragma once
 
+#include <boost/json.hpp>
 #include <chrono>
+#include <functional>
+#include <initializer_list>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "api/http_server.h"
@@ -30,6 +34,11 @@ class RouteProvider {
   virtual bool handle(Request& req, std::shared_ptr<Responder> res) = 0;
 };
 
+// The sandbox fields of a create body (CreateParams, with `given` the fields set);
+// `extra` names the caller's own keys, which it parses itself.
+Result<node::CreateParams> parse_create(const boost::json::object& o,
+                                        std::initializer_list<std::string_view> extra = {});
+
 class Api {
  public:
   // How long a keyed command whose client vanished waits for the client's retry
@@ -50,6 +59,14 @@ class Api {
   // Largest file or tar download (--max-download-mb). Downloads stream (api/download.h):
   // this bounds what one request may send, not what the daemon holds. Set before serving.
   void set_max_download(uint64_t bytes) { max_download_ = bytes; }
+  // Where creates go (single and batch): the warm pools (node/pools.h) when set,
+  // else the node directly. `from_pool` says whether a pool served it. Set before serving.
+  using CreateFn = std::function<void(node::CreateParams,
+                                      std::function<void(Result<control::SandboxRecord>, bool)>)>;
+  void set_creator(CreateFn f) { creator_ = std::move(f); }
+  // Cold work a client is waiting for (creates and batches): the pools refill only
+  // while there is none. Set before serving.
+  void set_client_work(std::function<void(int)> f) { client_work_ = std::move(f); }
   // The tiers /version lists (the node's registry). Set before serving.
   void set_tiers(std::vector<std::string> tiers) { tiers_ = std::move(tiers); }
   static constexpr uint64_t kDefaultMaxDownload = 8ull << 30;
@@ -92,6 +109,10 @@ class Api {
   void process_signal(Request&, const Params&, std::shared_ptr<Responder>);
   void tar_download(Request&, const Params&, std::shared_ptr<Responder>);
   void tar_upload(Request&, const Params&, std::shared_ptr<Responder>);
+  void pause(Request&, const Params&, std::shared_ptr<Responder>);
+  void resume(Request&, const Params&, std::shared_ptr<Responder>);
+  void create_one(node::CreateParams p,
+                  std::function<void(Result<control::SandboxRecord>, bool from_pool)> cb);
 
   node::Service& mgr_;
   Metrics& metrics_;
@@ -101,6 +122,8 @@ class Api {
   std::vector<std::shared_ptr<RouteProvider>> providers_;
   uint64_t max_download_ = kDefaultMaxDownload;
   std::vector<std::string> tiers_{"container"};
+  CreateFn creator_;
+  std::function<void(int)> client_work_;
 };
 
 }  // namespace tp::api

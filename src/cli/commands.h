@@ -83,8 +83,8 @@ Action add_version(CLI::App& root, Context& ctx);
 Action add_image(CLI::App& root, Context& ctx);   // cmd_image.cpp
 Action add_log(CLI::App& root, Context& ctx);     // cmd_log.cpp
 Action add_replay(CLI::App& root, Context& ctx);  // cmd_replay.cpp
-Action add_image(CLI::App& root, Context& ctx);  // cmd_image.cpp
-Action add_fn(CLI::App& root, Context& ctx);     // cmd_fn.cpp
+Action add_image(CLI::App& root, Context& ctx);   // cmd_image.cpp
+Action add_fn(CLI::App& root, Context& ctx);      // cmd_fn.cpp
 
 // Flags that describe a new sandbox, shared by `create` and `run`.
 struct CreateFlags {

@@ -95,6 +95,10 @@ Result<json::object> parse_object(std::string_view body, const ParseLimits& limi
 }
 
 Result<void> only_keys(const json::object& o, std::initializer_list<std::string_view> allowed) {
+  return only_keys(o, std::span<const std::string_view>(allowed.begin(), allowed.size()));
+}
+
+Result<void> only_keys(const json::object& o, std::span<const std::string_view> allowed) {
   for (const auto& kv : o) {
     bool ok = false;
     for (auto a : allowed) ok = ok || kv.key() == a;

@@ -7,6 +7,7 @@
 #include <boost/json.hpp>
 #include <cstdint>
 #include <map>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -36,6 +37,7 @@ Result<boost::json::object> parse_object(std::string_view body, const ParseLimit
 // Fails when `o` has a key outside `allowed`.
 Result<void> only_keys(const boost::json::object& o,
                        std::initializer_list<std::string_view> allowed);
+Result<void> only_keys(const boost::json::object& o, std::span<const std::string_view> allowed);
 Result<int64_t> get_int(const boost::json::object& o, std::string_view key, int64_t dflt,
                         int64_t min, int64_t max);
 Result<double> get_number(const boost::json::object& o, std::string_view key, double dflt,

@@ -88,5 +88,4 @@ std::string Metrics::render() const {
   return out;
 }
 
-
 }  // namespace tp

@@ -26,6 +26,10 @@ json::object sandbox_json(const control::SandboxRecord& r) {
   o["env"] = std::move(env);
   o["created_at"] = json_util::rfc3339(r.created_at_ms);
   o["expires_at"] = json_util::rfc3339(r.expires_at_ms);
+  o["priority"] = r.priority.empty() ? "normal" : r.priority;
+  if (!r.template_name.empty()) o["template"] = r.template_name;
+  if (!r.job.empty()) o["job"] = r.job;
+  if (!r.step.empty()) o["step"] = r.step;
   if (r.ended_at_ms) {
     o["ended_at"] = json_util::rfc3339(r.ended_at_ms);
     o["end_reason"] = r.end_reason;

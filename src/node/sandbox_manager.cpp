@@ -1213,6 +1213,17 @@ void SandboxManager::claim(const std::string& id, CreateParams p, RecordCb cb) {
   });
 }
 
+std::vector<SandboxRecord> SandboxManager::pooled() {
+  std::vector<SandboxRecord> out;
+  std::lock_guard lk(mu_);
+  for (auto& [id, sb] : live_) {
+    std::lock_guard lk2(sb->mu);
+    if (sb->rec.pooled && sb->state == State::kRunning && sb->stop_reason == EndReason::kNone)
+      out.push_back(sb->rec);
+  }
+  return out;
+}
+
 void SandboxManager::set_admission(Admission a) {
   std::lock_guard lk(mu_);
   admission_ = std::move(a);

@@ -160,6 +160,7 @@ class SandboxManager : public Service {
   void claim(const std::string& id, CreateParams p,
              std::function<void(Result<control::SandboxRecord>)> cb) override;
   void set_admission(Admission a) override;
+  std::vector<control::SandboxRecord> pooled() override;
   std::map<std::string, uint64_t> count_by_state() override;
   void after(std::chrono::milliseconds delay, std::function<void()> fn) override;
   const std::string& node_name() const override { return opts_.node_name; }

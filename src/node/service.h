@@ -177,6 +177,8 @@ class Service {
                      std::function<void(Result<control::SandboxRecord>)> cb) = 0;
   // Quotas of jobs, asked for every create that names a job. Set before serving.
   virtual void set_admission(Admission a) = 0;
+  // The running warm-pool sandboxes not handed out (after a restart: the ones re-adopted).
+  virtual std::vector<control::SandboxRecord> pooled() = 0;
 
   virtual std::map<std::string, uint64_t> count_by_state() = 0;
   // Runs fn on the io threads after a delay.

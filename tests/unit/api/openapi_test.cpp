@@ -8,6 +8,7 @@
 #include "api/auth.h"
 #include "api/function_routes.h"
 #include "api/image_routes.h"
+#include "api/lifecycle_routes.h"
 #include "api/log_routes.h"
 #include "api/routes.h"
 #include "api/sandbox_fusion.h"
@@ -48,6 +49,7 @@ TEST(OpenApi, ServedRoutesMatchTheContract) {
   for (const auto& r : Api::routes()) served.insert(r.method + " " + r.pattern);
   for (const auto& r : ImageRoutes::routes()) served.insert(r.method + " " + r.pattern);
   for (const auto& r : LogRoutes::routes()) served.insert(r.method + " " + r.pattern);
+  for (const auto& r : LifecycleRoutes::routes()) served.insert(r.method + " " + r.pattern);
   for (const auto& r : Auth::routes()) served.insert(r.method + " " + r.pattern);
   for (const auto& r : FunctionRoutes::routes()) served.insert(r.method + " " + r.pattern);
   for (const auto& r : SandboxFusionRoutes::routes()) served.insert(r.method + " " + r.pattern);
