@@ -199,7 +199,8 @@ bool LifecycleRoutes::handle(Request& req, std::shared_ptr<Responder> res) {
   }
   if (s[1] == "pools" && s.size() == 2) {
     if (req.method != "GET" && req.method != "HEAD") {
-      res->send_error(Error{Code::kInvalidArgument, 0, "method " + req.method + " not allowed on " + req.path});
+      res->send_error(
+          Error{Code::kInvalidArgument, 0, "method " + req.method + " not allowed on " + req.path});
       return true;
     }
     json::array arr;
@@ -244,21 +245,22 @@ void LifecycleRoutes::templates(Request& req, const std::vector<std::string>& s,
     auto t = parse_template(*body, "");
     if (!t) return res->send_error(t.error());
     if (t->version != 0)
-      return res->send_error(Error{Code::kInvalidArgument, 0,
-                                   "field 'version' is for PUT /v1/templates/{name}"});
+      return res->send_error(
+          Error{Code::kInvalidArgument, 0, "field 'version' is for PUT /v1/templates/{name}"});
     t->created_ms = t->updated_ms = now_ms();
     auto put = pools_.put_template(std::move(*t));
     if (!put) {
       if (put.error().code == Code::kConflict)
-        return res->send_error(Error{Code::kConflict, 0,
-                                     "template '" + name_of(*body) +
-                                         "' exists (PUT /v1/templates/{name} replaces it)"});
+        return res->send_error(Error{
+            Code::kConflict, 0,
+            "template '" + name_of(*body) + "' exists (PUT /v1/templates/{name} replaces it)"});
       return res->send_error(put.error());
     }
     auto ps = pool_of(put->name);
     return res->send_json(201, template_json(*put, ps ? &*ps : nullptr));
   }
-  if (s.size() != 3) return res->send_error(Error{Code::kNotFound, 0, "no route " + req.method + " " + req.path});
+  if (s.size() != 3)
+    return res->send_error(Error{Code::kNotFound, 0, "no route " + req.method + " " + req.path});
   const std::string& name = s[2];
   if (get) {
     auto t = pools_.get_template(name);
@@ -284,8 +286,8 @@ void LifecycleRoutes::templates(Request& req, const std::vector<std::string>& s,
   if (t->version == 0 && exists) t->version = cur->version;  // no version: last writer wins
   if (t->version != 0 && !exists)
     return res->send_error(
-        Error{Code::kConflict, 0, "template '" + name + "' does not exist at version " +
-                                      std::to_string(t->version)});
+        Error{Code::kConflict, 0,
+              "template '" + name + "' does not exist at version " + std::to_string(t->version)});
   if (exists && t->version != cur->version)
     return res->send_error(Error{Code::kConflict, 0,
                                  "template '" + name + "' is at version " +

@@ -52,8 +52,7 @@ Result<void> JobManager::start() {
     std::lock_guard lk(mu_);
     for (auto& j : *all) live_[j.id] = j;
   }
-  svc_.set_admission(
-      [this](const CreateParams& p, const JobUse& use) { return admit(p, use); });
+  svc_.set_admission([this](const CreateParams& p, const JobUse& use) { return admit(p, use); });
   tick();  // what came due while the daemon was down
   schedule();
   return {};
@@ -85,8 +84,8 @@ Result<JobRecord> JobManager::store_job(JobRecord j) {
 
 Result<JobRecord> JobManager::create(JobRecord spec) {
   if (spec.lease_seconds == 0 || spec.lease_seconds > opts_.max_lease_seconds)
-    return fail(Code::kInvalidArgument, "lease_seconds must be between 1 and " +
-                                            std::to_string(opts_.max_lease_seconds));
+    return fail(Code::kInvalidArgument,
+                "lease_seconds must be between 1 and " + std::to_string(opts_.max_lease_seconds));
   if (spec.grace_seconds > opts_.max_grace_seconds)
     return fail(Code::kInvalidArgument,
                 "grace_seconds is at most " + std::to_string(opts_.max_grace_seconds));
@@ -205,9 +204,9 @@ void JobManager::end(const std::string& id, std::function<void(Result<JobRecord>
   }
   if (!found) {
     auto r = store_.get(id);
-    Result<JobRecord> out = !r      ? Result<JobRecord>(std::unexpected(r.error()))
-                            : !*r   ? fail(Code::kNotFound, "job " + id + " not found")
-                                    : Result<JobRecord>(**r);
+    Result<JobRecord> out = !r    ? Result<JobRecord>(std::unexpected(r.error()))
+                            : !*r ? fail(Code::kNotFound, "job " + id + " not found")
+                                  : Result<JobRecord>(**r);
     return svc_.after(std::chrono::milliseconds(0), [cb, out] { cb(out); });
   }
   j.state = "ended";
@@ -243,8 +242,7 @@ void JobManager::end_step(const std::string& id, const std::string& step,
 
 void JobManager::reclaim(const std::vector<SandboxRecord>& sbs, EndReason why,
                          std::function<void(uint64_t)> done) {
-  if (sbs.empty())
-    return svc_.after(std::chrono::milliseconds(0), [done] { done(0); });
+  if (sbs.empty()) return svc_.after(std::chrono::milliseconds(0), [done] { done(0); });
   auto left = std::make_shared<std::atomic<size_t>>(sbs.size());
   const uint64_t n = sbs.size();
   for (const auto& s : sbs)
@@ -359,8 +357,8 @@ void JobManager::render(std::string* out) {
                          j.quota.sandboxes);
     quota += fmt::format("tidepool_job_quota{{job=\"{}\",quota=\"memory_mb\"}} {}\n", j.id,
                          j.quota.memory_mb);
-    quota += fmt::format("tidepool_job_quota{{job=\"{}\",quota=\"cpus\"}} {}\n", j.id,
-                         j.quota.cpus);
+    quota +=
+        fmt::format("tidepool_job_quota{{job=\"{}\",quota=\"cpus\"}} {}\n", j.id, j.quota.cpus);
   }
   *out += mem + quota;
 }

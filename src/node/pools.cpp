@@ -46,9 +46,8 @@ CreateParams apply_template(const TemplateRecord& t, const CreateParams& p) {
 }
 
 bool same_shape(const TemplateRecord& t, const CreateParams& p) {
-  return t.image == p.image && t.tier == p.tier && t.memory_mb == p.memory_mb &&
-         t.cpus == p.cpus && t.pids == p.pids && t.disk_mb == p.disk_mb &&
-         t.priority == p.priority;
+  return t.image == p.image && t.tier == p.tier && t.memory_mb == p.memory_mb && t.cpus == p.cpus &&
+         t.pids == p.pids && t.disk_mb == p.disk_mb && t.priority == p.priority;
 }
 
 uint32_t pool_target(double rate, double cold_s, uint32_t min, uint32_t max) {
@@ -230,9 +229,8 @@ void WarmPools::create(CreateParams p, CreateCb cb) {
     pool = pool_of_locked(p, &name);
     if (!pool && !p.template_name.empty()) {
       std::string t = p.template_name;
-      svc_.after(std::chrono::milliseconds(0), [cb, t] {
-        cb(fail(Code::kNotFound, "template '" + t + "' not found"), false);
-      });
+      svc_.after(std::chrono::milliseconds(0),
+                 [cb, t] { cb(fail(Code::kNotFound, "template '" + t + "' not found"), false); });
       return;
     }
     if (pool) {
@@ -243,11 +241,11 @@ void WarmPools::create(CreateParams p, CreateCb cb) {
   }
   if (pool) return serve(pool, std::move(p), std::move(cb));
   client_work(+1);
-  svc_.create(std::move(p), [this, cb, alive = std::weak_ptr<bool>(alive_)](
-                                Result<SandboxRecord> r) {
-    if (alive.lock()) client_work(-1);
-    cb(std::move(r), false);
-  });
+  svc_.create(std::move(p),
+              [this, cb, alive = std::weak_ptr<bool>(alive_)](Result<SandboxRecord> r) {
+                if (alive.lock()) client_work(-1);
+                cb(std::move(r), false);
+              });
 }
 
 void WarmPools::serve(PoolPtr pool, CreateParams p, CreateCb cb) {
@@ -266,20 +264,20 @@ void WarmPools::serve(PoolPtr pool, CreateParams p, CreateCb cb) {
     client_work(+1);
     p.pooled = false;
     const double t0 = now();
-    svc_.create(std::move(p), [this, pool, t0, cb, alive = std::weak_ptr<bool>(alive_)](
-                                  Result<SandboxRecord> r) {
-      if (alive.lock()) {
-        client_work(-1);
-        if (r) observe_cold(*pool, now() - t0);
-      }
-      cb(std::move(r), false);
-    });
+    svc_.create(std::move(p),
+                [this, pool, t0, cb, alive = std::weak_ptr<bool>(alive_)](Result<SandboxRecord> r) {
+                  if (alive.lock()) {
+                    client_work(-1);
+                    if (r) observe_cold(*pool, now() - t0);
+                  }
+                  cb(std::move(r), false);
+                });
     return;
   }
   double t0 = now();
   svc_.claim(id, p,
-             [this, pool, p, cb, t0, alive = std::weak_ptr<bool>(alive_)](
-                 Result<SandboxRecord> r) mutable {
+             [this, pool, p, cb, t0,
+              alive = std::weak_ptr<bool>(alive_)](Result<SandboxRecord> r) mutable {
                if (!alive.lock()) return cb(std::move(r), true);
                if (r) {
                  acquire_seconds_.observe(now() - t0);
@@ -383,27 +381,27 @@ void WarmPools::refill(PoolPtr pool) {
   }
   const uint64_t version = pool->tpl.version;
   double t0 = now();
-  svc_.create(p, [this, pool, version, t0, alive = std::weak_ptr<bool>(alive_)](
-                     Result<SandboxRecord> r) {
-    if (!alive.lock()) return;
-    bool keep = false;
-    {
-      std::lock_guard lk(mu_);
-      refilling_--;
-      pool->creating--;
-      auto it = pools_.find(pool->tpl.name);
-      // Still this pool, of this shape, and not shut down: it joins the pool.
-      keep = r && !stopped_ && it != pools_.end() && it->second == pool &&
-             pool->tpl.version == version;
-      if (r) observe_cold_locked(*pool, now() - t0);
-      if (keep) pool->ready.push_back(r->id);
-    }
-    if (!r) {
-      spdlog::warn("pool {}: refill failed: {}", pool->tpl.name, r.error().message());
-    } else if (!keep) {
-      drain({r->id});
-    }
-  });
+  svc_.create(
+      p, [this, pool, version, t0, alive = std::weak_ptr<bool>(alive_)](Result<SandboxRecord> r) {
+        if (!alive.lock()) return;
+        bool keep = false;
+        {
+          std::lock_guard lk(mu_);
+          refilling_--;
+          pool->creating--;
+          auto it = pools_.find(pool->tpl.name);
+          // Still this pool, of this shape, and not shut down: it joins the pool.
+          keep = r && !stopped_ && it != pools_.end() && it->second == pool &&
+                 pool->tpl.version == version;
+          if (r) observe_cold_locked(*pool, now() - t0);
+          if (keep) pool->ready.push_back(r->id);
+        }
+        if (!r) {
+          spdlog::warn("pool {}: refill failed: {}", pool->tpl.name, r.error().message());
+        } else if (!keep) {
+          drain({r->id});
+        }
+      });
 }
 
 std::vector<PoolStatus> WarmPools::status() {

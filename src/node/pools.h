@@ -74,8 +74,8 @@ struct PoolStatus {
 class WarmPools {
  public:
   struct Options {
-    uint64_t budget_mb = 2048;    // all pooled sandboxes together
-    uint64_t idle_cost_kb = 1024; // one pooled sandbox, idle (kernel objects, agent)
+    uint64_t budget_mb = 2048;     // all pooled sandboxes together
+    uint64_t idle_cost_kb = 1024;  // one pooled sandbox, idle (kernel objects, agent)
     size_t refills_at_once = 1;
     std::chrono::milliseconds tick{250};
     double rate_half_life_s = 10;  // the request rate's memory

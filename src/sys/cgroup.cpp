@@ -159,6 +159,11 @@ Result<void> CgroupManager::write_limits(const std::string& id, const CgroupLimi
     if (lim.pids_max) TP_TRY(sys_.write_file(d + "/pids.max", std::to_string(lim.pids_max)));
     if (lim.lowest_cpu_weight && sys_.exists(d + "/cpu.weight"))
       TP_TRY(sys_.write_file(d + "/cpu.weight", "1"));
+    // An idle group (5.15+) runs only when its siblings leave a CPU idle: a weight
+    // alone still gets its share on a CPU where its siblings have nothing runnable.
+    // After the weight, which an idle group refuses.
+    if (lim.lowest_cpu_weight && sys_.exists(d + "/cpu.idle"))
+      TP_TRY(sys_.write_file(d + "/cpu.idle", "1"));
     return {};
   }
   std::string mem = controller_dir("memory", id);
@@ -178,8 +183,11 @@ Result<void> CgroupManager::write_limits(const std::string& id, const CgroupLimi
       TP_TRY(sys_.write_file(mem + "/memory.kmem.tcp.limit_in_bytes",
                              std::to_string(lim.memory_bytes)));
   }
-  if (lim.lowest_cpu_weight)
-    TP_TRY(sys_.write_file(controller_dir("cpu", id) + "/cpu.shares", "2"));
+  if (lim.lowest_cpu_weight) {
+    const std::string cpu = controller_dir("cpu", id);
+    TP_TRY(sys_.write_file(cpu + "/cpu.shares", "2"));
+    if (sys_.exists(cpu + "/cpu.idle")) TP_TRY(sys_.write_file(cpu + "/cpu.idle", "1"));
+  }
   if (lim.cpus > 0) {
     std::string cpu = controller_dir("cpu", id);
     auto quota = static_cast<uint64_t>(lim.cpus * kCpuPeriodUs);

@@ -51,7 +51,7 @@ struct CgroupLimits {
   uint64_t memory_bytes = 0;       // 0 = no limit
   double cpus = 0;                 // cores; <= 0 = no limit
   uint32_t pids_max = 0;           // 0 = no limit
-  bool lowest_cpu_weight = false;  // best effort: v2 cpu.weight 1, v1 cpu.shares 2
+  bool lowest_cpu_weight = false;  // best effort: v2 cpu.weight 1, v1 cpu.shares 2; cpu.idle 1
 };
 
 struct CgroupStats {

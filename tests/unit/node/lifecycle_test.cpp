@@ -393,11 +393,12 @@ TEST_F(LifecycleTest, JobsAndTheirLeasesSurviveARestartAndWhatCameDueMeanwhileHa
   make_jobs();  // ... and its successor ticks at start: the lease has lapsed
   EXPECT_EQ(jobs_->get(j->id)->job.state, "lapsed");
   ASSERT_TRUE(eventually([&] { return stored(sb->id).state == "paused"; }));
-  EXPECT_EQ(jobs_->create([] {
-              JobRecord r;
-              r.lease_seconds = 0;
-              return r;
-            }())
+  EXPECT_EQ(jobs_
+                ->create([] {
+                  JobRecord r;
+                  r.lease_seconds = 0;
+                  return r;
+                }())
                 .error()
                 .code,
             Code::kInvalidArgument);

@@ -119,6 +119,27 @@ TEST_F(CgroupV1Test, TcpBuffersAreCappedAtTheMemoryLimitWhereV1CanAccountThem) {
             std::to_string(64ull << 20));
 }
 
+TEST_F(CgroupV1Test, BestEffortGetsTheLowestWeightThenAnIdleGroupWhereTheKernelHasOne) {
+  f_.auto_files.push_back("cpu.shares");
+  ASSERT_TRUE(m_.create("be0", {64ull << 20, 1, 0, true}));
+  const std::string cpu0 = "/sys/fs/cgroup/cpu/tidepool/be0";
+  EXPECT_EQ(f_.written(cpu0 + "/cpu.shares"), "2");
+  EXPECT_EQ(f_.written(cpu0 + "/cpu.idle"), "<unwritten>");  // before 5.15: no such file
+  f_.auto_files.push_back("cpu.idle");
+  ASSERT_TRUE(m_.create("be1", {64ull << 20, 1, 0, true}));
+  const std::string cpu1 = "/sys/fs/cgroup/cpu/tidepool/be1";
+  EXPECT_EQ(f_.written(cpu1 + "/cpu.idle"), "1");
+  size_t i_shares = 0, i_idle = 0;
+  for (size_t i = 0; i < f_.writes.size(); ++i) {
+    if (f_.writes[i].first == cpu1 + "/cpu.shares") i_shares = i;
+    if (f_.writes[i].first == cpu1 + "/cpu.idle") i_idle = i;
+  }
+  EXPECT_LT(i_shares, i_idle) << "an idle group refuses a new weight";
+  ASSERT_TRUE(m_.create("normal", {64ull << 20, 1, 0}));
+  EXPECT_EQ(f_.written("/sys/fs/cgroup/cpu/tidepool/normal/cpu.idle"), "<unwritten>");
+  EXPECT_EQ(f_.written("/sys/fs/cgroup/cpu/tidepool/normal/cpu.shares"), "<unwritten>");
+}
+
 TEST_F(CgroupV1Test, NoSwapAccountingFallsBackToSwappinessZero) {
   f_.auto_files = {"cgroup.procs", "memory.limit_in_bytes", "memory.swappiness", "pids.max"};
   ASSERT_TRUE(m_.create("sb1", {1 << 20, 0, 0}));
