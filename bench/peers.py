@@ -78,6 +78,9 @@ class Ctx:
         """The whole-process command line of `tool` for one create + true + destroy."""
         if tool == "tidepool-cli":
             return [self.tp, "run", "--image", self.image, "--", "true"]
+        if tool == "tidepool-pool-cli":
+            # The shape of POOL_TEMPLATES' CLI template: served by its warm pool.
+            return [self.tp, "run", "--image", self.image, "--memory", "320M", "--", "true"]
         if tool == "bwrap":
             return self.bwrap("/bin/true")
         if tool == "crun":
@@ -93,8 +96,51 @@ class Ctx:
             f.write(f"{pid}\n")
 
 
-PROCESS_TOOLS = ("tidepool-cli", "bwrap", "crun", "runc", "busybox-true")
-INPROC_TOOLS = ("tidepool-api", "floor")
+PROCESS_TOOLS = ("tidepool-cli", "tidepool-pool-cli", "bwrap", "crun", "runc", "busybox-true")
+INPROC_TOOLS = ("tidepool-api", "tidepool-pool-api", "floor")
+# Warm-pool rows (issue 13): sandboxes handed out by a template's pool, which is filled
+# before each latency round (refills then run while the round runs, as they would). Not
+# in the throughput phase: a pool is for bursts, which bench/lifecycle_bench.py measures.
+POOL_TOOLS = {"tidepool-pool-cli": "bench-pool-cli", "tidepool-pool-api": "bench-pool-api"}
+POOL_MEMORY_MB = {"bench-pool-cli": 320, "bench-pool-api": 288}
+
+
+def api(ctx, method: str, path: str, body=None) -> tuple:
+    host, port = ctx.url.split("//", 1)[1].rstrip("/").rsplit(":", 1)
+    c = http.client.HTTPConnection(host, int(port), timeout=120)
+    try:
+        c.request(method, path, body=json.dumps(body) if body is not None else None,
+                  headers={"Content-Type": "application/json"})
+        r = c.getresponse()
+        data = r.read()
+        return r.status, (json.loads(data) if data else None)
+    finally:
+        c.close()
+
+
+def make_pools(ctx, size: int) -> None:
+    for name, mem in POOL_MEMORY_MB.items():
+        st, body = api(ctx, "PUT", f"/v1/templates/{name}",
+                       {"image": ctx.image, "memory_mb": mem, "pool_min": size, "pool_max": size})
+        if st >= 300:
+            raise RuntimeError(f"template {name}: HTTP {st} {body}")
+
+
+def fill_pool(ctx, name: str, cap_s: float = 120) -> None:
+    """Waits until the template's pool holds its target (refills, one at a time)."""
+    end = time.monotonic() + cap_s
+    while time.monotonic() < end:
+        st, body = api(ctx, "GET", f"/v1/templates/{name}")
+        p = (body or {}).get("pool") or {}
+        if st == 200 and p.get("ready", 0) >= p.get("target", 1) and p.get("creating", 0) == 0:
+            return
+        time.sleep(0.05)
+    raise RuntimeError(f"pool {name} did not fill within {cap_s:.0f}s")
+
+
+def drop_pools(ctx) -> None:
+    for name in POOL_MEMORY_MB:
+        api(ctx, "DELETE", f"/v1/templates/{name}")
 
 
 def run_json(cmd: list, env=None, timeout=900) -> dict:
@@ -123,6 +169,14 @@ def hyperfine(ctx: Ctx, cmd: list, runs: int, warmup: int) -> tuple:
 
 
 def latency_round(ctx: Ctx, tool: str, runs: int) -> tuple:
+    if tool in POOL_TOOLS:
+        fill_pool(ctx, POOL_TOOLS[tool])
+    if tool == "tidepool-pool-api":
+        # Acquire from the pool + first exec (the target's measure; the delete is after).
+        o = run_json([ctx.api_bench, "--url", ctx.url, "--template", POOL_TOOLS[tool], "--iterations", str(runs),
+                      "--warmup", "0", "--rate-seconds", "0", "--idle", "0", "--json", "--samples"])
+        err = None if o.get("failures", 0) == 0 else f"{o['failures']} failures: {o['_stderr']}"
+        return o.get("create_exec_samples_ms", []), err
     if tool in PROCESS_TOOLS:
         return hyperfine(ctx, ctx.process_cmd(tool, f"{ctx.prefix}-lat-{tool}"), runs, 1)
     if tool == "tidepool-api":
@@ -497,6 +551,11 @@ def main() -> int:
 
     # Latency: round-robin, rotated.
     broken = set()
+    try:
+        make_pools(ctx, a.runs + 2)
+    except Exception as e:
+        log(f"warm pools: {e}")
+        broken.update(POOL_TOOLS)
     for r in range(a.rounds):
         order = tools[r % len(tools):] + tools[:r % len(tools)]
         for tool in order:
@@ -519,7 +578,7 @@ def main() -> int:
     for i, c in enumerate(concs):
         order = tools[i % len(tools):] + tools[:i % len(tools)]
         for tool in order:
-            if tool in broken:
+            if tool in broken or tool in POOL_TOOLS:
                 continue
             try:
                 out = rate_round(ctx, tool, c, a.rate_seconds)
@@ -527,6 +586,8 @@ def main() -> int:
                 out = {"rate": 0.0, "error": str(e)[-400:]}
             res["throughput"][tool][str(c)] = out
             log(f"throughput c={c} {tool}: {out['rate']:.1f}/s" + (f" ({out['error']})" if out.get("error") else ""))
+
+    drop_pools(ctx)  # their sandboxes must not count as idle ones below
 
     # The daemon alone: exec path, RSS under keyed execs.
     res.update(daemon_phase(ctx, a.exec_rounds, a.exec_runs, a.rss_execs))

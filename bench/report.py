@@ -39,6 +39,9 @@ TOOLS = {
               "static busybox `true`; reap"),
 }
 ORDER = ["tidepool-cli", "bwrap", "crun", "runc", "busybox-true", "tidepool-api", "floor"]
+# Warm-pool rows (latency only): a template's pool hands the sandbox out.
+POOL = {"tidepool-pool-cli": ("**Tidepool** `tidepool run` served from a warm pool", "whole process"),
+        "tidepool-pool-api": ("**Tidepool** API: pool acquire + first exec of `true` (no delete)", "in process")}
 IDLE_LABEL = {"tidepool": "Tidepool (API create, agent idle)", "bwrap": "bwrap running `sleep`",
               "crun": "crun `run -d`, `sleep`", "runc": "runc `run -d --no-new-keyring`, `sleep`",
               "busybox-sleep": "busybox `sleep` (no sandbox)"}
@@ -61,7 +64,7 @@ def ratio(a, b):
 
 def stats(res):
     out = {}
-    for t in ORDER:
+    for t in ORDER + list(POOL):
         s = res["latency"].get(t, {}).get("samples", [])
         out[t] = {"n": len(s), "p50": pct(s, 50), "p99": pct(s, 99), "errors": res["latency"].get(t, {}).get("errors", [])}
     return out
@@ -96,7 +99,14 @@ def tables(res, for_readme=False):
         note = " (failed: see latest.json)" if s["errors"] and not s["n"] else ""
         L.append(f"| {label}{note} | {TOOLS[t][1]} | {s['n']} | {fmt(s['p50'], 2)} | {fmt(s['p99'], 2)} | "
                  f"{fmt(ratio(s['p50'], ref), 2)} | {fmt(ratio(s['p50'], floor), 2)} |")
-    L.append("| Tidepool from a warm pool | – | – | n/a (no pools yet) | | | |")
+    for t, (label, how) in POOL.items():
+        s = st[t]
+        if not s["n"]:
+            L.append(f"| {label} | {how} | 0 | not measured: {_err({'error': (s['errors'] or [''])[-1]})} | | | |")
+            continue
+        ref = st["tidepool-cli"]["p50"] if how == "whole process" else st["tidepool-api"]["p50"]
+        L.append(f"| {label} | {how} | {s['n']} | {fmt(s['p50'], 2)} | {fmt(s['p99'], 2)} | "
+                 f"{fmt(ratio(s['p50'], ref), 2)} | {fmt(ratio(s['p50'], floor), 2)} |")
     fn1 = ((res.get("function") or {}).get("print1") or {})
     f1, h1 = (fn1.get("function") or {}).get("1"), (fn1.get("host_python") or {}).get("1")
     if f1 and h1:
@@ -129,7 +139,18 @@ def tables(res, for_readme=False):
     L.append(row("in-process client ≥ 6× faster than runc", ratio(runc, api), lambda v: v >= 6))
     L.append(row("in-process client faster than bwrap", ratio(bwrap, api), lambda v: v > 1))
     L.append(row("within 3× of the raw kernel floor (Tidepool API ÷ floor)", ratio(api, floor), lambda v: v <= 3))
-    L.append("| warm pool ≥ 10× faster than crun | – | n/a (no pools yet) |")
+    L.append("")
+    pcli, papi = st["tidepool-pool-cli"]["p50"], st["tidepool-pool-api"]["p50"]
+    L.append("**Warm-pool targets** (issue 13; p50 against p50, same run):")
+    L.append("")
+    L.append("| target | measured | |")
+    L.append("|---|---:|---|")
+    L.append(row("`tidepool run` from a pool faster than bwrap (bwrap ÷ pooled CLI)", ratio(bwrap, pcli),
+                 lambda v: v > 1))
+    L.append(row("`tidepool run` from a pool ≥ 3× faster than crun (crun ÷ pooled CLI)", ratio(crun, pcli),
+                 lambda v: v >= 3))
+    L.append(row("pool acquire + first exec ≤ 0.6× the raw kernel floor (÷ floor)", ratio(papi, floor),
+                 lambda v: v <= 0.6))
     L.append("")
     # Issue 2's targets from the same run: sustained rate against the floor's, idle memory.
     tp_rates, fl_rates = res["throughput"].get("tidepool-api", {}), res["throughput"].get("floor", {})
@@ -152,6 +173,7 @@ def tables(res, for_readme=False):
     L += microvm_rows(res)
     L += trajectory_rows(res)
     L += function_rows(res)
+    L += lifecycle_rows(res)
 
     # Throughput.
     concs = [c for c in cfg["concurrency"].split(",") if c]
@@ -432,6 +454,57 @@ def function_rows(res):
     if eight.get("per_second") is not None:
         L.append(f"| ≥ 300 calls/s at 8 clients | {eight['per_second']:.0f} calls/s | "
                  f"{verdict(eight['per_second'] >= 300)} |")
+    L.append("")
+    return L
+
+
+def lifecycle_rows(res):
+    """Issue 13's burst, density and pause rows (same run; bench/lifecycle_bench.py)."""
+    v = res.get("lifecycle")
+    if v is None:
+        return []  # a run from before warm pools
+    L = ["**Bursts, density, pause and resume** (same run; bench/lifecycle_bench.py against the run's daemon):", ""]
+    if "error" in v and len(v) == 1:
+        return L + [f"not measured: {_err(v)}", ""]
+
+    def verdict(ok):
+        return "**met**" if ok else "**missed**"
+    floor2 = ((res.get("throughput") or {}).get("floor") or {}).get("2", {}).get("rate")
+    L += ["| measurement | measured | target | |", "|---|---:|---:|---|"]
+    b = v.get("burst") or {}
+    if "error" in b:
+        L.append(f"| burst | not measured: {_err(b)} | | |")
+    elif b:
+        L.append(f"| burst of {b['n']} with a pool of {b['pool']}: all ready after | {b['seconds']:.2f} s "
+                 f"({b['from_pool']} from the pool, {b['failed']} failed) | | |")
+        if floor2:
+            r = b["rate"] / floor2
+            L.append(f"| creation rate during the burst ÷ the floor's at 2 clients | {b['rate']:.0f}/s ÷ "
+                     f"{floor2:.0f}/s = {r:.2f}× | ≥ 0.5× | {verdict(r >= 0.5)} |")
+        L.append(f"| the pool's fill before it ({b['pool']} sandboxes, refills one at a time) | "
+                 f"{b['pool_fill_seconds']:.1f} s | | |")
+    d = v.get("density") or {}
+    if "error" in d:
+        L.append(f"| density | not measured: {_err(d)} | | |")
+    elif d:
+        lim = d.get("limits") or {}
+        stop = f"; stopped by: {d['first_refusal'][:120]}" if d.get("first_refusal") else ""
+        L.append(f"| idle sandboxes alive at once (asked {d['asked']}){stop} | {d['alive']} | 10,000 | "
+                 f"{verdict(d['alive'] >= 10000)} |")
+        L.append(f"| idle memory per sandbox at that count (kernel {d['kernel_kb_per_sandbox']:.0f} + agent PSS "
+                 f"{d['agent_pss_kb_per_sandbox']:.0f} kB) | {d['total_kb_per_sandbox'] / 1024:.2f} MiB | "
+                 f"≤ 0.67 MiB | {verdict(d['total_kb_per_sandbox'] / 1024 <= 0.67)} |")
+        L.append(f"| daemon descriptors / RSS per idle sandbox | {d['daemon_fds_per_sandbox']:.2f} fds, "
+                 f"{d['daemon_rss_kb_per_sandbox']:.1f} kB | | |")
+        L.append(f"| host limits met: open files {lim.get('open_files')}, pid_max {lim.get('pid_max')}, "
+                 f"threads-max {lim.get('threads_max')}, kernel keys per user {lim.get('keys_maxkeys')} | | | |")
+    p = v.get("pause") or {}
+    if "error" in p:
+        L.append(f"| pause / resume | not measured: {_err(p)} | | |")
+    elif p:
+        L.append(f"| pause of a sandbox holding {p['mb']} MB (p50 of {p['rounds']}, at the client) | "
+                 f"{p['pause_p50_ms']:.1f} ms (max {p['pause_max_ms']:.1f}) | reported | |")
+        L.append(f"| resume of it | {p['resume_p50_ms']:.1f} ms (max {p['resume_max_ms']:.1f}) | reported | |")
     L.append("")
     return L
 

@@ -9,7 +9,9 @@
 # a recorded step, log bytes per step, and the sustained exec rate at 2 and 8 clients (two
 # more daemons of this build); then bench/fn_bench: `print(1)` through the
 # function tier against a fresh sandbox per call and a bare host python3 (1, 2, 8
-# clients), and a C++ solution against 100 test cases in one batch call.
+# clients), and a C++ solution against 100 test cases in one batch call; then
+# bench/lifecycle_bench.py: a burst of 1,000 with a warm pool of 100, 10,000 idle
+# sandboxes alive at once, pause and resume of a sandbox holding 100 MB.
 #
 #   make bench                      ~10 min on 2 cores: 20 latency rounds x 30 runs per tool,
 #                                   5 s per tool and concurrency, 1,000 idle sandboxes per tool
@@ -35,12 +37,14 @@ if [ "${BENCH_QUICK:-0}" = 1 ]; then
   HOSTILE_IDLE=1000 HOSTILE_ROUNDS=2 HOSTILE_RUNS=5
   TRAJ_ARGS="--rounds 3 --runs 20 --steps 50 --ff 50 --rate-seconds 1"
   FN_ARGS="--rounds 1 --seconds 1 --sandbox-seconds 1"
+  LIFE_BURST=200 LIFE_POOL=20 LIFE_DENSITY=1000
 else
   ARGS="--rounds 20 --runs 30 --rate-seconds 5 --idle 1000 --idle-cap 100 --exec-rounds 10 --exec-runs 50 --rss-execs 100"
   RESTART_N=${BENCH_RESTART_N:-500}
   HOSTILE_IDLE=10000 HOSTILE_ROUNDS=10 HOSTILE_RUNS=20
   TRAJ_ARGS="--rounds 10 --runs 50 --steps 200 --ff 200 --rate-seconds 5"
   FN_ARGS="--rounds 2 --seconds 5 --sandbox-seconds 4"
+  LIFE_BURST=1000 LIFE_POOL=100 LIFE_DENSITY=10000
 fi
 # How the daemon is stopped for the restart measurement: KILL, as a crash or an upgrade
 # that gives the old daemon no chance to tidy up (TERM ends every sandbox by design).
@@ -129,7 +133,8 @@ trap 'exit 130' INT TERM HUP
 echo "bench: building the busybox root file system and OCI bundles in $WORK"
 "$PY" "$ROOT/bench/peers/prepare.py" "$WORK"
 
-# A private daemon on a free port, with room for 1,000 sandboxes' descriptors and for the
+# A private daemon on a free port, with uid ranges for the 10,000 sandboxes of the density
+# row (the default 4,096 would stop it), room for sandboxes' descriptors and for the
 # idle connections bench/hostile_bench.py holds from this one client (by default one
 # client may hold half the daemon's connections, and the rest make room). Started
 # again on the same data directory for the restart measurement (below).
@@ -137,7 +142,7 @@ PORT=$("$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); p
 URL=http://127.0.0.1:$PORT
 start_daemon() {
   (ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)"; exec "$BIN/tidepoold" --listen "127.0.0.1:$PORT" --insecure-tcp --socket "" --stop-sandboxes-on-exit \
-    --data-dir "$WORK/data" --log-level warn \
+    --data-dir "$WORK/data" --log-level warn --uid-ranges 16384 \
     --max-connections $((HOSTILE_IDLE + 2000)) --max-connections-per-client $((HOSTILE_IDLE + 2000))) >>"$WORK/daemon.log" 2>&1 &
   DPID=$!
 }
@@ -297,6 +302,13 @@ echo "bench: trajectory log on vs off"
 # shellcheck disable=SC2086
 "$BIN/trajlog_bench" --bin "$BIN" $TRAJ_ARGS >"$WORK/trajlog.json" 2>"$WORK/trajlog.log" || true
 merge_last_json trajectory "$WORK/trajlog.json" "$WORK/trajlog.log"
+# Bursts, density and pause/resume (bench/lifecycle_bench.py, issue 13) against this run's
+# daemon: a burst of LIFE_BURST with a warm pool of LIFE_POOL, LIFE_DENSITY idle
+# sandboxes alive at once, pause and resume of a sandbox holding 100 MB.
+echo "bench: bursts, density, pause and resume"
+"$PY" "$ROOT/bench/lifecycle_bench.py" --url "$URL" --daemon-pid "$DPID" --image "$IMAGE" --burst "$LIFE_BURST" \
+  --pool "$LIFE_POOL" --density "$LIFE_DENSITY" >"$WORK/lifecycle.json" 2>"$WORK/lifecycle.log" || true
+merge_last_json lifecycle "$WORK/lifecycle.json" "$WORK/lifecycle.log"
 cp "$WORK/results.json" "$OUT/latest.json"
 README_ARG=""
 [ "${BENCH_UPDATE_README:-0}" = 1 ] && README_ARG="--readme $ROOT/README.md"

@@ -35,6 +35,7 @@ class ZygoteWorker final : public Worker, public std::enable_shared_from_this<Zy
 
   Result<void> boot(const WorkerHostOptions& opts) {
     agent_ = node::AgentClient::create(io_, inst_->agent_fd(), id_);
+    inst_->close_agent_fd();
     std::promise<Result<void>> agent_ready;
     agent_->start([&agent_ready](Result<void> r) { agent_ready.set_value(std::move(r)); });
     auto f = agent_ready.get_future();

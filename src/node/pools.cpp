@@ -398,9 +398,14 @@ void WarmPools::refill(PoolPtr pool) {
         }
         if (!r) {
           spdlog::warn("pool {}: refill failed: {}", pool->tpl.name, r.error().message());
-        } else if (!keep) {
-          drain({r->id});
+          return;  // the next tick tries again
         }
+        if (!keep) return drain({r->id});
+        // The next refill starts now rather than at the next tick (tick() still starts
+        // none while a client's cold work is in flight).
+        svc_.after(std::chrono::milliseconds(0), [this, alive = std::weak_ptr<bool>(alive_)] {
+          if (alive.lock()) tick();
+        });
       });
 }
 

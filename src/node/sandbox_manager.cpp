@@ -713,6 +713,7 @@ void SandboxManager::create_op(std::shared_ptr<Sandbox> sb, RecordCb cb, Sandbox
     return done();  // the stop op destroys the instance
   }
   sb->agent = opts_.agent_from_fd(io_, sb->inst->agent_fd(), sb->id());
+  sb->inst->close_agent_fd();  // the client holds its own duplicate
   auto timer = std::make_shared<asio::steady_timer>(io_, opts_.agent_ready_timeout);
   auto once = std::make_shared<std::once_flag>();
   auto finish = [this, sb, cb, done, start_us, timer, once, gate = gate_](Result<void> ready) {

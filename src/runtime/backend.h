@@ -77,6 +77,10 @@ class SandboxInstance {
   virtual const std::string& id() const = 0;
   // Stream fd connected to tp-agent; owned by the instance (closed by destroy()).
   virtual int agent_fd() const = 0;
+  // The node has its own duplicate of agent_fd() and owns the connection from now on:
+  // the instance closes its copy (one descriptor fewer per sandbox; agent_fd() is -1
+  // afterwards).
+  virtual void close_agent_fd() {}
   // Host pid of the sandbox's init (tp-agent).
   virtual pid_t pid() const = 0;
   // True while the sandbox's init runs (non-blocking check).

@@ -321,6 +321,7 @@ class MicrovmInstance final : public SandboxInstance {
   }
   const std::string& id() const override { return id_; }
   int agent_fd() const override { return agent_.get(); }
+  void close_agent_fd() override { agent_.reset(); }
   pid_t pid() const override { return proc_.pid(); }
   bool alive() override { return !destroyed_ && !proc_.exited(); }
 

@@ -174,7 +174,8 @@ TEST_F(LifecycleTest, RefillsWaitWhileAClientsColdWorkIsInFlight) {
   EXPECT_EQ(pool("t").ready, 0u);
   pools_->client_work(-1);
   pools_->tick();
-  EXPECT_EQ(pool("t").creating + pool("t").ready, 1u) << "one refill at a time";
+  EXPECT_LE(pool("t").creating, 1u) << "one refill at a time";
+  EXPECT_GE(pool("t").creating + pool("t").ready, 1u);
   ASSERT_TRUE(fill("t", 3));
 }
 
