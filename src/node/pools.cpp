@@ -365,6 +365,7 @@ void WarmPools::tick() {
 
 void WarmPools::refill(PoolPtr pool) {
   CreateParams p;
+  uint64_t version = 0;
   {
     std::lock_guard lk(mu_);
     const TemplateRecord& t = pool->tpl;
@@ -378,35 +379,35 @@ void WarmPools::refill(PoolPtr pool) {
     p.env = t.env;
     p.template_name = t.name;
     p.pooled = true;
+    version = t.version;
   }
-  const uint64_t version = pool->tpl.version;
   double t0 = now();
-  svc_.create(
-      p, [this, pool, version, t0, alive = std::weak_ptr<bool>(alive_)](Result<SandboxRecord> r) {
-        if (!alive.lock()) return;
-        bool keep = false;
-        {
-          std::lock_guard lk(mu_);
-          refilling_--;
-          pool->creating--;
-          auto it = pools_.find(pool->tpl.name);
-          // Still this pool, of this shape, and not shut down: it joins the pool.
-          keep = r && !stopped_ && it != pools_.end() && it->second == pool &&
-                 pool->tpl.version == version;
-          if (r) observe_cold_locked(*pool, now() - t0);
-          if (keep) pool->ready.push_back(r->id);
-        }
-        if (!r) {
-          spdlog::warn("pool {}: refill failed: {}", pool->tpl.name, r.error().message());
-          return;  // the next tick tries again
-        }
-        if (!keep) return drain({r->id});
-        // The next refill starts now rather than at the next tick (tick() still starts
-        // none while a client's cold work is in flight).
-        svc_.after(std::chrono::milliseconds(0), [this, alive = std::weak_ptr<bool>(alive_)] {
-          if (alive.lock()) tick();
-        });
-      });
+  svc_.create(p, [this, pool, version, t0, name = p.template_name,
+                  alive = std::weak_ptr<bool>(alive_)](Result<SandboxRecord> r) {
+    if (!alive.lock()) return;
+    bool keep = false;
+    {
+      std::lock_guard lk(mu_);
+      refilling_--;
+      pool->creating--;
+      auto it = pools_.find(name);
+      // Still this pool, of this shape, and not shut down: it joins the pool.
+      keep = r && !stopped_ && it != pools_.end() && it->second == pool &&
+             pool->tpl.version == version;
+      if (r) observe_cold_locked(*pool, now() - t0);
+      if (keep) pool->ready.push_back(r->id);
+    }
+    if (!r) {
+      spdlog::warn("pool {}: refill failed: {}", name, r.error().message());
+      return;  // the next tick tries again
+    }
+    if (!keep) return drain({r->id});
+    // The next refill starts now rather than at the next tick (tick() still starts
+    // none while a client's cold work is in flight).
+    svc_.after(std::chrono::milliseconds(0), [this, alive = std::weak_ptr<bool>(alive_)] {
+      if (alive.lock()) tick();
+    });
+  });
 }
 
 std::vector<PoolStatus> WarmPools::status() {
