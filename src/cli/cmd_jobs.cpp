@@ -159,18 +159,9 @@ Action add_jobs(CLI::App& root, Context& ctx) {
     auto client = ctx.client();
     if (!client) return report(client.error());
     HttpClient& c = **client;
-    if (ls->parsed()) {
-      auto r = c.call_json(Method::kGet, st->all ? "/v1/jobs?all=true" : "/v1/jobs");
-      if (!r) return report(r.error());
-      const json::array* list = json_array_in(*r, "jobs");
-      if (list == nullptr) return report(Error{Code::kInternal, 0, "tidepoold sent no job list"});
-      if (st->json_out) {
-        std::printf("%s\n", json::serialize(*list).c_str());
-        return kExitOk;
-      }
-      print_table(job_rows(*list, std::time(nullptr)));
-      return kExitOk;
-    }
+    if (ls->parsed())
+      return show_list(c, st->all ? "/v1/jobs?all=true" : "/v1/jobs", "jobs", st->json_out,
+                       [](const json::array& a) { return job_rows(a, std::time(nullptr)); });
     if (create->parsed()) {
       auto r = c.call_json(Method::kPost, "/v1/jobs", &*body);
       if (!r) return report(r.error());

@@ -113,18 +113,8 @@ Action add_templates(CLI::App& root, Context& ctx) {
     auto client = ctx.client();
     if (!client) return report(client.error());
     HttpClient& c = **client;
-    if (ls->parsed()) {
-      auto r = c.call_json(Method::kGet, "/v1/templates");
-      if (!r) return report(r.error());
-      const json::array* list = json_array_in(*r, "templates");
-      if (list == nullptr) return report(Error{Code::kInternal, 0, "tidepoold sent no template list"});
-      if (st->json_out) {
-        std::printf("%s\n", json::serialize(*list).c_str());
-        return kExitOk;
-      }
-      print_table(template_rows(*list));
-      return kExitOk;
-    }
+    if (ls->parsed())
+      return show_list(c, "/v1/templates", "templates", st->json_out, template_rows);
     if (create->parsed()) {
       auto r = c.call_json(Method::kPost, "/v1/templates", &*body);
       if (!r) return report(r.error());
@@ -154,16 +144,7 @@ Action add_pools(CLI::App& root, Context& ctx) {
   return [json_out, &ctx]() -> int {
     auto client = ctx.client();
     if (!client) return report(client.error());
-    auto r = (*client)->call_json(Method::kGet, "/v1/pools");
-    if (!r) return report(r.error());
-    const json::array* list = json_array_in(*r, "pools");
-    if (list == nullptr) return report(Error{Code::kInternal, 0, "tidepoold sent no pool list"});
-    if (*json_out) {
-      std::printf("%s\n", json::serialize(*list).c_str());
-      return kExitOk;
-    }
-    print_table(pool_rows(*list));
-    return kExitOk;
+    return show_list(**client, "/v1/pools", "pools", *json_out, pool_rows);
   };
 }
 

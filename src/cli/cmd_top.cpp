@@ -17,8 +17,7 @@ namespace tp::cli {
 namespace {
 
 double monotonic_seconds() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
 Result<TopSample> fetch_sample(HttpClient& c) {

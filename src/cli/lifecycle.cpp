@@ -168,6 +168,20 @@ std::vector<std::vector<std::string>> job_rows(const boost::json::array& jobs, s
   return rows;
 }
 
+int show_list(HttpClient& client, const std::string& target, std::string_view key, bool json_out,
+              const RowsOf& rows) {
+  auto r = client.call_json(Method::kGet, target);
+  if (!r) return report(r.error());
+  const json::array* list = json_array_in(*r, key);
+  if (list == nullptr)
+    return report(Error{Code::kInternal, 0, "tidepoold sent no " + std::string(key) + " list"});
+  if (json_out)
+    std::printf("%s\n", json::serialize(*list).c_str());
+  else
+    print_table(rows(*list));
+  return kExitOk;
+}
+
 std::vector<MetricSample> parse_prometheus(std::string_view text) {
   std::vector<MetricSample> out;
   while (!text.empty()) {

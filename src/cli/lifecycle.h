@@ -2,8 +2,8 @@
 // the daemon's Template, Pool and Job objects, the Prometheus text of /metrics, and the
 // frame `top` draws.
 //
-// Promises: pure functions of their arguments (no I/O); fields the daemon left out show
-// as "-", never as an error.
+// Promises: pure functions of their arguments (no I/O, but show_list); fields the daemon
+// left out show as "-", never as an error.
 // Thread rules: safe from any thread.
 #pragma once
 
@@ -11,6 +11,7 @@
 #include <boost/json/object.hpp>
 #include <boost/json/value.hpp>
 #include <ctime>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -18,6 +19,8 @@
 #include <vector>
 
 namespace tp::cli {
+
+class HttpClient;
 
 // A number field of a JSON object (integers too), nullopt when absent or not a number.
 std::optional<double> json_number(const boost::json::object& o, std::string_view key);
@@ -32,6 +35,12 @@ std::string format_number(double v);
 std::vector<std::vector<std::string>> template_rows(const boost::json::array& templates);
 std::vector<std::vector<std::string>> pool_rows(const boost::json::array& pools);
 std::vector<std::vector<std::string>> job_rows(const boost::json::array& jobs, std::time_t now);
+
+// GETs `target`, takes the array under `key` of the answer and prints it as JSON or as
+// the table `rows` makes of it; returns the exit code (errors reported in one line).
+using RowsOf = std::function<std::vector<std::vector<std::string>>(const boost::json::array&)>;
+int show_list(HttpClient& client, const std::string& target, std::string_view key, bool json_out,
+              const RowsOf& rows);
 
 // One sample of the Prometheus text exposition: name, labels, value.
 struct MetricSample {

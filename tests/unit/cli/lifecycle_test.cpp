@@ -103,7 +103,7 @@ TEST(CliTop, FrameShowsStatesRatesPoolsAndJobs) {
   EXPECT_NE(first.find("Jobs (1)"), std::string::npos);
   EXPECT_NE(first.find("2/4"), std::string::npos) << first;  // used/quota
   EXPECT_NE(first.find("1G"), std::string::npos) << first;   // no memory quota: use alone
-  EXPECT_EQ(first.find('\x1b'), std::string::npos);           // no terminal codes in a frame
+  EXPECT_EQ(first.find('\x1b'), std::string::npos);          // no terminal codes in a frame
 }
 
 TEST(CliTables, MissingFieldsShowAsDash) {
@@ -121,9 +121,7 @@ TEST(CliTables, MissingFieldsShowAsDash) {
   EXPECT_EQ(lapsed[1][7], "lapsed");
 }
 
-TEST(CliTables, PathSegmentEscapesSlashes) {
-  EXPECT_EQ(path_segment("a/b c"), "a%2Fb%20c");
-}
+TEST(CliTables, PathSegmentEscapesSlashes) { EXPECT_EQ(path_segment("a/b c"), "a%2Fb%20c"); }
 
 }  // namespace
 }  // namespace tp::cli
