@@ -119,8 +119,9 @@ std::optional<int64_t> json_int(const boost::json::object& o, std::string_view k
   return std::nullopt;
 }
 
-void print_table(const std::vector<std::vector<std::string>>& rows) {
-  if (rows.empty()) return;
+std::string format_table(const std::vector<std::vector<std::string>>& rows) {
+  std::string out;
+  if (rows.empty()) return out;
   std::vector<size_t> width(rows.front().size(), 0);
   for (const auto& r : rows) {
     for (size_t i = 0; i < r.size() && i < width.size(); ++i)
@@ -133,8 +134,14 @@ void print_table(const std::vector<std::vector<std::string>>& rows) {
       if (i + 1 < r.size() && i < width.size())
         line += std::string(width[i] - r[i].size() + 2, ' ');
     }
-    std::printf("%s\n", line.c_str());
+    out += line + "\n";
   }
+  return out;
+}
+
+void print_table(const std::vector<std::vector<std::string>>& rows) {
+  std::string text = format_table(rows);
+  std::fwrite(text.data(), 1, text.size(), stdout);
 }
 
 std::string sandbox_path(const std::string& id) {
@@ -190,6 +197,12 @@ int main(int argc, char** argv) {
   add("log", add_log);
   add("replay", add_replay);
   add("fn", add_fn);
+  add("templates", add_templates);
+  add("pools", add_pools);
+  add("jobs", add_jobs);
+  add("pause", add_pause);
+  add("resume", add_resume);
+  add("top", add_top);
 
   try {
     app.parse(argc, argv);

@@ -1,4 +1,5 @@
-// The `tidepool` command-line client: create, run, exec, cp, ls, rm, version.
+// The `tidepool` command-line client: create, run, exec, cp, ls, rm, pause, resume,
+// templates, pools, jobs, top, image, log, replay, fn, version.
 //
 // Promises: talks to tidepoold only through its HTTP API (api/openapi.yaml); the daemon
 // is found through --url, else TIDEPOOL_URL, else http://127.0.0.1:7070. Exit codes:

@@ -5,6 +5,7 @@
 #include <ctime>
 
 #include "cli/commands.h"
+#include "cli/lifecycle.h"
 #include "cli/parse.h"
 
 namespace tp::cli {
@@ -15,28 +16,13 @@ std::string str_of(const boost::json::object& o, std::string_view key) {
   return v != nullptr && v->is_string() ? std::string(v->get_string()) : std::string();
 }
 
-std::optional<double> num_of(const boost::json::object& o, std::string_view key) {
-  const auto* v = o.if_contains(key);
-  if (v == nullptr) return std::nullopt;
-  if (v->is_int64()) return static_cast<double>(v->get_int64());
-  if (v->is_uint64()) return static_cast<double>(v->get_uint64());
-  if (v->is_double()) return v->get_double();
-  return std::nullopt;
-}
-
-std::string format_cpus(double c) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%g", c);
-  return buf;
-}
-
 // One table row; "-" where the daemon said nothing.
 std::vector<std::string> row_of(const boost::json::object& sb, std::time_t now) {
   std::string id = str_of(sb, "id");
   std::string state = str_of(sb, "state");
   std::string image = str_of(sb, "image");
-  auto cpus = num_of(sb, "cpus");
-  auto mem = num_of(sb, "memory_mb");
+  auto cpus = json_number(sb, "cpus");
+  auto mem = json_number(sb, "memory_mb");
   std::string age = "-";
   if (auto c = parse_rfc3339(str_of(sb, "created_at"))) age = format_duration_short(now - *c);
   std::string expires = "-";
@@ -58,7 +44,7 @@ std::vector<std::string> row_of(const boost::json::object& sb, std::time_t now) 
   return {id.empty() ? "-" : id,
           state.empty() ? "-" : state,
           image.empty() ? "-" : image,
-          cpus ? format_cpus(*cpus) : "-",
+          cpus ? format_number(*cpus) : "-",
           mem ? format_mb(static_cast<int64_t>(*mem)) : "-",
           age,
           expires,

@@ -63,6 +63,8 @@ std::optional<int64_t> json_int(const boost::json::object& o, std::string_view k
 
 // Prints rows as columns two spaces apart, each as wide as its widest cell.
 void print_table(const std::vector<std::vector<std::string>>& rows);
+// The same as text, one '\n'-terminated line per row.
+std::string format_table(const std::vector<std::vector<std::string>>& rows);
 
 // Reads a whole fd (stdin, a file) into memory.
 Result<std::string> read_all(int fd, const std::string& what);
@@ -80,13 +82,20 @@ Action add_cp(CLI::App& root, Context& ctx);
 Action add_ls(CLI::App& root, Context& ctx);
 Action add_rm(CLI::App& root, Context& ctx);
 Action add_version(CLI::App& root, Context& ctx);
-Action add_image(CLI::App& root, Context& ctx);   // cmd_image.cpp
-Action add_log(CLI::App& root, Context& ctx);     // cmd_log.cpp
-Action add_replay(CLI::App& root, Context& ctx);  // cmd_replay.cpp
-Action add_image(CLI::App& root, Context& ctx);   // cmd_image.cpp
-Action add_fn(CLI::App& root, Context& ctx);      // cmd_fn.cpp
+Action add_image(CLI::App& root, Context& ctx);      // cmd_image.cpp
+Action add_log(CLI::App& root, Context& ctx);        // cmd_log.cpp
+Action add_replay(CLI::App& root, Context& ctx);     // cmd_replay.cpp
+Action add_image(CLI::App& root, Context& ctx);      // cmd_image.cpp
+Action add_fn(CLI::App& root, Context& ctx);         // cmd_fn.cpp
+Action add_templates(CLI::App& root, Context& ctx);  // cmd_templates.cpp
+Action add_pools(CLI::App& root, Context& ctx);      // cmd_templates.cpp
+Action add_jobs(CLI::App& root, Context& ctx);       // cmd_jobs.cpp
+Action add_pause(CLI::App& root, Context& ctx);      // cmd_pause.cpp
+Action add_resume(CLI::App& root, Context& ctx);     // cmd_pause.cpp
+Action add_top(CLI::App& root, Context& ctx);        // cmd_top.cpp
 
-// Flags that describe a new sandbox, shared by `create` and `run`.
+// Flags that describe a new sandbox, shared by `create` and `run` (and, without the
+// placement flags --template/--job/--step, by `templates create|replace`).
 struct CreateFlags {
   std::string image;
   std::string tier;
@@ -98,8 +107,13 @@ struct CreateFlags {
   std::optional<int64_t> pids;
   std::vector<std::string> labels;
   std::vector<std::string> env;
+  std::string priority;       // normal | best-effort
+  std::string template_name;  // --template: its fields fill in what is not given
+  std::string job;            // --job: the job it belongs to (its quotas apply)
+  std::string step;           // --step: a tag within the job (needs --job)
 
-  void add_to(CLI::App* app);
+  // placement: also --template, --job and --step (not for a template itself).
+  void add_to(CLI::App* app, bool placement = true);
   // The CreateSandbox body; only the fields the user gave (the daemon fills defaults).
   // Errors are invalid_argument with a message naming the flag.
   Result<boost::json::object> to_request() const;

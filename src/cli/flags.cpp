@@ -30,7 +30,7 @@ int64_t ceil_seconds(double s) { return static_cast<int64_t>(std::ceil(s - 1e-9)
 
 }  // namespace
 
-void CreateFlags::add_to(CLI::App* app) {
+void CreateFlags::add_to(CLI::App* app, bool placement) {
   app->add_option("--image", image, "image to start from (default: host)")->type_name("IMAGE");
   app->add_option("--tier", tier, "isolation tier: container or microvm (default: container)")
       ->type_name("TIER");
@@ -53,6 +53,17 @@ void CreateFlags::add_to(CLI::App* app) {
   app->add_option("--env", env, "environment variable KEY=VALUE (repeatable)")
       ->type_name("K=V")
       ->allow_extra_args(false);
+  app->add_option("--priority", priority,
+                  "normal, or best-effort (lowest CPU weight, SCHED_IDLE) (default normal)")
+      ->type_name("PRIO");
+  if (!placement) return;
+  app->add_option("--template", template_name,
+                  "start from this template (its warm pool first); other flags override it")
+      ->type_name("NAME");
+  app->add_option("--job", job, "belong to this job (its quotas apply; ending it removes this)")
+      ->type_name("JOB");
+  app->add_option("--step", step, "tag within the job (needs --job; `jobs end-step` removes it)")
+      ->type_name("STEP");
 }
 
 Result<boost::json::object> CreateFlags::to_request() const {
@@ -102,6 +113,16 @@ Result<boost::json::object> CreateFlags::to_request() const {
     if (!e) return std::unexpected(e.error());
     o["env"] = std::move(*e);
   }
+  if (!priority.empty()) {
+    if (priority != "normal" && priority != "best-effort")
+      return fail(Code::kInvalidArgument,
+                  "--priority: expected normal or best-effort, got '" + priority + "'");
+    o["priority"] = priority;
+  }
+  if (!step.empty() && job.empty()) return fail(Code::kInvalidArgument, "--step: needs --job");
+  if (!template_name.empty()) o["template"] = template_name;
+  if (!job.empty()) o["job"] = job;
+  if (!step.empty()) o["step"] = step;
   return o;
 }
 

@@ -73,6 +73,10 @@ class FakeDaemon:
         self.processes: Dict[Tuple[str, int], Dict[str, Any]] = {}
         self.cond = threading.Condition()
         self.batch_fail: set = set()                 # batch item indexes that fail
+        self.templates: Dict[str, Dict[str, Any]] = {}
+        self.pool_ready: Dict[str, int] = {}         # template -> sandboxes its pool hands out
+        self.jobs: Dict[str, Dict[str, Any]] = {}
+        self.heartbeat_fail: List[Tuple[int, str]] = []  # (status, code) answers for the next heartbeats
         self.tar_extra: Dict[str, Tuple[bytes, str]] = {}  # extra tar entries: name -> (type, linkname)
         self.tar_raw: Optional[bytes] = None         # served as-is by every directory download
         self.connections = 0                         # TCP connections accepted
@@ -162,9 +166,11 @@ class FakeDaemon:
                     self._send(h, prior[2], prior[3], prior[4], replayed=True)
                 return
         try:
-            status, payload = self._route(h, rec)
+            routed = self._route(h, rec)
         except _Streamed:
             return
+        status, payload = routed[0], routed[1]
+        extra = routed[2] if len(routed) > 2 else {}
         if payload is None:
             body, ctype = b"", None
         elif isinstance(payload, bytes):
@@ -188,14 +194,16 @@ class FakeDaemon:
             except OSError:
                 pass
             return
-        self._send(h, status, body, ctype)
+        self._send(h, status, body, ctype, headers=extra)
 
     @staticmethod
     def _send(h: BaseHTTPRequestHandler, status: int, body: bytes, ctype: Optional[str],
-              replayed: bool = False) -> None:
+              replayed: bool = False, headers: Optional[Dict[str, str]] = None) -> None:
         h.send_response(status)
         if replayed:
             h.send_header("Idempotent-Replayed", "true")
+        for k, v in (headers or {}).items():
+            h.send_header(k, v)
         if ctype:
             h.send_header("Content-Type", ctype)
         h.send_header("Content-Length", str(len(body)))
@@ -262,6 +270,12 @@ class FakeDaemon:
             return 200, "tidepool_exec_total 0\n"
         if parts[:2] == ["v1", "functions"]:
             return self._functions(parts[2:], rec)
+        if parts[:2] == ["v1", "templates"]:
+            return self._templates(parts[2:], m, rec)
+        if parts == ["v1", "pools"]:
+            return 200, {"pools": [self._pool(n) for n in sorted(self.templates)]}
+        if parts[:2] == ["v1", "jobs"]:
+            return self._jobs(parts[2:], m, rec)
         if parts[:2] != ["v1", "sandboxes"]:
             return self._err(404, "not_found", f"no route {rec.path}")
         if len(parts) == 2:
@@ -274,10 +288,11 @@ class FakeDaemon:
                     return self._err(400, "invalid_argument", f"unknown image {req['image']}")
                 if req.get("memory_mb", 512) < 16:
                     return self._err(400, "invalid_argument", "memory_mb below 16")
-                fields = {k: v for k, v in req.items() if k in (
-                    "image", "tier", "memory_mb", "cpus", "pids", "disk_mb", "ttl_seconds",
-                    "idle_timeout_seconds", "labels", "env")}
-                return 201, self.add_sandbox(**fields)
+                refused = self._admit(req)
+                if refused is not None:
+                    return refused
+                pooled = self._take_pooled(req)
+                return 201, self.add_sandbox(**self._fields(req)), {"Tidepool-From-Pool": "true" if pooled else "false"}
             if m == "GET":
                 out = list(self.sandboxes.values())
                 for lab in rec.query.get("label", []):
@@ -289,20 +304,7 @@ class FakeDaemon:
                     out = [s for s in out if s["state"] != "stopped"]
                 return 200, {"sandboxes": out}
         if parts[2:] == ["batch"] and m == "POST":
-            req = rec.json()
-            count = req.pop("count", None)
-            if not isinstance(count, int) or not 1 <= count <= 1000:
-                return self._err(400, "invalid_argument", "count must be within 1..1000")
-            out: Dict[str, Any] = {"sandboxes": [], "errors": []}
-            fields = {k: v for k, v in req.items() if k in (
-                "image", "tier", "memory_mb", "cpus", "pids", "disk_mb", "ttl_seconds",
-                "idle_timeout_seconds", "labels", "env")}
-            for i in range(count):
-                if i in self.batch_fail:
-                    out["errors"].append({"index": i, "code": "resource_exhausted", "message": "no room"})
-                else:
-                    out["sandboxes"].append(self.add_sandbox(**json.loads(json.dumps(fields))))
-            return 200, out
+            return self._batch(h, rec.json())
         sid = parts[2]
         sb = self.sandboxes.get(sid)
         if sb is None:
@@ -314,8 +316,16 @@ class FakeDaemon:
             if m == "DELETE":
                 sb.update(state="stopped", ended_at=now(), end_reason="deleted")
                 return 200, sb
+        if rest == ["resume"] and m == "POST":
+            if sb["state"] not in ("paused", "running"):
+                return self._err(409, "conflict", f"sandbox {sid} is {sb['state']}")
+            sb["state"] = "running"
+            return 200, sb
         if sb["state"] != "running":
             return self._err(409, "conflict", f"sandbox {sid} is {sb['state']}")
+        if rest == ["pause"] and m == "POST":
+            sb["state"] = "paused"
+            return 200, sb
         if rest == ["exec"] and m == "POST":
             return self._exec(h, sid, rec.json())
         if rest and rest[0] == "processes":
@@ -538,6 +548,190 @@ class FakeDaemon:
             h.wfile.flush()
         except (BrokenPipeError, ConnectionResetError):
             h.close_connection = True
+        raise _Streamed()
+
+
+    # -- templates, pools, jobs and batches (api/openapi.yaml, issue 13) ------------
+
+    _SHAPE = ("image", "tier", "memory_mb", "cpus", "pids", "disk_mb", "ttl_seconds", "idle_timeout_seconds",
+              "labels", "env", "priority")
+
+    def _fields(self, req: Dict[str, Any]) -> Dict[str, Any]:
+        base: Dict[str, Any] = {}
+        tpl = self.templates.get(req.get("template", ""))
+        if tpl is not None:
+            base = {k: json.loads(json.dumps(v)) for k, v in tpl.items() if k in self._SHAPE}
+        base.update({k: json.loads(json.dumps(v)) for k, v in req.items() if k in self._SHAPE + ("template", "job", "step")})
+        return base
+
+    def _admit(self, req: Dict[str, Any]) -> Optional[Tuple[int, Any]]:
+        """The error answer of a create that may not go ahead, else None."""
+        if "template" in req and req["template"] not in self.templates:
+            return self._err(404, "not_found", f"template '{req['template']}' not found")
+        if "step" in req and "job" not in req:
+            return self._err(400, "invalid_argument", "field 'step' needs a 'job'")
+        if "job" in req:
+            job = self.jobs.get(req["job"])
+            if job is None or job["state"] == "ended":
+                return self._err(404, "not_found", f"job {req['job']} not found")
+            limit = job["quota"].get("sandboxes", 0)
+            used = sum(1 for s in self.sandboxes.values() if s.get("job") == job["id"] and s["state"] != "stopped")
+            if limit and used >= limit:
+                return self._err(429, "resource_exhausted",
+                                 f"job {job['id']}: quota sandboxes reached ({used} of {limit})")
+        return None
+
+    def _take_pooled(self, req: Dict[str, Any]) -> bool:
+        name = req.get("template")
+        with self.lock:
+            if name and self.pool_ready.get(name, 0) > 0:
+                self.pool_ready[name] -= 1
+                return True
+        return False
+
+    def _pool(self, name: str) -> Dict[str, Any]:
+        t = self.templates[name]
+        return {"template": name, "ready": self.pool_ready.get(name, 0), "creating": 0, "target": t["pool_min"],
+                "min": t["pool_min"], "max": t["pool_max"], "hits": 3, "misses": 1, "hit_rate": 0.75,
+                "rate_per_second": 0.5, "cold_create_seconds": 0.2}
+
+    def _templates(self, rest: List[str], m: str, rec: Recorded) -> Tuple[int, Any]:
+        def stored(body: Dict[str, Any], version: int) -> Dict[str, Any]:
+            t = {"image": "host", "tier": "container", "memory_mb": 512, "cpus": 1.0, "pids": 512, "disk_mb": 1024,
+                 "ttl_seconds": 3600, "idle_timeout_seconds": 0, "env": {}, "labels": {}, "priority": "normal",
+                 "pool_min": 0, "pool_max": 0, "created_at": now(), "updated_at": now()}
+            t.update({k: v for k, v in body.items() if k != "version"})
+            t["version"] = version
+            self.templates[t["name"]] = t
+            return dict(t, pool=self._pool(t["name"]))
+        if not rest:
+            if m == "GET":
+                return 200, {"templates": [dict(t, pool=self._pool(n)) for n, t in sorted(self.templates.items())]}
+            body = rec.json()
+            if body["name"] in self.templates:
+                return self._err(409, "conflict", f"template '{body['name']}' exists")
+            return 201, stored(body, 1)
+        name = rest[0]
+        cur = self.templates.get(name)
+        if m == "PUT":
+            body = rec.json()
+            want = body.get("version")
+            if cur is not None and want is not None and want != cur["version"]:
+                return self._err(409, "conflict", f"template '{name}' is at version {cur['version']}, not {want}")
+            return (201 if cur is None else 200), stored(body, 1 if cur is None else cur["version"] + 1)
+        if cur is None:
+            return self._err(404, "not_found", f"template '{name}' not found")
+        out = dict(cur, pool=self._pool(name))
+        if m == "DELETE":
+            del self.templates[name]
+        return 200, out
+
+    def _job_json(self, job: Dict[str, Any], use: bool = True) -> Dict[str, Any]:
+        out = dict(job)
+        if use:
+            mine = [s for s in self.sandboxes.values() if s.get("job") == job["id"] and s["state"] != "stopped"]
+            out["use"] = {"sandboxes": len(mine), "memory_mb": sum(s["memory_mb"] for s in mine),
+                          "cpus": sum(s["cpus"] for s in mine), "paused": sum(s["state"] == "paused" for s in mine)}
+        return out
+
+    def _reclaim(self, pred: Callable[[Dict[str, Any]], bool], reason: str) -> int:
+        n = 0
+        for s in self.sandboxes.values():
+            if s["state"] != "stopped" and pred(s):
+                s.update(state="stopped", ended_at=now(), end_reason=reason)
+                n += 1
+        return n
+
+    def _jobs(self, rest: List[str], m: str, rec: Recorded) -> Tuple[int, Any]:
+        if not rest:
+            if m == "GET":
+                every = rec.query.get("all") == ["true"]
+                return 200, {"jobs": [self._job_json(j) for j in self.jobs.values() if every or j["state"] != "ended"]}
+            body = rec.json() if rec.body else {}
+            with self.lock:
+                self._next += 1
+                jid = f"job-{self._next:08x}"
+            job = {"id": jid, "name": body.get("name", ""), "state": "active",
+                   "lease_seconds": body.get("lease_seconds", 60), "grace_seconds": body.get("grace_seconds", 600),
+                   "quota": {"sandboxes": 0, "memory_mb": 0, "cpus": 0.0, **body.get("quota", {})},
+                   "labels": body.get("labels", {}), "created_at": now(), "lease_expires_at": now()}
+            self.jobs[jid] = job
+            return 201, self._job_json(job, use=False)
+        job = self.jobs.get(rest[0])
+        if job is None:
+            return self._err(404, "not_found", f"job {rest[0]} not found")
+        if len(rest) == 1 and m == "GET":
+            return 200, self._job_json(job)
+        if job["state"] == "ended" and rest[1:]:
+            return self._err(409, "conflict", f"job {job['id']} has ended")
+        if len(rest) == 1 and m == "DELETE":
+            if job["state"] != "ended":
+                self._reclaim(lambda s: s.get("job") == job["id"], "job_ended")
+                job.update(state="ended", ended_at=now(), end_reason="deleted")
+            return 200, self._job_json(job, use=False)
+        if rest[1:] == ["heartbeat"] and m == "POST":
+            with self.lock:
+                fail = self.heartbeat_fail.pop(0) if self.heartbeat_fail else None
+            if fail is not None:
+                return self._err(fail[0], fail[1], "heartbeat refused")
+            job.update(state="active", lease_expires_at=now())
+            with self.cond:
+                self.cond.notify_all()
+            return 200, self._job_json(job, use=False)
+        if len(rest) == 3 and rest[1] == "steps" and m == "DELETE":
+            n = self._reclaim(lambda s: s.get("job") == job["id"] and s.get("step") == rest[2], "step_ended")
+            return 200, {"job": job["id"], "step": rest[2], "reclaimed": n}
+        return self._err(404, "not_found", "no route")
+
+    def _batch(self, h: BaseHTTPRequestHandler, req: Dict[str, Any]) -> Tuple[int, Any]:
+        count = req.pop("count", None)
+        if not isinstance(count, int) or not 1 <= count <= 1000:
+            return self._err(400, "invalid_argument", "count must be within 1..1000")
+        gang, stream = bool(req.pop("gang", False)), bool(req.pop("stream", False))
+        refused = self._admit(req)
+        if refused is not None:
+            return refused
+        items: List[Dict[str, Any]] = []  # {"index", "sandbox"|"error", "from_pool"}
+        for i in range(count):
+            if i in self.batch_fail:
+                items.append({"index": i, "error": {"code": "resource_exhausted", "message": "no room"}})
+            else:
+                pooled = self._take_pooled(req)
+                items.append({"index": i, "sandbox": self.add_sandbox(**self._fields(req)), "from_pool": pooled})
+        failed = [it for it in items if "error" in it]
+        released: List[str] = []
+        if gang and failed:
+            for it in items:
+                if "sandbox" in it:
+                    self.sandboxes[it["sandbox"]["id"]].update(state="stopped", end_reason="deleted")
+                    released.append(it["sandbox"]["id"])
+        if not stream:
+            if gang and failed:
+                return self._err(429, failed[0]["error"]["code"], f"gang batch: {failed[0]['error']['message']}")
+            return 200, {"sandboxes": [it["sandbox"] for it in items if "sandbox" in it],
+                         "errors": [dict(it["error"], index=it["index"]) for it in failed],
+                         "from_pool": sum(1 for it in items if it.get("from_pool"))}
+        h.send_response(200)
+        h.send_header("Content-Type", "application/x-ndjson")
+        h.send_header("Transfer-Encoding", "chunked")
+        h.end_headers()
+
+        def chunk(obj: Dict[str, Any]) -> None:
+            data = json.dumps(obj).encode() + b"\n"
+            h.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+            h.wfile.flush()
+
+        # Completion order: pooled items first, as the daemon's pool hands them out at once.
+        for it in sorted(items, key=lambda it: not it.get("from_pool")):
+            chunk(it)
+        if gang and failed:
+            chunk({"done": True, "ok": False, "created": 0, "failed": len(failed), "released": released,
+                   "error": {"code": failed[0]["error"]["code"], "message": "gang batch failed"}})
+        else:
+            chunk({"done": True, "ok": not failed, "created": count - len(failed),
+                   "from_pool": sum(1 for it in items if it.get("from_pool")), "failed": len(failed)})
+        h.wfile.write(b"0\r\n\r\n")
+        h.wfile.flush()
         raise _Streamed()
 
 

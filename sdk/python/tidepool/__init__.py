@@ -28,10 +28,20 @@ the steps that finished and runs each step exactly once::
 
     traj = tidepool.Trajectory.create(client, "run7/rollout-3", ttl=3600)
     traj.exec("make test")                     # key "run7/rollout-3/1"
+
+Templates name a sandbox shape and keep a warm pool of it; jobs hold the sandboxes of
+one training run under a lease the client renews in the background::
+
+    client.put_template("py", image="py:1", memory_mb=1024, pool_min=4, pool_max=32)
+    with client.job("run7", lease=60, max_sandboxes=64) as job:
+        with job.step("12") as step:
+            for sb in step.create_batch_stream(16, template="py"):
+                ...                            # each sandbox as soon as it is ready
 """
 from ._retry import RetryPolicy
-from .aio import AsyncClient, AsyncFiles, AsyncProcessHandle, AsyncSandbox, AsyncTrajectory
-from .client import DEFAULT_URL, Client, Files, ProcessHandle, Sandbox, Trajectory
+from .aio import (AsyncBatchStream, AsyncClient, AsyncFiles, AsyncJob, AsyncProcessHandle, AsyncSandbox, AsyncStep,
+                  AsyncTrajectory)
+from .client import DEFAULT_URL, BatchStream, Client, Files, Job, ProcessHandle, Sandbox, Step, Trajectory
 from .errors import (
     CommandFailed,
     Conflict,
@@ -48,8 +58,8 @@ from .errors import (
     Unavailable,
     UnsafeArchive,
 )
-from .models import (BatchError, BatchResult, Divergence, ExecResult, FileEntry, LogEntry, OutputChunk, ProcessInfo,
-                     ReplayReport, RunResult, SandboxInfo, StepResult)
+from .models import (BatchError, BatchItem, BatchResult, Divergence, ExecResult, FileEntry, JobInfo, LogEntry,
+                     OutputChunk, Pool, ProcessInfo, ReplayReport, RunResult, SandboxInfo, StepResult, Template)
 from .version import __version__
 
 __all__ = [
@@ -64,6 +74,16 @@ __all__ = [
     "Trajectory",
     "AsyncTrajectory",
     "RetryPolicy",
+    "BatchStream",
+    "AsyncBatchStream",
+    "Job",
+    "AsyncJob",
+    "Step",
+    "AsyncStep",
+    "Template",
+    "Pool",
+    "JobInfo",
+    "BatchItem",
     "SandboxInfo",
     "ExecResult",
     "OutputChunk",

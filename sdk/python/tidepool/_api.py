@@ -55,21 +55,11 @@ def _boolstr(b: bool) -> str:
     return "true" if b else "false"
 
 
-def create_body(
-    *,
-    image: str,
-    tier: str,
-    memory_mb: Optional[int],
-    cpus: Optional[float],
-    ttl: Optional[Seconds],
-    idle_timeout: Optional[Seconds],
-    labels: Optional[Mapping[str, str]],
-    env: Optional[Mapping[str, str]],
-    disk_mb: Optional[int],
-    pids: Optional[int],
-) -> Dict[str, Any]:
-    """The ``CreateSandbox`` JSON object. Fields left as None take the server's defaults."""
-    body: Dict[str, Any] = {"image": image, "tier": tier}
+def _shape_fields(body: Dict[str, Any], memory_mb: Optional[int], cpus: Optional[float], disk_mb: Optional[int],
+                  pids: Optional[int], ttl: Optional[Seconds], idle_timeout: Optional[Seconds],
+                  labels: Optional[Mapping[str, str]], env: Optional[Mapping[str, str]],
+                  priority: Optional[str]) -> Dict[str, Any]:
+    """Adds the sandbox shape fields a sandbox and a template share (None: left out)."""
     if memory_mb is not None:
         body["memory_mb"] = int(memory_mb)
     if cpus is not None:
@@ -88,6 +78,58 @@ def create_body(
         body["labels"] = {str(k): str(v) for k, v in labels.items()}
     if env:
         body["env"] = {str(k): str(v) for k, v in env.items()}
+    if priority is not None:
+        if priority not in PRIORITIES:
+            raise ValueError(f"priority must be one of {', '.join(PRIORITIES)}, not {priority!r}")
+        body["priority"] = priority
+    return body
+
+
+#: The values of a sandbox's (or template's) ``priority``.
+PRIORITIES = ("normal", "best-effort")
+
+
+def _name(value: Optional[str], what: str) -> Optional[str]:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"{what} must be a non-empty string")
+    return value
+
+
+def create_body(
+    *,
+    image: Optional[str],
+    tier: Optional[str],
+    memory_mb: Optional[int],
+    cpus: Optional[float],
+    ttl: Optional[Seconds],
+    idle_timeout: Optional[Seconds],
+    labels: Optional[Mapping[str, str]],
+    env: Optional[Mapping[str, str]],
+    disk_mb: Optional[int],
+    pids: Optional[int],
+    template: Optional[str] = None,
+    job: Optional[str] = None,
+    step: Optional[str] = None,
+    priority: Optional[str] = None,
+) -> Dict[str, Any]:
+    """The ``CreateSandbox`` JSON object. Fields left as None take the server's defaults,
+    or with ``template`` the template's (image and tier are then sent only when given)."""
+    body: Dict[str, Any] = {}
+    if image is not None or template is None:
+        body["image"] = image or "host"
+    if tier is not None or template is None:
+        body["tier"] = tier or "container"
+    _shape_fields(body, memory_mb, cpus, disk_mb, pids, ttl, idle_timeout, labels, env, priority)
+    if _name(template, "template") is not None:
+        body["template"] = template
+    if _name(job, "job") is not None:
+        body["job"] = job
+    if _name(step, "step") is not None:
+        if job is None:
+            raise ValueError("step needs a job")
+        body["step"] = step
     return body
 
 
@@ -96,13 +138,169 @@ def create(timeout: Any = DEFAULT, **fields: Any) -> Request:
     return json_request("POST", SANDBOXES, create_body(**fields), timeout=timeout)
 
 
-def create_batch(count: int, timeout: Any = DEFAULT, **fields: Any) -> Request:
-    """POST /v1/sandboxes/batch: ``count`` sandboxes described alike."""
+def create_batch(count: int, timeout: Any = DEFAULT, gang: bool = False, stream: bool = False,
+                 **fields: Any) -> Request:
+    """POST /v1/sandboxes/batch: ``count`` sandboxes described alike; ``gang``: all or
+    nothing; ``stream``: an NDJSON answer, one line per item as it is ready."""
     if isinstance(count, bool) or not isinstance(count, int):
         raise TypeError("count must be an int")
     body = create_body(**fields)
     body["count"] = count
-    return json_request("POST", SANDBOXES + "/batch", body, timeout=timeout)
+    if gang:
+        body["gang"] = True
+    if stream:
+        body["stream"] = True
+    req = json_request("POST", SANDBOXES + "/batch", body, timeout=timeout)
+    if stream:
+        req.headers["Accept"] = "application/x-ndjson, application/json"
+    return req
+
+
+def pause(sandbox_id: str) -> Request:
+    """POST /v1/sandboxes/{id}/pause."""
+    return Request("POST", sandbox_path(sandbox_id, "/pause"))
+
+
+def resume(sandbox_id: str) -> Request:
+    """POST /v1/sandboxes/{id}/resume."""
+    return Request("POST", sandbox_path(sandbox_id, "/resume"))
+
+
+# -- templates, pools and jobs -----------------------------------------------------
+
+TEMPLATES = "/v1/templates"
+JOBS = "/v1/jobs"
+
+
+def _segment(value: str, what: str) -> str:
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"{what} must be a non-empty string")
+    return urllib.parse.quote(value, safe="")
+
+
+def template_body(
+    name: str,
+    *,
+    image: Optional[str] = None,
+    tier: Optional[str] = None,
+    memory_mb: Optional[int] = None,
+    cpus: Optional[float] = None,
+    pids: Optional[int] = None,
+    disk_mb: Optional[int] = None,
+    ttl: Optional[Seconds] = None,
+    idle_timeout: Optional[Seconds] = None,
+    env: Optional[Mapping[str, str]] = None,
+    labels: Optional[Mapping[str, str]] = None,
+    priority: Optional[str] = None,
+    pool_min: Optional[int] = None,
+    pool_max: Optional[int] = None,
+    version: Optional[int] = None,
+) -> Dict[str, Any]:
+    """The ``TemplateSpec`` JSON object (plus ``version`` for a compare-and-set replace)."""
+    _segment(name, "template name")
+    body: Dict[str, Any] = {"name": name}
+    if image is not None:
+        body["image"] = image
+    if tier is not None:
+        body["tier"] = tier
+    _shape_fields(body, memory_mb, cpus, disk_mb, pids, ttl, idle_timeout, labels, env, priority)
+    for key, value in (("pool_min", pool_min), ("pool_max", pool_max), ("version", version)):
+        if value is not None:
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"{key} must be an int")
+            body[key] = value
+    return body
+
+
+def template_create(name: str, **fields: Any) -> Request:
+    """POST /v1/templates (409 when the name exists)."""
+    body = template_body(name, **fields)
+    if "version" in body:
+        raise ValueError("version is for put_template (a compare-and-set replace)")
+    return json_request("POST", TEMPLATES, body)
+
+
+def template_put(name: str, **fields: Any) -> Request:
+    """PUT /v1/templates/{name}: create or replace (with ``version``: only that version)."""
+    return json_request("PUT", f"{TEMPLATES}/{_segment(name, 'template name')}", template_body(name, **fields))
+
+
+def template_get(name: str) -> Request:
+    """GET /v1/templates/{name}."""
+    return Request("GET", f"{TEMPLATES}/{_segment(name, 'template name')}")
+
+
+def template_list() -> Request:
+    """GET /v1/templates."""
+    return Request("GET", TEMPLATES)
+
+
+def template_delete(name: str) -> Request:
+    """DELETE /v1/templates/{name}."""
+    return Request("DELETE", f"{TEMPLATES}/{_segment(name, 'template name')}")
+
+
+def pools() -> Request:
+    """GET /v1/pools."""
+    return Request("GET", "/v1/pools")
+
+
+def job_body(name: Optional[str] = None, lease: Optional[Seconds] = None, grace: Optional[Seconds] = None,
+             max_sandboxes: Optional[int] = None, max_memory_mb: Optional[int] = None,
+             max_cpus: Optional[float] = None, labels: Optional[Mapping[str, str]] = None) -> Dict[str, Any]:
+    """The ``JobSpec`` JSON object (quota fields left as None: no limit)."""
+    body: Dict[str, Any] = {}
+    if name is not None:
+        body["name"] = str(name)
+    lease_s = whole_seconds(lease, "lease")
+    if lease_s is not None:
+        body["lease_seconds"] = lease_s
+    grace_s = whole_seconds(grace, "grace")
+    if grace_s is not None:
+        body["grace_seconds"] = grace_s
+    quota: Dict[str, Any] = {}
+    if max_sandboxes is not None:
+        quota["sandboxes"] = int(max_sandboxes)
+    if max_memory_mb is not None:
+        quota["memory_mb"] = int(max_memory_mb)
+    if max_cpus is not None:
+        quota["cpus"] = float(max_cpus)
+    if quota:
+        body["quota"] = quota
+    if labels:
+        body["labels"] = {str(k): str(v) for k, v in labels.items()}
+    return body
+
+
+def job_create(**spec: Any) -> Request:
+    """POST /v1/jobs (``spec`` as the keywords of :func:`job_body`)."""
+    return json_request("POST", JOBS, job_body(**spec))
+
+
+def job_get(job_id: str) -> Request:
+    """GET /v1/jobs/{id}."""
+    return Request("GET", f"{JOBS}/{_segment(job_id, 'job id')}")
+
+
+def job_list(all_: bool = False) -> Request:
+    """GET /v1/jobs[?all=true]."""
+    return Request("GET", JOBS, query=[("all", "true")] if all_ else [])
+
+
+def job_heartbeat(job_id: str, timeout: Any = DEFAULT) -> Request:
+    """POST /v1/jobs/{id}/heartbeat. Renewing changes nothing twice: it may be retried
+    without a key (and gets none, so the daemon records nothing)."""
+    return Request("POST", f"{JOBS}/{_segment(job_id, 'job id')}/heartbeat", stateless=True, timeout=timeout)
+
+
+def job_end(job_id: str) -> Request:
+    """DELETE /v1/jobs/{id}."""
+    return Request("DELETE", f"{JOBS}/{_segment(job_id, 'job id')}")
+
+
+def job_end_step(job_id: str, step: str) -> Request:
+    """DELETE /v1/jobs/{id}/steps/{step}."""
+    return Request("DELETE", f"{JOBS}/{_segment(job_id, 'job id')}/steps/{_segment(step, 'step')}")
 
 
 def metrics() -> Request:

@@ -11,11 +11,12 @@ Thread rules: as for the concrete classes (no locking here).
 from __future__ import annotations
 
 import os
-from typing import Any, Generic, Mapping, Optional, TypeVar
+from typing import Any, Dict, Generic, List, Mapping, Optional, TypeVar
 
 from . import _api
 from ._http import Request
-from .models import ProcessInfo, SandboxInfo
+from .errors import TidepoolError
+from .models import BatchError, BatchItem, BatchStreamParser, JobInfo, ProcessInfo, SandboxInfo
 from .version import __version__
 
 #: Where the client looks for the daemon when neither ``url`` nor ``TIDEPOOL_URL`` is given.
@@ -43,24 +44,34 @@ class ClientBase:
         # Creating includes building the root and starting the agent: allow for a slow host.
         return None if self.timeout is None else max(self.timeout, 120.0)
 
-    def _create_request(self, count: Optional[int], fields: Mapping[str, Any]) -> Request:
+    def _create_request(self, count: Optional[int], fields: Mapping[str, Any], gang: bool = False,
+                        stream: bool = False) -> Request:
         """The create (``count`` None) or batch-create request for the ``create`` arguments."""
         if count is None:
             return _api.create(timeout=self._create_timeout(), **fields)
-        return _api.create_batch(count, timeout=self._create_timeout(), **fields)
+        return _api.create_batch(count, timeout=self._create_timeout(), gang=gang, stream=stream, **fields)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(url={self.url!r})"
 
 
-def create_fields(image: str, tier: str, memory_mb: Optional[int], cpus: Optional[float],
+def create_fields(image: Optional[str], tier: Optional[str], memory_mb: Optional[int], cpus: Optional[float],
                   ttl: Optional[_api.Seconds], idle_timeout: Optional[_api.Seconds],
                   labels: Optional[Mapping[str, str]], env: Optional[Mapping[str, str]],
-                  disk_mb: Optional[int], pids: Optional[int]) -> Mapping[str, Any]:
+                  disk_mb: Optional[int], pids: Optional[int], template: Optional[str] = None,
+                  job: Optional[str] = None, step: Optional[str] = None,
+                  priority: Optional[str] = None) -> Mapping[str, Any]:
     """The sandbox description arguments of ``create``/``create_batch`` as keywords of
     :func:`tidepool._api.create_body` (positional, so a caller passes them in one line)."""
     return dict(image=image, tier=tier, memory_mb=memory_mb, cpus=cpus, ttl=ttl,
-                idle_timeout=idle_timeout, labels=labels, env=env, disk_mb=disk_mb, pids=pids)
+                idle_timeout=idle_timeout, labels=labels, env=env, disk_mb=disk_mb, pids=pids,
+                template=template, job=job, step=step, priority=priority)
+
+
+def from_pool_header(headers: Mapping[str, str]) -> Optional[bool]:
+    """The ``Tidepool-From-Pool`` answer header of a create (None when absent)."""
+    value = headers.get("tidepool-from-pool")
+    return None if value is None else value.strip().lower() == "true"
 
 
 class FilesBase:
@@ -227,3 +238,150 @@ class TrajectoryBase:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(sandbox={self.sandbox.id!r}, id={self.id!r}, step={self.step})"
+
+
+class BatchStreamBase(Generic[C]):
+    """What a streamed batch has delivered so far (internal; see :class:`tidepool.BatchStream`).
+
+    Attributes:
+        items: every :class:`BatchItem` in the order they arrived.
+        sandboxes: the handles of the items that are ready.
+        errors: one :class:`BatchError` per item that failed.
+        summary: the daemon's final line (``created``, ``from_pool``, ``failed``, ...),
+            None until the stream ended.
+    """
+
+    def __init__(self, client: C, req: Request) -> None:
+        self._client = client
+        self._req = req
+        self._parser: BatchStreamParser[Any] = BatchStreamParser(client._sandbox)  # type: ignore[attr-defined]
+        self._started = False
+        self.items: List[BatchItem[Any]] = []
+        self.sandboxes: List[Any] = []
+        self.errors: List[BatchError] = []
+
+    def _begin(self) -> None:
+        if self._started:
+            raise RuntimeError("a batch stream can be iterated once")
+        self._started = True
+
+    def _take(self, line: bytes) -> Optional[Any]:
+        """Records one line; returns the sandbox it made ready, if any."""
+        item = self._parser.feed(line)
+        if item is None:
+            return None
+        self.items.append(item)
+        if item.sandbox is None:
+            e = item.error
+            code = e.code if isinstance(e, TidepoolError) else "internal"
+            message = e.message if isinstance(e, TidepoolError) else str(e)
+            self.errors.append(BatchError(item.index, code, message))
+            return None
+        self.sandboxes.append(item.sandbox)
+        return item.sandbox
+
+    def _end(self) -> None:
+        if self._parser.done is None:
+            raise self._parser.missing_done()
+
+    @property
+    def summary(self) -> Optional[Dict[str, Any]]:
+        """The daemon's final line (``created``, ``from_pool``, ``failed``), None before the end."""
+        return self._parser.done
+
+    @property
+    def from_pool(self) -> int:
+        """How many items came from a warm pool (so far)."""
+        return sum(1 for i in self.items if i.sandbox is not None and i.from_pool)
+
+    @property
+    def ok(self) -> bool:
+        """True when the stream ended and every item is ready."""
+        return self._parser.done is not None and not self.errors and bool(self._parser.done.get("ok", True))
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(ready={len(self.sandboxes)}, failed={len(self.errors)})"
+
+
+class JobBase(Generic[C]):
+    """State of a job handle (internal; see :class:`tidepool.Job`).
+
+    A handle is made by ``client.job(...)``; the job itself is created when it is started
+    (entering the ``with`` block), and ended when it is left.
+    """
+
+    #: Without ``heartbeat_interval``, heartbeats go every lease * this.
+    HEARTBEAT_FRACTION = 1.0 / 3.0
+
+    def __init__(self, client: C, spec: Mapping[str, Any], heartbeat_interval: Optional[float]) -> None:
+        if heartbeat_interval is not None and not heartbeat_interval > 0:
+            raise ValueError("heartbeat_interval must be > 0 seconds")
+        _api.job_body(**spec)  # bad arguments fail here, before anything is sent
+        self._client = client
+        self._spec = dict(spec)
+        self._interval_arg = heartbeat_interval
+        #: The last description received (None before the job was created).
+        self.info: Optional[JobInfo] = None
+        #: How many background heartbeats succeeded.
+        self.heartbeats = 0
+        #: The last background heartbeat's error (it keeps trying unless the job ended).
+        self.heartbeat_error: Optional[Exception] = None
+        self._ended = False
+
+    @property
+    def client(self) -> C:
+        """The client this handle talks through."""
+        return self._client
+
+    @property
+    def id(self) -> str:
+        """The job id; raises RuntimeError before the job was created."""
+        if self.info is None:
+            raise RuntimeError("the job was not created yet (use it in a with block, or call start())")
+        return self.info.id
+
+    @property
+    def heartbeat_interval(self) -> float:
+        """Seconds between background heartbeats: the argument, else the lease's fraction."""
+        if self._interval_arg is not None:
+            return self._interval_arg
+        lease = (self.info.lease_seconds if self.info else None) or 60
+        return max(lease * self.HEARTBEAT_FRACTION, 0.1)
+
+    def _create_request(self) -> Request:
+        if self.info is not None:
+            raise RuntimeError(f"job {self.info.id} was already created")
+        return _api.job_create(**self._spec)
+
+    def _placed(self, step: Optional[str], kwargs: Dict[str, Any]) -> Dict[str, Any]:
+        if "job" in kwargs:
+            raise TypeError("job is this job's own id")
+        kwargs["job"] = self.id
+        if step is not None:
+            kwargs["step"] = step
+        return kwargs
+
+    def _beat_failed(self, e: TidepoolError) -> bool:
+        """Records a heartbeat failure; True when heartbeating should stop (the job is gone)."""
+        self.heartbeat_error = e
+        return e.status in (404, 409)
+
+    def __repr__(self) -> str:
+        state = self.info.state if self.info else "not created"
+        ident = self.info.id if self.info else None
+        return f"{type(self).__name__}(id={ident!r}, state={state!r})"
+
+
+class StepBase:
+    """One step of a job (internal; see :class:`tidepool.Step`)."""
+
+    def __init__(self, job: Any, name: str) -> None:
+        if not isinstance(name, str) or not name:
+            raise ValueError("step name must be a non-empty string")
+        self.job = job
+        self.name = name
+        #: How many sandboxes ending the step removed (None until it ended).
+        self.reclaimed: Optional[int] = None
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(job={self.job.info.id if self.job.info else None!r}, name={self.name!r})"

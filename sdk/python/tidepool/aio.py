@@ -33,8 +33,8 @@ from typing import Any, AsyncIterator, Dict, List, Mapping, Optional, Tuple, Uni
 
 from . import _api, _tar
 from ._aio import AsyncTransport
-from ._base import (USER_AGENT, ClientBase, FilesBase, ProcessHandleBase, SandboxBase, TrajectoryBase, command_opts,
-                    create_fields, run_fields)
+from ._base import (USER_AGENT, BatchStreamBase, ClientBase, FilesBase, JobBase, ProcessHandleBase, SandboxBase,
+                    StepBase, TrajectoryBase, command_opts, create_fields, from_pool_header, run_fields)
 from ._http import Request, default_url, prepare
 from ._retry import DEFAULT_RETRY, RetryPolicy
 from .errors import NotFound, TidepoolError
@@ -43,8 +43,10 @@ from .models import StreamParser, _finish, checked, chunks_of, parse_answer, par
 from .models import parse_exec_json, parse_log, parse_processes, parse_replay, parse_sandboxes, run_shielded
 from .models import wait_result
 from .models import RunResult, parse_run_batch
+from .models import JobInfo, Pool, Template, parse_jobs, parse_pools, parse_templates
 
-__all__ = ["AsyncClient", "AsyncSandbox", "AsyncFiles", "AsyncProcessHandle", "AsyncTrajectory"]
+__all__ = ["AsyncClient", "AsyncSandbox", "AsyncFiles", "AsyncProcessHandle", "AsyncTrajectory", "AsyncBatchStream",
+           "AsyncJob", "AsyncStep"]
 
 Data = Union[bytes, bytearray, memoryview, str]
 
@@ -145,8 +147,8 @@ class AsyncClient(ClientBase):
 
     async def create(
         self,
-        image: str = "host",
-        tier: str = "container",
+        image: Optional[str] = None,
+        tier: Optional[str] = None,
         memory_mb: Optional[int] = None,
         cpus: Optional[float] = None,
         ttl: Optional[_api.Seconds] = None,
@@ -156,23 +158,32 @@ class AsyncClient(ClientBase):
         disk_mb: Optional[int] = None,
         pids: Optional[int] = None,
         idempotency_key: Optional[str] = None,
+        *,
+        template: Optional[str] = None,
+        job: Optional[str] = None,
+        step: Optional[str] = None,
+        priority: Optional[str] = None,
     ) -> "AsyncSandbox":
         """Creates a sandbox and returns it once it runs (arguments as :meth:`tidepool.Client.create`).
 
         If the call is cancelled after the daemon created the sandbox, the sandbox is
         killed before the cancellation propagates, so nothing is left running unseen.
         """
-        fields = create_fields(image, tier, memory_mb, cpus, ttl, idle_timeout, labels, env, disk_mb, pids)
-        obj = await self._create_call(self._create_request(None, fields), idempotency_key)
-        return AsyncSandbox(self, SandboxInfo.from_json(obj))
+        fields = create_fields(image, tier, memory_mb, cpus, ttl, idle_timeout, labels, env, disk_mb, pids,
+                               template, job, step, priority)
+        resp = await self._create_call(self._create_request(None, fields), idempotency_key)
+        info = SandboxInfo.from_json(resp.json())
+        info.from_pool = from_pool_header(resp.headers)
+        return AsyncSandbox(self, info)
 
     async def _create_call(self, req: Request, idempotency_key: Optional[str]) -> Any:
-        """Sends a create request; if cancelled meanwhile, finds out what was created (by
-        repeating the request with the same idempotency key, which only replays the
-        recorded answer) and kills it before the cancellation propagates."""
+        """Sends a create request and returns the whole answer; if cancelled meanwhile,
+        finds out what was created (by repeating the request with the same idempotency
+        key, which only replays the recorded answer) and kills it before the cancellation
+        propagates."""
         prepare(req, idempotency_key)
         try:
-            return await self._call(req)
+            return await self._transport.request(req)
         except asyncio.CancelledError:
             task = asyncio.ensure_future(self._undo_create(req))
             await _finish(task)
@@ -189,8 +200,8 @@ class AsyncClient(ClientBase):
     async def create_batch(
         self,
         count: int,
-        image: str = "host",
-        tier: str = "container",
+        image: Optional[str] = None,
+        tier: Optional[str] = None,
         memory_mb: Optional[int] = None,
         cpus: Optional[float] = None,
         ttl: Optional[_api.Seconds] = None,
@@ -200,14 +211,105 @@ class AsyncClient(ClientBase):
         disk_mb: Optional[int] = None,
         pids: Optional[int] = None,
         idempotency_key: Optional[str] = None,
+        *,
+        template: Optional[str] = None,
+        job: Optional[str] = None,
+        step: Optional[str] = None,
+        priority: Optional[str] = None,
+        gang: bool = False,
     ) -> "BatchResult[AsyncSandbox]":
         """Creates ``count`` sandboxes alike in one request; see :meth:`tidepool.Client.create_batch`.
 
         ``async with`` the result kills them all at the end.
         """
-        fields = create_fields(image, tier, memory_mb, cpus, ttl, idle_timeout, labels, env, disk_mb, pids)
-        return parse_batch(await self._create_call(self._create_request(count, fields), idempotency_key),
-                           self._sandbox)
+        fields = create_fields(image, tier, memory_mb, cpus, ttl, idle_timeout, labels, env, disk_mb, pids,
+                               template, job, step, priority)
+        resp = await self._create_call(self._create_request(count, fields, gang), idempotency_key)
+        return parse_batch(resp.json(), self._sandbox)
+
+    def create_batch_stream(
+        self,
+        count: int,
+        image: Optional[str] = None,
+        tier: Optional[str] = None,
+        memory_mb: Optional[int] = None,
+        cpus: Optional[float] = None,
+        ttl: Optional[_api.Seconds] = None,
+        idle_timeout: Optional[_api.Seconds] = None,
+        labels: Optional[Mapping[str, str]] = None,
+        env: Optional[Mapping[str, str]] = None,
+        disk_mb: Optional[int] = None,
+        pids: Optional[int] = None,
+        idempotency_key: Optional[str] = None,
+        *,
+        template: Optional[str] = None,
+        job: Optional[str] = None,
+        step: Optional[str] = None,
+        priority: Optional[str] = None,
+        gang: bool = False,
+    ) -> "AsyncBatchStream":
+        """Yields each sandbox of a batch as soon as it is ready (``async for``); see
+        :meth:`tidepool.Client.create_batch_stream`. Not a coroutine: nothing is sent until
+        the iteration starts. ``async with`` it kills every sandbox yielded at the end."""
+        fields = create_fields(image, tier, memory_mb, cpus, ttl, idle_timeout, labels, env, disk_mb, pids,
+                               template, job, step, priority)
+        return AsyncBatchStream(self, prepare(self._create_request(count, fields, gang, stream=True), idempotency_key))
+
+    # -- templates, pools and jobs -------------------------------------------------
+
+    async def create_template(self, name: str, **fields: Any) -> Template:
+        """Creates a template; see :meth:`tidepool.Client.create_template`."""
+        return Template.from_json(await self._call(_api.template_create(name, **fields)))
+
+    async def put_template(self, name: str, version: Optional[int] = None, **fields: Any) -> Template:
+        """Creates or replaces a template; see :meth:`tidepool.Client.put_template`."""
+        return Template.from_json(await self._call(_api.template_put(name, version=version, **fields)))
+
+    async def get_template(self, name: str) -> Template:
+        """The template ``name`` with its pool (raises :class:`NotFound`)."""
+        return Template.from_json(await self._call(_api.template_get(name)))
+
+    async def list_templates(self) -> List[Template]:
+        """Every template, with its pool."""
+        return parse_templates(await self._call(_api.template_list()))
+
+    async def delete_template(self, name: str) -> Template:
+        """Removes a template and drains its pool (raises :class:`NotFound`)."""
+        return Template.from_json(await self._call(_api.template_delete(name)))
+
+    async def pools(self) -> List[Pool]:
+        """Every warm pool."""
+        return parse_pools(await self._call(_api.pools()))
+
+    def job(
+        self,
+        name: Optional[str] = None,
+        lease: Optional[_api.Seconds] = None,
+        grace: Optional[_api.Seconds] = None,
+        max_sandboxes: Optional[int] = None,
+        max_memory_mb: Optional[int] = None,
+        max_cpus: Optional[float] = None,
+        labels: Optional[Mapping[str, str]] = None,
+        heartbeat_interval: Optional[float] = None,
+    ) -> "AsyncJob":
+        """A job handle for ``async with``: entering creates the job and starts a task that
+        renews its lease; leaving cancels the task and ends the job. Arguments as
+        :meth:`tidepool.Client.job`."""
+        return AsyncJob(self, dict(name=name, lease=lease, grace=grace, max_sandboxes=max_sandboxes,
+                                   max_memory_mb=max_memory_mb, max_cpus=max_cpus, labels=labels),
+                        heartbeat_interval)
+
+    async def get_job(self, job_id: str) -> JobInfo:
+        """The job ``job_id`` with what its sandboxes hold (raises :class:`NotFound`)."""
+        return JobInfo.from_json(await self._call(_api.job_get(job_id)))
+
+    async def list_jobs(self, all: bool = False) -> List[JobInfo]:
+        """The live jobs (with ``all=True`` the ended ones too)."""
+        return parse_jobs(await self._call(_api.job_list(all)))
+
+    async def end_job(self, job_id: str) -> JobInfo:
+        """Ends a job by id, removing its sandboxes (raises :class:`NotFound`)."""
+        return JobInfo.from_json(await self._call(_api.job_end(job_id)))
 
     def _sandbox(self, info: SandboxInfo) -> "AsyncSandbox":
         return AsyncSandbox(self, info)
@@ -315,6 +417,16 @@ class AsyncSandbox(SandboxBase["AsyncClient"]):
     async def kill(self) -> None:
         """Destroys the sandbox; killing one that is already gone is not an error."""
         self._killed(await self._client.kill(self.id))
+
+    async def pause(self) -> "AsyncSandbox":
+        """Freezes the sandbox's processes; see :meth:`tidepool.Sandbox.pause`."""
+        self.info = SandboxInfo.from_json(await self._client._call(_api.pause(self.id)))
+        return self
+
+    async def resume(self) -> "AsyncSandbox":
+        """Thaws a paused sandbox; see :meth:`tidepool.Sandbox.resume`."""
+        self.info = SandboxInfo.from_json(await self._client._call(_api.resume(self.id)))
+        return self
 
     async def __aenter__(self) -> "AsyncSandbox":
         return self
@@ -591,3 +703,167 @@ class AsyncTrajectory(TrajectoryBase):
         t = AsyncTrajectory(report.sandbox, new_id, start=k)
         t.report = report
         return t
+
+
+class AsyncBatchStream(BatchStreamBase["AsyncClient"]):
+    """The sandboxes of :meth:`AsyncClient.create_batch_stream` as they become ready
+    (``async for``); see :class:`tidepool.BatchStream`."""
+
+    async def __aiter__(self) -> AsyncIterator["AsyncSandbox"]:
+        self._begin()
+        stream = await self._client._transport.stream_lines(self._req)
+        try:
+            if stream.content_type == "application/json":
+                result = parse_batch(json.loads((await stream.read_rest()).decode("utf-8") or "{}"),
+                                     self._client._sandbox)
+                self.sandboxes.extend(result.sandboxes)
+                self.errors.extend(result.errors)
+                self._parser.done = {"done": True, "ok": result.ok, "created": len(result.sandboxes)}
+                for sb in result.sandboxes:
+                    yield sb
+                return
+            async for line in stream:
+                sb = self._take(line)
+                if sb is not None:
+                    yield sb
+        finally:
+            stream.close()
+        self._end()
+
+    async def kill_all(self) -> None:
+        """Kills every sandbox yielded so far, concurrently; errors are ignored."""
+        await asyncio.gather(*(sb.kill() for sb in self.sandboxes), return_exceptions=True)
+
+    async def __aenter__(self) -> "AsyncBatchStream":
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await run_shielded(self.kill_all())
+
+
+class AsyncJob(JobBase["AsyncClient"]):
+    """A job handle for the asyncio client (:meth:`AsyncClient.job`); heartbeats run in a
+    task of the loop that entered it. See :class:`tidepool.Job`."""
+
+    def __init__(self, client: "AsyncClient", spec: Mapping[str, Any], heartbeat_interval: Optional[float]) -> None:
+        super().__init__(client, spec, heartbeat_interval)
+        self._task: Optional["asyncio.Task[None]"] = None
+
+    async def start(self) -> "AsyncJob":
+        """Creates the job and starts the heartbeat task (what ``async with`` does)."""
+        self.info = JobInfo.from_json(await self._client._call(self._create_request()))
+        self._task = asyncio.ensure_future(self._beat())
+        return self
+
+    async def _beat(self) -> None:
+        while True:
+            await asyncio.sleep(self.heartbeat_interval)
+            try:
+                self.info = JobInfo.from_json(await self._client._call(_api.job_heartbeat(self.id)))
+            except TidepoolError as e:
+                if self._beat_failed(e):
+                    return
+                continue
+            self.heartbeats += 1
+
+    @property
+    def heartbeating(self) -> bool:
+        """True while the heartbeat task runs."""
+        return self._task is not None and not self._task.done()
+
+    async def stop_heartbeat(self) -> None:
+        """Cancels the heartbeat task and waits for it to end."""
+        task, self._task = self._task, None
+        if task is None:
+            return
+        task.cancel()
+        try:
+            await task
+        except asyncio.CancelledError:
+            pass
+
+    async def heartbeat(self) -> JobInfo:
+        """Renews the lease now."""
+        self.info = JobInfo.from_json(await self._client._call(_api.job_heartbeat(self.id)))
+        return self.info
+
+    async def refresh(self) -> JobInfo:
+        """Fetches the job's state and what its sandboxes hold."""
+        self.info = JobInfo.from_json(await self._client._call(_api.job_get(self.id)))
+        return self.info
+
+    async def create(self, step: Optional[str] = None, **kwargs: Any) -> "AsyncSandbox":
+        """:meth:`AsyncClient.create` within this job (and ``step``)."""
+        return await self._client.create(**self._placed(step, kwargs))
+
+    async def create_batch(self, count: int, step: Optional[str] = None, **kwargs: Any) -> "BatchResult[AsyncSandbox]":
+        """:meth:`AsyncClient.create_batch` within this job (and ``step``)."""
+        return await self._client.create_batch(count, **self._placed(step, kwargs))
+
+    def create_batch_stream(self, count: int, step: Optional[str] = None, **kwargs: Any) -> AsyncBatchStream:
+        """:meth:`AsyncClient.create_batch_stream` within this job (and ``step``)."""
+        return self._client.create_batch_stream(count, **self._placed(step, kwargs))
+
+    def step(self, name: str) -> "AsyncStep":
+        """A step of this job for ``async with``: its exit removes the step's sandboxes."""
+        return AsyncStep(self, name)
+
+    async def end_step(self, name: str) -> int:
+        """Removes every sandbox of step ``name``; returns how many."""
+        return int((await self._client._call(_api.job_end_step(self.id, name))).get("reclaimed") or 0)
+
+    async def end(self) -> Optional[JobInfo]:
+        """Stops heartbeating and ends the job (again: not an error)."""
+        await self.stop_heartbeat()
+        if self.info is None or self._ended:
+            return self.info
+        try:
+            self.info = JobInfo.from_json(await self._client._call(_api.job_end(self.id)))
+        except NotFound:
+            pass
+        self._ended = True
+        return self.info
+
+    async def __aenter__(self) -> "AsyncJob":
+        return await self.start() if self.info is None else self
+
+    async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        # Shielded: a cancelled body must still end the job (and so its sandboxes).
+        try:
+            await run_shielded(self.end())
+        except TidepoolError:
+            if exc_type is None:
+                raise
+
+
+class AsyncStep(StepBase):
+    """A step of an :class:`AsyncJob`; ``async with`` it removes its sandboxes at the end."""
+
+    job: AsyncJob
+
+    async def create(self, **kwargs: Any) -> "AsyncSandbox":
+        """:meth:`AsyncClient.create` within this step."""
+        return await self.job.create(self.name, **kwargs)
+
+    async def create_batch(self, count: int, **kwargs: Any) -> "BatchResult[AsyncSandbox]":
+        """:meth:`AsyncClient.create_batch` within this step."""
+        return await self.job.create_batch(count, self.name, **kwargs)
+
+    def create_batch_stream(self, count: int, **kwargs: Any) -> AsyncBatchStream:
+        """:meth:`AsyncClient.create_batch_stream` within this step."""
+        return self.job.create_batch_stream(count, self.name, **kwargs)
+
+    async def end(self) -> int:
+        """Removes the step's sandboxes; returns how many."""
+        self.reclaimed = await self.job.end_step(self.name)
+        return self.reclaimed
+
+    async def __aenter__(self) -> "AsyncStep":
+        return self
+
+    async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        try:
+            await run_shielded(self.end())
+        except TidepoolError:
+            if exc_type is None:
+                raise

@@ -18,8 +18,14 @@ from __future__ import annotations
 import json
 from typing import Any, Dict, Iterator, List, Literal, Mapping, Optional, Tuple, Union, overload
 
+import threading
+
 from . import _api, _tar
 from ._base import (
+    BatchStreamBase,
+    JobBase,
+    StepBase,
+    from_pool_header,
     run_fields,
     DEFAULT_URL,
     USER_AGENT,
@@ -34,7 +40,7 @@ from ._base import (
 from ._http import Request, SyncTransport, default_url, prepare
 from ._retry import DEFAULT_RETRY, RetryPolicy
 from .errors import NotFound, TidepoolError
-from .models import RunResult, parse_run_batch
+from .models import JobInfo, Pool, RunResult, Template, parse_jobs, parse_pools, parse_run_batch, parse_templates
 from .models import (  # noqa: F401 - StreamParser, parse_exec_json: kept importable from here
     BatchResult,
     ExecResult,
@@ -58,7 +64,7 @@ from .models import (  # noqa: F401 - StreamParser, parse_exec_json: kept import
     wait_result,
 )
 
-__all__ = ["Client", "Sandbox", "Files", "ProcessHandle", "Trajectory", "DEFAULT_URL"]
+__all__ = ["Client", "Sandbox", "Files", "ProcessHandle", "Trajectory", "BatchStream", "Job", "Step", "DEFAULT_URL"]
 
 Data = Union[bytes, bytearray, memoryview, str]
 
@@ -201,8 +207,8 @@ class Client(ClientBase):
 
     def create(
         self,
-        image: str = "host",
-        tier: str = "container",
+        image: Optional[str] = None,
+        tier: Optional[str] = None,
         memory_mb: Optional[int] = None,
         cpus: Optional[float] = None,
         ttl: Optional[_api.Seconds] = None,
@@ -212,13 +218,19 @@ class Client(ClientBase):
         disk_mb: Optional[int] = None,
         pids: Optional[int] = None,
         idempotency_key: Optional[str] = None,
+        *,
+        template: Optional[str] = None,
+        job: Optional[str] = None,
+        step: Optional[str] = None,
+        priority: Optional[str] = None,
     ) -> "Sandbox":
         """Creates a sandbox and returns it once it runs.
 
         Args:
-            image: image name; ``"host"`` is a read-only view of the host's system.
-            tier: isolation tier: ``"container"`` or ``"microvm"`` (a VM with its own kernel;
-                GET /version lists the tiers a daemon offers).
+            image: image name (default ``"host"``, a read-only view of the host's system,
+                or the template's).
+            tier: isolation tier: ``"container"`` (the default) or ``"microvm"`` (a VM with
+                its own kernel; GET /version lists the tiers a daemon offers).
             memory_mb: memory limit in MiB (no swap); server default when None.
             cpus: CPU quota in cores, e.g. ``0.5``.
             ttl: lifetime in seconds (or a ``timedelta``); the sandbox stops afterwards.
@@ -229,19 +241,32 @@ class Client(ClientBase):
             pids: maximum number of processes in the sandbox.
             idempotency_key: key of this call (default: a fresh uuid4); a repeat with the
                 same key returns the same sandbox instead of creating another.
+            template: start from this template (see :meth:`create_template`): a fresh
+                sandbox of its warm pool when one is ready (``info.from_pool``), else a
+                cold one; the other arguments override its fields.
+            job: the job it belongs to (its quotas apply; ending the job removes it).
+                :meth:`Job.create` fills this in.
+            step: a tag within the job (needs ``job``); ending the step removes it.
+            priority: ``"normal"`` or ``"best-effort"`` (lowest CPU weight, SCHED_IDLE).
 
         Raises:
-            InvalidArgument: a value is below its minimum or the image is unknown.
-            QuotaExceeded: the node has no room.
+            InvalidArgument: a value is below its minimum.
+            NotFound: the image, template or job does not exist (or the job ended).
+            Conflict: the job's lease has lapsed (heartbeat it first).
+            QuotaExceeded: over the job's quota (the message names it), or the node has no room.
         """
-        fields = create_fields(image, tier, memory_mb, cpus, ttl, idle_timeout, labels, env, disk_mb, pids)
-        return Sandbox(self, SandboxInfo.from_json(self._call(self._create_request(None, fields), idempotency_key)))
+        fields = create_fields(image, tier, memory_mb, cpus, ttl, idle_timeout, labels, env, disk_mb, pids,
+                               template, job, step, priority)
+        resp = self._transport.request(prepare(self._create_request(None, fields), idempotency_key))
+        info = SandboxInfo.from_json(resp.json())
+        info.from_pool = from_pool_header(resp.headers)
+        return Sandbox(self, info)
 
     def create_batch(
         self,
         count: int,
-        image: str = "host",
-        tier: str = "container",
+        image: Optional[str] = None,
+        tier: Optional[str] = None,
         memory_mb: Optional[int] = None,
         cpus: Optional[float] = None,
         ttl: Optional[_api.Seconds] = None,
@@ -251,19 +276,158 @@ class Client(ClientBase):
         disk_mb: Optional[int] = None,
         pids: Optional[int] = None,
         idempotency_key: Optional[str] = None,
+        *,
+        template: Optional[str] = None,
+        job: Optional[str] = None,
+        step: Optional[str] = None,
+        priority: Optional[str] = None,
+        gang: bool = False,
     ) -> "BatchResult[Sandbox]":
-        """Creates ``count`` sandboxes alike in one request (the daemon starts them concurrently).
+        """Creates ``count`` sandboxes alike in one request (the daemon starts them
+        concurrently, from the template's warm pool first).
 
         Returns a :class:`BatchResult`: ``.sandboxes`` that run and, per failed item,
         ``.errors`` entries ``(index, code, message)``. A partial failure is not an
         exception. Use it as a context manager to kill them all at the end. Other
         arguments are those of :meth:`create`.
 
+        Args:
+            gang: all or nothing: if any item fails, the daemon removes those it made and
+                the call raises that item's error (e.g. :class:`QuotaExceeded`).
+
         Raises:
             InvalidArgument: ``count`` is outside 1..1000 or a value is invalid.
         """
-        fields = create_fields(image, tier, memory_mb, cpus, ttl, idle_timeout, labels, env, disk_mb, pids)
-        return parse_batch(self._call(self._create_request(count, fields), idempotency_key), self._sandbox)
+        fields = create_fields(image, tier, memory_mb, cpus, ttl, idle_timeout, labels, env, disk_mb, pids,
+                               template, job, step, priority)
+        return parse_batch(self._call(self._create_request(count, fields, gang), idempotency_key), self._sandbox)
+
+    def create_batch_stream(
+        self,
+        count: int,
+        image: Optional[str] = None,
+        tier: Optional[str] = None,
+        memory_mb: Optional[int] = None,
+        cpus: Optional[float] = None,
+        ttl: Optional[_api.Seconds] = None,
+        idle_timeout: Optional[_api.Seconds] = None,
+        labels: Optional[Mapping[str, str]] = None,
+        env: Optional[Mapping[str, str]] = None,
+        disk_mb: Optional[int] = None,
+        pids: Optional[int] = None,
+        idempotency_key: Optional[str] = None,
+        *,
+        template: Optional[str] = None,
+        job: Optional[str] = None,
+        step: Optional[str] = None,
+        priority: Optional[str] = None,
+        gang: bool = False,
+    ) -> "BatchStream":
+        """Like :meth:`create_batch`, but yields each sandbox as soon as it is ready (in
+        the order they become ready, pooled ones first)::
+
+            with client.create_batch_stream(64, template="py") as batch:
+                for sb in batch:            # start work on each as it arrives
+                    pending.append(pool.submit(rollout, sb))
+
+        Nothing is sent until the iteration starts. Failed items do not stop the stream:
+        they are in ``batch.errors`` afterwards. With ``gang=True`` the first failure makes
+        the daemon remove every sandbox of the batch (also those already yielded) and the
+        iteration raises that error (its ``released`` attribute lists the removed ids).
+        Leaving the ``with`` block kills every sandbox yielded.
+        """
+        fields = create_fields(image, tier, memory_mb, cpus, ttl, idle_timeout, labels, env, disk_mb, pids,
+                               template, job, step, priority)
+        return BatchStream(self, prepare(self._create_request(count, fields, gang, stream=True), idempotency_key))
+
+    # -- templates, pools and jobs -------------------------------------------------
+
+    def create_template(self, name: str, **fields: Any) -> Template:
+        """Creates a template: a named sandbox shape, with a warm pool when ``pool_max > 0``.
+
+        Fields (all optional): ``image``, ``tier``, ``memory_mb``, ``cpus``, ``pids``,
+        ``disk_mb``, ``ttl``, ``idle_timeout`` (seconds), ``env``, ``labels``,
+        ``priority``, ``pool_min`` (sandboxes kept ready at least) and ``pool_max`` (at
+        most; between the two the pool follows demand).
+
+        Raises:
+            Conflict: a template of this name exists (:meth:`put_template` replaces it).
+            InvalidArgument: a bad name or value.
+        """
+        return Template.from_json(self._call(_api.template_create(name, **fields)))
+
+    def put_template(self, name: str, version: Optional[int] = None, **fields: Any) -> Template:
+        """Creates or replaces a template (fields as :meth:`create_template`). A replace
+        drains its pool (the sandboxes there have the old shape). With ``version`` only that
+        stored version is replaced (compare-and-set).
+
+        Raises:
+            Conflict: ``version`` is given and another version is stored.
+        """
+        return Template.from_json(self._call(_api.template_put(name, version=version, **fields)))
+
+    def get_template(self, name: str) -> Template:
+        """The template ``name`` with its pool (raises :class:`NotFound`)."""
+        return Template.from_json(self._call(_api.template_get(name)))
+
+    def list_templates(self) -> List[Template]:
+        """Every template, with its pool."""
+        return parse_templates(self._call(_api.template_list()))
+
+    def delete_template(self, name: str) -> Template:
+        """Removes a template and drains its pool; returns what it was (raises :class:`NotFound`)."""
+        return Template.from_json(self._call(_api.template_delete(name)))
+
+    def pools(self) -> List[Pool]:
+        """Every warm pool: ready, creating, target, hits, misses, rates."""
+        return parse_pools(self._call(_api.pools()))
+
+    def job(
+        self,
+        name: Optional[str] = None,
+        lease: Optional[_api.Seconds] = None,
+        grace: Optional[_api.Seconds] = None,
+        max_sandboxes: Optional[int] = None,
+        max_memory_mb: Optional[int] = None,
+        max_cpus: Optional[float] = None,
+        labels: Optional[Mapping[str, str]] = None,
+        heartbeat_interval: Optional[float] = None,
+    ) -> "Job":
+        """A job: the sandboxes of one training run, under a lease and quotas. Use it as a
+        context manager::
+
+            with client.job("run7", lease=60, max_sandboxes=64) as job:
+                with job.step("12") as step:
+                    sb = step.create(template="py")     # removed when the step ends
+                    ...
+
+        Entering creates the job and starts a background thread that renews its lease
+        every ``heartbeat_interval`` seconds (default: a third of the lease); leaving stops
+        it and ends the job, which removes every sandbox the job still has. If the trainer
+        dies, the lease lapses: its sandboxes are paused, and removed after ``grace``.
+
+        Args:
+            name: a name for people.
+            lease: seconds (daemon default 60).
+            grace: seconds a lapsed job keeps its paused sandboxes (daemon default 600).
+            max_sandboxes, max_memory_mb, max_cpus: quotas over its live sandboxes (None:
+                no limit); a create over one raises :class:`QuotaExceeded` naming it.
+            labels: free-form tags.
+        """
+        return Job(self, dict(name=name, lease=lease, grace=grace, max_sandboxes=max_sandboxes,
+                              max_memory_mb=max_memory_mb, max_cpus=max_cpus, labels=labels), heartbeat_interval)
+
+    def get_job(self, job_id: str) -> JobInfo:
+        """The job ``job_id`` with what its sandboxes hold (``use``; raises :class:`NotFound`)."""
+        return JobInfo.from_json(self._call(_api.job_get(job_id)))
+
+    def list_jobs(self, all: bool = False) -> List[JobInfo]:
+        """The live jobs (with ``all=True`` the ended ones too)."""
+        return parse_jobs(self._call(_api.job_list(all)))
+
+    def end_job(self, job_id: str) -> JobInfo:
+        """Ends a job by id, removing its sandboxes (raises :class:`NotFound`)."""
+        return JobInfo.from_json(self._call(_api.job_end(job_id)))
 
     def _sandbox(self, info: SandboxInfo) -> "Sandbox":
         return Sandbox(self, info)
@@ -415,6 +579,21 @@ class Sandbox(SandboxBase["Client"]):
         Killing a sandbox that is already gone is not an error.
         """
         self._killed(self._client.kill(self.id))
+
+    def pause(self) -> "Sandbox":
+        """Freezes every process of the sandbox (its memory may be pushed out); any later
+        request to it resumes it first. Returns self (``state`` is then ``"paused"``).
+
+        Raises:
+            Conflict: the sandbox is not running.
+        """
+        self.info = SandboxInfo.from_json(self._client._call(_api.pause(self.id)))
+        return self
+
+    def resume(self) -> "Sandbox":
+        """Thaws a paused sandbox (a running one is left as it is); returns self."""
+        self.info = SandboxInfo.from_json(self._client._call(_api.resume(self.id)))
+        return self
 
     def __enter__(self) -> "Sandbox":
         return self
@@ -763,6 +942,180 @@ class Trajectory(TrajectoryBase):
         t = Trajectory(report.sandbox, new_id, start=k)
         t.report = report
         return t
+
+
+class BatchStream(BatchStreamBase["Client"]):
+    """The sandboxes of :meth:`Client.create_batch_stream`, yielded as they become ready.
+
+    Iterate it once. Afterwards ``errors`` lists the items that failed and ``summary`` is
+    the daemon's final line. As a context manager it kills every sandbox it yielded on
+    exit (and closes the stream if the body left early).
+    """
+
+    def __iter__(self) -> Iterator["Sandbox"]:
+        self._begin()
+        stream = self._client._transport.stream_lines(self._req)
+        with stream:
+            if stream.content_type == "application/json":
+                # Answered whole (e.g. the recorded answer of a repeated key).
+                result = parse_batch(json.loads(stream.read_rest().decode("utf-8") or "{}"), self._client._sandbox)
+                self.sandboxes.extend(result.sandboxes)
+                self.errors.extend(result.errors)
+                self._parser.done = {"done": True, "ok": result.ok, "created": len(result.sandboxes)}
+                yield from result.sandboxes
+                return
+            for line in stream:
+                sb = self._take(line)
+                if sb is not None:
+                    yield sb
+        self._end()
+
+    def kill_all(self) -> None:
+        """Kills every sandbox yielded so far; errors are ignored."""
+        for sb in self.sandboxes:
+            try:
+                sb.kill()
+            except TidepoolError:
+                pass
+
+    def __enter__(self) -> "BatchStream":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.kill_all()
+
+
+class Job(JobBase["Client"]):
+    """A job handle, made by :meth:`Client.job`; see there for the lifecycle.
+
+    Attributes:
+        info: the last :class:`JobInfo` received (None before the job was created).
+        heartbeats: how many background heartbeats succeeded.
+        heartbeat_error: the last background heartbeat's error, if any.
+    """
+
+    def __init__(self, client: "Client", spec: Mapping[str, Any], heartbeat_interval: Optional[float]) -> None:
+        super().__init__(client, spec, heartbeat_interval)
+        self._stop = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+
+    def start(self) -> "Job":
+        """Creates the job and starts heartbeating (what entering the ``with`` block does)."""
+        self.info = JobInfo.from_json(self._client._call(self._create_request()))
+        self._thread = threading.Thread(target=self._beat, name=f"tidepool-heartbeat-{self.info.id}", daemon=True)
+        self._thread.start()
+        return self
+
+    def _beat(self) -> None:
+        while not self._stop.wait(self.heartbeat_interval):
+            try:
+                info = JobInfo.from_json(self._client._call(_api.job_heartbeat(self.id)))
+            except TidepoolError as e:
+                if self._beat_failed(e):
+                    return
+                continue
+            if not self._stop.is_set():
+                self.info = info
+                self.heartbeats += 1
+
+    @property
+    def heartbeating(self) -> bool:
+        """True while the background thread renews the lease."""
+        return self._thread is not None and self._thread.is_alive()
+
+    def stop_heartbeat(self) -> None:
+        """Stops the background heartbeats (the lease then lapses unless renewed by hand)."""
+        self._stop.set()
+        t, self._thread = self._thread, None
+        if t is not None and t is not threading.current_thread():
+            t.join()
+
+    def heartbeat(self) -> JobInfo:
+        """Renews the lease now (a lapsed job is active again)."""
+        self.info = JobInfo.from_json(self._client._call(_api.job_heartbeat(self.id)))
+        return self.info
+
+    def refresh(self) -> JobInfo:
+        """Fetches the job's state and what its sandboxes hold (``info.use``)."""
+        self.info = JobInfo.from_json(self._client._call(_api.job_get(self.id)))
+        return self.info
+
+    def create(self, step: Optional[str] = None, **kwargs: Any) -> "Sandbox":
+        """:meth:`Client.create` within this job (and ``step``, when given)."""
+        return self._client.create(**self._placed(step, kwargs))
+
+    def create_batch(self, count: int, step: Optional[str] = None, **kwargs: Any) -> "BatchResult[Sandbox]":
+        """:meth:`Client.create_batch` within this job (and ``step``)."""
+        return self._client.create_batch(count, **self._placed(step, kwargs))
+
+    def create_batch_stream(self, count: int, step: Optional[str] = None, **kwargs: Any) -> BatchStream:
+        """:meth:`Client.create_batch_stream` within this job (and ``step``)."""
+        return self._client.create_batch_stream(count, **self._placed(step, kwargs))
+
+    def step(self, name: str) -> "Step":
+        """A step of this job: a context manager whose exit removes the step's sandboxes."""
+        return Step(self, name)
+
+    def end_step(self, name: str) -> int:
+        """Removes every sandbox of step ``name``; returns how many."""
+        return int(self._client._call(_api.job_end_step(self.id, name)).get("reclaimed") or 0)
+
+    def end(self) -> Optional[JobInfo]:
+        """Stops heartbeating and ends the job, removing its sandboxes. Ending it again (or
+        a job the daemon no longer knows) is not an error; returns the final description."""
+        self.stop_heartbeat()
+        if self.info is None or self._ended:
+            return self.info
+        try:
+            self.info = JobInfo.from_json(self._client._call(_api.job_end(self.id)))
+        except NotFound:
+            pass
+        self._ended = True
+        return self.info
+
+    def __enter__(self) -> "Job":
+        return self.start() if self.info is None else self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        try:
+            self.end()
+        except TidepoolError:
+            if exc_type is None:
+                raise
+
+
+class Step(StepBase):
+    """A step of a :class:`Job` (``job.step(name)``): sandboxes created through it carry
+    the step's tag; leaving the ``with`` block removes them all in one call."""
+
+    job: Job
+
+    def create(self, **kwargs: Any) -> "Sandbox":
+        """:meth:`Client.create` within this step."""
+        return self.job.create(self.name, **kwargs)
+
+    def create_batch(self, count: int, **kwargs: Any) -> "BatchResult[Sandbox]":
+        """:meth:`Client.create_batch` within this step."""
+        return self.job.create_batch(count, self.name, **kwargs)
+
+    def create_batch_stream(self, count: int, **kwargs: Any) -> BatchStream:
+        """:meth:`Client.create_batch_stream` within this step."""
+        return self.job.create_batch_stream(count, self.name, **kwargs)
+
+    def end(self) -> int:
+        """Removes the step's sandboxes; returns how many."""
+        self.reclaimed = self.job.end_step(self.name)
+        return self.reclaimed
+
+    def __enter__(self) -> "Step":
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        try:
+            self.end()
+        except TidepoolError:
+            if exc_type is None:
+                raise
 
 
 def _parse_ndjson(lines: Iterator[bytes]) -> Iterator[OutputChunk]:

@@ -18,7 +18,7 @@ from .errors import CommandFailed, SandboxError, Timeout, error_from_response
 
 __all__ = ["SandboxInfo", "ExecResult", "OutputChunk", "FileEntry", "ProcessInfo", "BatchError",
            "BatchResult", "parse_entries", "LogEntry", "ReplayReport", "Divergence",
-           "StepResult", "RunResult", "parse_run_batch"]
+           "StepResult", "RunResult", "parse_run_batch", "Template", "Pool", "JobInfo", "BatchItem"]
 
 S = TypeVar("S")
 
@@ -89,6 +89,12 @@ class SandboxInfo:
     expires_at: Optional[_dt.datetime] = None
     ended_at: Optional[_dt.datetime] = None
     end_reason: Optional[str] = None
+    priority: Optional[str] = None
+    template: Optional[str] = None
+    job: Optional[str] = None
+    step: Optional[str] = None
+    #: Whether a create handed out a warm-pool sandbox (None when the answer did not say).
+    from_pool: Optional[bool] = None
     raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
@@ -113,6 +119,10 @@ class SandboxInfo:
             expires_at=_parse_time(obj.get("expires_at")),
             ended_at=_parse_time(obj.get("ended_at")),
             end_reason=obj.get("end_reason") or None,
+            priority=obj.get("priority") or None,
+            template=obj.get("template") or None,
+            job=obj.get("job") or None,
+            step=obj.get("step") or None,
             raw=dict(obj),
         )
 
@@ -858,3 +868,209 @@ def parse_run_batch(obj: Mapping[str, Any]) -> List[Union[RunResult, Exception]]
         else:
             out.append(RunResult.from_json(item))
     return out
+
+
+# -- templates, pools and jobs ------------------------------------------------------
+
+
+def _float(value: Any, default: Optional[float] = None) -> Optional[float]:
+    if value is None:
+        return default
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return default
+
+
+@dataclass
+class Pool:
+    """The warm pool of one template (schema ``Pool``).
+
+    Attributes:
+        template: the template's name.
+        ready: fresh sandboxes waiting to be handed out.
+        creating: sandboxes being made for it now.
+        target: how many it aims to hold (between ``min`` and ``max``, following demand).
+        hits, misses: creates served from it, and those it had nothing for.
+        hit_rate: ``hits / (hits + misses)`` (0 before any request).
+        rate_per_second: the recent request rate it follows.
+        cold_create_seconds: how long a cold create takes (what the pool hides).
+    """
+
+    template: str
+    ready: int = 0
+    creating: int = 0
+    target: int = 0
+    min: int = 0
+    max: int = 0
+    hits: int = 0
+    misses: int = 0
+    hit_rate: float = 0.0
+    rate_per_second: float = 0.0
+    cold_create_seconds: float = 0.0
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_json(cls, obj: Mapping[str, Any]) -> "Pool":
+        """Builds a Pool from the daemon's JSON object."""
+        ints = {k: _int(obj.get(k), 0) or 0 for k in ("ready", "creating", "target", "min", "max", "hits", "misses")}
+        return cls(template=str(obj.get("template", "")), hit_rate=_float(obj.get("hit_rate"), 0.0) or 0.0,
+                   rate_per_second=_float(obj.get("rate_per_second"), 0.0) or 0.0,
+                   cold_create_seconds=_float(obj.get("cold_create_seconds"), 0.0) or 0.0, raw=dict(obj), **ints)
+
+
+@dataclass
+class Template:
+    """A named sandbox shape with an optional warm pool (schema ``Template``).
+
+    ``client.create(template=name)`` starts from it (a fresh sandbox of its pool when one
+    is ready); fields given to ``create`` override it. ``version`` counts replacements
+    (``put_template(..., version=v)`` replaces only that version).
+    """
+
+    name: str
+    image: Optional[str] = None
+    tier: Optional[str] = None
+    memory_mb: Optional[int] = None
+    cpus: Optional[float] = None
+    pids: Optional[int] = None
+    disk_mb: Optional[int] = None
+    ttl_seconds: Optional[int] = None
+    idle_timeout_seconds: Optional[int] = None
+    env: Dict[str, str] = field(default_factory=dict)
+    labels: Dict[str, str] = field(default_factory=dict)
+    priority: Optional[str] = None
+    pool_min: int = 0
+    pool_max: int = 0
+    version: Optional[int] = None
+    created_at: Optional[_dt.datetime] = None
+    updated_at: Optional[_dt.datetime] = None
+    pool: Optional[Pool] = None
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_json(cls, obj: Mapping[str, Any]) -> "Template":
+        """Builds a Template from the daemon's JSON object."""
+        pool = obj.get("pool")
+        return cls(
+            name=str(obj.get("name", "")), image=obj.get("image"), tier=obj.get("tier"),
+            memory_mb=_int(obj.get("memory_mb")), cpus=_float(obj.get("cpus")), pids=_int(obj.get("pids")),
+            disk_mb=_int(obj.get("disk_mb")), ttl_seconds=_int(obj.get("ttl_seconds")),
+            idle_timeout_seconds=_int(obj.get("idle_timeout_seconds")), env=dict(obj.get("env") or {}),
+            labels=dict(obj.get("labels") or {}), priority=obj.get("priority") or None,
+            pool_min=_int(obj.get("pool_min"), 0) or 0, pool_max=_int(obj.get("pool_max"), 0) or 0,
+            version=_int(obj.get("version")), created_at=_parse_time(obj.get("created_at")),
+            updated_at=_parse_time(obj.get("updated_at")),
+            pool=Pool.from_json(pool) if isinstance(pool, Mapping) else None, raw=dict(obj))
+
+
+@dataclass
+class JobInfo:
+    """What the daemon reports about a job (schema ``Job``).
+
+    Attributes:
+        id: the job id (give it to ``create(job=...)``).
+        state: ``active``, ``lapsed`` (the lease ran out: its sandboxes are paused until
+            a heartbeat) or ``ended``.
+        quota: ``{"sandboxes", "memory_mb", "cpus"}`` limits (0: none).
+        use: what its live sandboxes hold (``sandboxes``, ``memory_mb``, ``cpus``,
+            ``paused``); only in answers of GET.
+    """
+
+    id: str
+    state: str = ""
+    name: str = ""
+    lease_seconds: Optional[int] = None
+    grace_seconds: Optional[int] = None
+    quota: Dict[str, Any] = field(default_factory=dict)
+    labels: Dict[str, str] = field(default_factory=dict)
+    use: Optional[Dict[str, Any]] = None
+    created_at: Optional[_dt.datetime] = None
+    lease_expires_at: Optional[_dt.datetime] = None
+    lapsed_at: Optional[_dt.datetime] = None
+    ended_at: Optional[_dt.datetime] = None
+    end_reason: Optional[str] = None
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_json(cls, obj: Mapping[str, Any]) -> "JobInfo":
+        """Builds a JobInfo from the daemon's JSON object."""
+        use = obj.get("use")
+        return cls(
+            id=str(obj.get("id", "")), state=str(obj.get("state", "")), name=str(obj.get("name") or ""),
+            lease_seconds=_int(obj.get("lease_seconds")), grace_seconds=_int(obj.get("grace_seconds")),
+            quota=dict(obj.get("quota") or {}), labels=dict(obj.get("labels") or {}),
+            use=dict(use) if isinstance(use, Mapping) else None, created_at=_parse_time(obj.get("created_at")),
+            lease_expires_at=_parse_time(obj.get("lease_expires_at")), lapsed_at=_parse_time(obj.get("lapsed_at")),
+            ended_at=_parse_time(obj.get("ended_at")), end_reason=obj.get("end_reason") or None, raw=dict(obj))
+
+
+def parse_templates(obj: Mapping[str, Any]) -> List[Template]:
+    """The ``{"templates": [...]}`` answer."""
+    return [Template.from_json(t) for t in obj.get("templates") or []]
+
+
+def parse_pools(obj: Mapping[str, Any]) -> List[Pool]:
+    """The ``{"pools": [...]}`` answer."""
+    return [Pool.from_json(p) for p in obj.get("pools") or []]
+
+
+def parse_jobs(obj: Mapping[str, Any]) -> List[JobInfo]:
+    """The ``{"jobs": [...]}`` answer."""
+    return [JobInfo.from_json(j) for j in obj.get("jobs") or []]
+
+
+@dataclass
+class BatchItem(Generic[S]):
+    """One line of a streamed batch: item ``index`` is ready (``sandbox``) or failed
+    (``error``, the exception :meth:`create` would have raised, as a value)."""
+
+    index: int
+    sandbox: Optional[S] = None
+    from_pool: bool = False
+    error: Optional[Exception] = None
+
+
+class BatchStreamParser(Generic[S]):
+    """Turns the NDJSON lines of a streamed batch into :class:`BatchItem` values; the
+    final ``done`` line is kept in ``done`` (a gang's failure raises its error)."""
+
+    def __init__(self, make: Callable[[SandboxInfo], S]) -> None:
+        self._make = make
+        self.done: Optional[Dict[str, Any]] = None
+
+    def feed(self, line: bytes) -> Optional["BatchItem[S]"]:
+        """The item of one line; None for a blank line or the done line (then ``done``
+        is set). Raises the batch's error when the done line says a gang failed."""
+        line = line.strip()
+        if not line:
+            return None
+        try:
+            obj = json.loads(line.decode("utf-8"))
+        except (ValueError, UnicodeDecodeError) as e:
+            raise SandboxError("internal", f"malformed batch stream line: {e}", None) from None
+        if not isinstance(obj, dict):
+            raise SandboxError("internal", "malformed batch stream line: not an object", None)
+        if obj.get("done"):
+            self.done = obj
+            err = obj.get("error")
+            if not obj.get("ok", True) and isinstance(err, Mapping) and obj.get("released") is not None:
+                e = error_from_response(None, err.get("code"), str(err.get("message") or "gang batch failed"))
+                e.released = [str(i) for i in obj.get("released") or []]  # type: ignore[attr-defined]
+                raise e
+            return None
+        idx = _int(obj.get("index"), -1)
+        index = -1 if idx is None else idx
+        err = obj.get("error")
+        if isinstance(err, Mapping):
+            return BatchItem(index, error=error_from_response(None, err.get("code"), str(err.get("message") or "")))
+        sb = obj.get("sandbox")
+        if not isinstance(sb, Mapping):
+            raise SandboxError("internal", "batch stream line without sandbox or error", None)
+        info = SandboxInfo.from_json(sb)
+        info.from_pool = bool(obj.get("from_pool"))
+        return BatchItem(index, self._make(info), info.from_pool)
+
+    def missing_done(self) -> SandboxError:
+        """The error of a stream that ended before its done line."""
+        return SandboxError("internal", "batch stream ended before its summary line", None)
