@@ -495,7 +495,9 @@ void Api::create_batch(Request& req, const Params&, std::shared_ptr<Responder> r
       if (b->stream) {
         json::object line;
         line["index"] = i;
-        if (r) {
+        if (r && b->gang && b->failed) {
+          line["released"] = r->id;  // made after the gang failed: deleted at once
+        } else if (r) {
           line["sandbox"] = node::sandbox_json(*r);
           line["from_pool"] = from_pool;
         } else {

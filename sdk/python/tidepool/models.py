@@ -1064,6 +1064,8 @@ class BatchStreamParser(Generic[S]):
         err = obj.get("error")
         if isinstance(err, Mapping):
             return BatchItem(index, error=error_from_response(None, err.get("code"), str(err.get("message") or "")))
+        if "released" in obj and "sandbox" not in obj:
+            return None  # made after a gang failed and deleted at once: the done line lists it
         sb = obj.get("sandbox")
         if not isinstance(sb, Mapping):
             raise SandboxError("internal", "batch stream line without sandbox or error", None)
