@@ -52,8 +52,19 @@ def log(msg):
 
 
 def delete_all(api, ids, workers=8):
+    """Deletes every id, retrying each a few times: a bench must never leave sandboxes."""
+    def one(i):
+        for attempt in range(5):
+            try:
+                st, _ = api.call("DELETE", f"/v1/sandboxes/{i}")
+                if st < 500:
+                    return
+            except OSError:
+                pass
+            time.sleep(0.5 * (attempt + 1))
+        log(f"could not delete {i}")
     with concurrent.futures.ThreadPoolExecutor(workers) as ex:
-        list(ex.map(lambda i: api.call("DELETE", f"/v1/sandboxes/{i}"), ids))
+        list(ex.map(one, ids))
 
 
 def batch(api, count, **fields):
@@ -156,6 +167,12 @@ def limits(pid):
 def density(api, n, daemon_pid, image, chunk=500):
     ids, errors = [], []
     fds0 = len(os.listdir(f"/proc/{daemon_pid}/fd"))
+    # Stop short of the daemon's open-file limit (each idle sandbox holds about two
+    # descriptors): past it the daemon refuses connections, the deletes included.
+    lim = limits(daemon_pid).get("open_files")
+    capped_by = None
+    if isinstance(lim, int) and (lim - fds0 - 1000) // 2 < n:
+        n, capped_by = max(0, (lim - fds0 - 1000) // 2), f"the daemon's open-file limit ({lim})"
     rss0 = proc_status_kb(daemon_pid, "VmRSS")
     # One alive first so that the cgroup parents and the agent's shared pages exist.
     _, probe = api.call("POST", "/v1/sandboxes", {"image": image, "memory_mb": 16})
@@ -175,7 +192,7 @@ def density(api, n, daemon_pid, image, chunk=500):
         fds1 = len(os.listdir(f"/proc/{daemon_pid}/fd"))
         rss1 = proc_status_kb(daemon_pid, "VmRSS")
         alive = max(1, len(ids))
-        out = {"asked": n, "alive": len(ids), "create_seconds": create_s,
+        out = {"asked": n, "capped_by": capped_by, "alive": len(ids), "create_seconds": create_s,
                "kernel_kb_per_sandbox": (k1 - k0) / alive, "agent_pss_kb_per_sandbox": (a1 - a0) / alive,
                "daemon_fds_per_sandbox": (fds1 - fds0) / alive, "daemon_rss_kb_per_sandbox": (rss1 - rss0) / alive,
                "daemon_fds": fds1, "limits": limits(daemon_pid), "first_refusal": errors[0] if errors else None}
@@ -189,16 +206,16 @@ def pause(api, mb, rounds, image):
     _, sb = api.call("POST", "/v1/sandboxes", {"image": image, "memory_mb": mb + 256})
     sid = sb["id"]
     try:
-        # mb MB in the sandbox's own /dev/shm (charged to its memory cgroup), held while
-        # a process sleeps.
-        script = f"head -c {mb}M /dev/zero > /dev/shm/fill && sleep 100000"
+        # mb MB in the sandbox's /tmp (a tmpfs charged to its memory cgroup), held while a
+        # process sleeps; dd as busybox has it too.
+        script = f"dd if=/dev/zero of=/tmp/fill bs=1048576 count={mb} 2>/dev/null; sleep 100000"
         st, _ = api.call("POST", f"/v1/sandboxes/{sid}/processes", {"cmd": ["sh", "-c", script]})
         if st >= 300:
             raise RuntimeError(f"process: HTTP {st}")
         t0 = time.monotonic()
         while True:
             st, r = api.call("POST", f"/v1/sandboxes/{sid}/exec",
-                             {"cmd": ["sh", "-c", "stat -c %s /dev/shm/fill 2>/dev/null || echo 0"]})
+                             {"cmd": ["sh", "-c", "wc -c < /tmp/fill 2>/dev/null || echo 0"]})
             size = int(base64.b64decode(r["stdout"]).decode().strip() or 0)
             if size >= mb << 20:
                 break

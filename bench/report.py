@@ -350,6 +350,7 @@ def microvm_rows(res):
           "and < 5 MiB of overhead per VM); each QEMU loses the ~32–64 MiB translation cache that TCG "
           "fills, and `-cpu host` with kvmclock replaces the PIT and TSC arguments TCG needs. "
           "Snapshots are tied to the accelerator and CPU model, so templates are per host kind.", ""]
+    return L
 
 
 def trajectory_rows(res):
@@ -489,6 +490,8 @@ def lifecycle_rows(res):
     elif d:
         lim = d.get("limits") or {}
         stop = f"; stopped by: {d['first_refusal'][:120]}" if d.get("first_refusal") else ""
+        if d.get("capped_by"):
+            stop += f"; asked for no more than {d['capped_by']} allows"
         L.append(f"| idle sandboxes alive at once (asked {d['asked']}){stop} | {d['alive']} | 10,000 | "
                  f"{verdict(d['alive'] >= 10000)} |")
         L.append(f"| idle memory per sandbox at that count (kernel {d['kernel_kb_per_sandbox']:.0f} + agent PSS "

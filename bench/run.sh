@@ -103,8 +103,10 @@ cleanup() {
   # The daemon removes its sandboxes when it stops.
   if [ -n "$DPID" ] && kill -0 "$DPID" 2>/dev/null; then
     kill -TERM "$DPID"
+    # --stop-sandboxes-on-exit: a daemon with thousands alive takes minutes to end them all,
+    # and a KILL would leave them running.
     i=0
-    while kill -0 "$DPID" 2>/dev/null && [ $i -lt 300 ]; do sleep 0.1; i=$((i + 1)); done
+    while kill -0 "$DPID" 2>/dev/null && [ $i -lt 6000 ]; do sleep 0.1; i=$((i + 1)); done
     kill -KILL "$DPID" 2>/dev/null
     wait "$DPID" 2>/dev/null
   fi
