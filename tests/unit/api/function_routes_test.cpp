@@ -142,7 +142,11 @@ TEST(FunctionRoutes, AClientThatLeavesCancelsItsRun) {
   Routes t;
   auto res = t.call("POST", "/v1/functions/run", R"J({"language":"bash","source":"sleep 100"})J");
   ASSERT_TRUE(res->on_abort);
-  res->on_abort();
+  // Fired once and dropped, as the server does (kept, it would hold the run's answer
+  // callback, which holds the responder: a cycle LeakSanitizer reports).
+  auto abort = std::move(res->on_abort);
+  res->on_abort = nullptr;
+  abort();
   auto c = t.worker->take();
   EXPECT_TRUE(c.cancelled);
 }
