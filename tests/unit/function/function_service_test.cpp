@@ -64,6 +64,8 @@ RunRequest req(std::string lang, std::string source, std::string in = "") {
   return r;
 }
 
+// Declared before the Fixture in each test: the service's shutdown answers the runs still
+// queued, into this collector.
 struct Collect {
   std::vector<Result<RunResult>> got;
   FunctionService::RunDone fn() {
@@ -72,8 +74,8 @@ struct Collect {
 };
 
 TEST(FunctionService, PythonRunGoesToAWorkerAndComesBack) {
-  Fixture f;
   Collect c;
+  Fixture f;
   ASSERT_TRUE(f.svc->run("alice", req("python3", "print(1)", "in"), c.fn()));
   auto w = f.worker(0);
   ASSERT_EQ(w->pending(), 1u);
@@ -99,8 +101,8 @@ TEST(FunctionService, PythonRunGoesToAWorkerAndComesBack) {
 }
 
 TEST(FunctionService, PrestartedLanguagesUseTheirFlavor) {
-  Fixture f;
   Collect c;
+  Fixture f;
   ASSERT_TRUE(f.svc->run("a", req("js", "console.log(1)"), c.fn()));
   auto call = f.worker(0)->take();
   EXPECT_EQ(call.meta.flavor, "nodejs");
@@ -108,8 +110,8 @@ TEST(FunctionService, PrestartedLanguagesUseTheirFlavor) {
 }
 
 TEST(FunctionService, CompilesOnceForManyRuns) {
-  Fixture f(1, 4);
   Collect c;
+  Fixture f(1, 4);
   for (int i = 0; i < 20; ++i)
     ASSERT_TRUE(f.svc->run("a", req("cpp", "int main(){}", std::to_string(i)), c.fn()));
   auto w = f.worker(0);
@@ -151,8 +153,8 @@ TEST(FunctionService, CompilesOnceForManyRuns) {
 }
 
 TEST(FunctionService, ACompileErrorIsAVerdictAndIsRemembered) {
-  Fixture f;
   Collect c;
+  Fixture f;
   ASSERT_TRUE(f.svc->run("a", req("c", "int main( {"), c.fn()));
   auto compile = f.worker(0)->take();
   StepResult bad = step_exited(1);
@@ -171,8 +173,8 @@ TEST(FunctionService, ACompileErrorIsAVerdictAndIsRemembered) {
 }
 
 TEST(FunctionService, ACancelledCompileDoesNotFailOthersWaitingForIt) {
-  Fixture f(1, 4);
   Collect a, b;
+  Fixture f(1, 4);
   auto leader = f.svc->run("a", req("cpp", "int main(){}"), a.fn());
   ASSERT_TRUE(leader);
   ASSERT_TRUE(f.svc->run("b", req("cpp", "int main(){}"), b.fn()));
@@ -198,8 +200,8 @@ TEST(FunctionService, ACancelledCompileDoesNotFailOthersWaitingForIt) {
 }
 
 TEST(FunctionService, ClientsTakeTurns) {
-  Fixture f(1, 1);
   Collect c;
+  Fixture f(1, 1);
   for (int i = 0; i < 10; ++i)
     ASSERT_TRUE(f.svc->run("batch", req("bash", "echo " + std::to_string(i)), c.fn()));
   ASSERT_TRUE(f.svc->run("single", req("bash", "echo single"), c.fn()));
@@ -217,8 +219,8 @@ TEST(FunctionService, ClientsTakeTurns) {
 }
 
 TEST(FunctionService, PerClientLimit) {
-  Fixture f(1, 8, 2);
   Collect c;
+  Fixture f(1, 8, 2);
   for (int i = 0; i < 5; ++i) ASSERT_TRUE(f.svc->run("a", req("bash", "true"), c.fn()));
   EXPECT_EQ(f.worker(0)->pending(), 2u);
   ASSERT_TRUE(f.svc->run("b", req("bash", "true"), c.fn()));
@@ -227,8 +229,8 @@ TEST(FunctionService, PerClientLimit) {
 }
 
 TEST(FunctionService, ALostWorkerFailsItsCallsAndIsReplaced) {
-  Fixture f(1, 1);
   Collect c;
+  Fixture f(1, 1);
   ASSERT_TRUE(f.svc->run("a", req("bash", "one"), c.fn()));
   ASSERT_TRUE(f.svc->run("a", req("bash", "two"), c.fn()));
   f.worker(0)->lose();
@@ -245,9 +247,9 @@ TEST(FunctionService, ALostWorkerFailsItsCallsAndIsReplaced) {
 }
 
 TEST(FunctionService, NoWorkerNoWaitingForever) {
+  Collect c;
   Fixture f;
   f.fail_next = 1;
-  Collect c;
   ASSERT_TRUE(f.svc->run("a", req("python", "1"), c.fn()));
   ASSERT_EQ(c.got.size(), 1u);
   ASSERT_FALSE(c.got[0]);
@@ -259,8 +261,8 @@ TEST(FunctionService, NoWorkerNoWaitingForever) {
 }
 
 TEST(FunctionService, CancelStopsQueuedAndRunningCalls) {
-  Fixture f(1, 1);
   Collect c;
+  Fixture f(1, 1);
   auto first = f.svc->run("a", req("bash", "one"), c.fn());
   auto second = f.svc->run("a", req("bash", "two"), c.fn());
   ASSERT_TRUE(first && second);
@@ -292,8 +294,8 @@ TEST(FunctionService, BatchAnswersInRequestOrder) {
 }
 
 TEST(FunctionService, BadRequestsFailBeforeAnythingRuns) {
-  Fixture f;
   Collect c;
+  Fixture f;
   auto bad = [&](RunRequest r, const char* says) {
     auto j = f.svc->run("a", std::move(r), c.fn());
     ASSERT_FALSE(j);
@@ -326,8 +328,8 @@ TEST(FunctionService, BadRequestsFailBeforeAnythingRuns) {
 }
 
 TEST(FunctionService, ShutdownFailsWhatIsQueuedAndRemovesWorkers) {
-  Fixture f(1, 1);
   Collect c;
+  Fixture f(1, 1);
   ASSERT_TRUE(f.svc->run("a", req("bash", "1"), c.fn()));
   ASSERT_TRUE(f.svc->run("a", req("bash", "2"), c.fn()));
   f.svc->shutdown();
@@ -340,8 +342,8 @@ TEST(FunctionService, ShutdownFailsWhatIsQueuedAndRemovesWorkers) {
 }
 
 TEST(FunctionService, MetricsNameTheQueueRateAndVerdicts) {
-  Fixture f;
   Collect c;
+  Fixture f;
   ASSERT_TRUE(f.svc->run("a", req("bash", "x"), c.fn()));
   StepResult tle;
   tle.timed_out = true;
