@@ -253,6 +253,13 @@ Result<void> CgroupManager::attach(const std::string& id, pid_t pid) {
   return {};
 }
 
+std::vector<std::string> CgroupManager::entry_files(const std::string& id) const {
+  std::vector<std::string> out;
+  const char* file = layout_.version == CgroupVersion::kV2 ? "/cgroup.procs" : "/tasks";
+  for (const auto& d : dirs(id)) out.push_back(d + file);
+  return out;
+}
+
 Result<std::vector<std::string>> CgroupManager::enter_thread(const std::string& id) {
   if (!can_enter_thread())
     return fail(Code::kInternal, "a v2 cgroup takes whole processes, not threads");

@@ -37,6 +37,7 @@
 #include "image/host_image.h"
 #include "runtime/container/child_plan.h"
 #include "runtime/sandbox_state.h"
+#include "runtime/container/spawner_client.h"
 #include "sys/cgroup.h"
 #include "sys/clone_support.h"
 #include "sys/fd.h"
@@ -51,8 +52,6 @@ namespace {
 
 using container::ChildPlan;
 using sys::UniqueFd;
-
-constexpr size_t kChildStack = 256 << 10;
 
 #if defined(__has_feature)
 #if __has_feature(thread_sanitizer)
@@ -69,8 +68,10 @@ const CloneFn libc_clone = reinterpret_cast<CloneFn>(::dlsym(RTLD_NEXT, "clone")
 #else
 #define TP_CLONE ::clone
 #endif
-constexpr int kCloneFlags = CLONE_VM | CLONE_PIDFD | CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID |
-                            CLONE_NEWUTS | CLONE_NEWIPC | CLONE_NEWNET | SIGCHLD;
+// The namespaces of a sandbox's init (the cgroup namespace it unshares itself, once
+// it is in its cgroups).
+constexpr uint64_t kNamespaces =
+    CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWUTS | CLONE_NEWIPC | CLONE_NEWNET;
 
 // Everything the backend and its instances share; read-only after construction.
 struct Shared {
@@ -84,7 +85,10 @@ struct Shared {
   std::vector<std::pair<std::string, unsigned long>> host_binds;
   std::string mnt_dir;
   container::RootRecipe common;  // what every sandbox's recipe shares (prepared dirs, /proc masks)
-  int dumpable = 1;              // the daemon's PR_GET_DUMPABLE at start
+  // Starts every sandbox's init (spawner_client.h); from opts.spawner_path.
+  std::unique_ptr<container::Spawner> spawner;
+  UniqueFd spawner_exe;
+  bool agent_is_spawner = false;  // agent_exe is the spawner's binary: the child needs no exec
   std::string run_dir;  // <data_dir>/containers/run, root-only: per-sandbox agent socket and state
   // User namespaces that map the storage ids to a sandbox range, by range base
   // (see IdmapCache below).
@@ -257,32 +261,6 @@ class ContainerInstance final : public SandboxInstance {
   bool has_run_dir_ = false;
   bool adopted_ = false;
   bool frozen_ = false;
-};
-
-// Runs the enclosed code with this thread's effective uid switched to `uid`.
-// The real and saved uids stay 0, so the permitted capabilities survive and
-// become effective again on restore.
-class ThreadEuid {
- public:
-  // `dumpable`: the process's dumpable flag to restore (read once at start: with
-  // concurrent creations a value read here could be another thread's switch).
-  ThreadEuid(uid_t uid, int dumpable) : dumpable_(dumpable) {
-    // A raw syscall: glibc's setresuid() would switch every thread of the daemon.
-    rc_ = sys::raw::call(SYS_setresuid, -1, uid, -1);
-  }
-  ~ThreadEuid() {
-    // A thread left unprivileged would fail every later privileged call: a broken invariant.
-    if (rc_ == 0 && sys::raw::call(SYS_setresuid, -1, 0, -1) != 0) std::abort();
-    // An euid change makes the process non-dumpable; keep the daemon as it was.
-    if (dumpable_ >= 0) ::prctl(PR_SET_DUMPABLE, dumpable_, 0, 0, 0);
-  }
-  ThreadEuid(const ThreadEuid&) = delete;
-  ThreadEuid& operator=(const ThreadEuid&) = delete;
-  long result() const { return rc_; }
-
- private:
-  int dumpable_;
-  long rc_ = -1;
 };
 
 // Idmapped layers. Image files are stored once, owned by ContainerOptions::uid_base
@@ -553,48 +531,13 @@ Result<std::unique_ptr<SandboxInstance>> ContainerBackend::create_impl(const San
     }
   }
 
-  ChildPlan plan;
-  container::build_root_ops(recipe, &plan);
-  // Set by the child itself: the parent's prlimit() would need CAP_SYS_RESOURCE
-  // now that the child's euid (the sandbox's root) differs from ours.
-  plan.set_rlimit(RLIMIT_NOFILE, "RLIMIT_NOFILE", spec.nofile);
-  plan.set_rlimit(RLIMIT_CORE, "RLIMIT_CORE", 0);
-  if (spec.best_effort) plan.sched_idle();
-  plan.finish();
-  plan.seccomp = spec.nested_isolation ? sh_->seccomp_nested.get() : sh_->seccomp.get();
-  plan.exe_fd = sh_->agent_exe.get();
-  for (const char* a : {"tp-agent", "--fd", "3"})
-    plan.argv.push_back(const_cast<char*>(plan.keep(a)));
-  // The agent's cgroup fd (see below); the child places it at fd 4.
-  const std::string cg_dir = sh_->cgroups->delegated_dir(spec.id);
-  if (!cg_dir.empty())
-    for (const char* a : {"--cgroup-fd", "4"}) plan.argv.push_back(const_cast<char*>(plan.keep(a)));
-  // Live restore: the agent's listening socket, fd 5 in the agent.
-  for (const char* a : {"--listen-fd", "5"}) plan.argv.push_back(const_cast<char*>(plan.keep(a)));
-  plan.argv.push_back(nullptr);
-  std::map<std::string, std::string> env = spec.env;
-  env.try_emplace("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin");
-  env.try_emplace("HOME", "/root");
-  for (const auto& [k, v] : env) plan.envp.push_back(const_cast<char*>(plan.keep(k + "=" + v)));
-  plan.envp.push_back(nullptr);
-
   // Owners, released in reverse on any failure.
   int sv[2];
   if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0)
     return sys_fail("socketpair(AF_UNIX, SOCK_STREAM)");
   UniqueFd agent_host(sv[0]), agent_child(sv[1]);
-  int p[2];
-  if (::pipe2(p, O_CLOEXEC) != 0) return sys_fail("pipe2(sync)");
-  UniqueFd sync_rd(p[0]), sync_wr(p[1]);
-  if (::pipe2(p, O_CLOEXEC) != 0) return sys_fail("pipe2(error)");
-  UniqueFd err_rd(p[0]), err_wr(p[1]);
-  plan.sync_rd = sync_rd.get();
-  plan.sync_wr = sync_wr.get();
-  plan.err_rd = err_rd.get();
-  plan.err_wr = err_wr.get();
-  plan.agent_child = agent_child.get();
-  // Live restore: <run_dir>/<id>/agent.sock, bound here, before the clone,
-  // where the sandbox cannot reach it; the agent gets the fd.
+  // Live restore: <run_dir>/<id>/agent.sock, bound here, where the sandbox cannot
+  // reach it; the agent gets the fd.
   const std::string run_dir = sandbox_run_dir(*sh_, spec.id);
   auto listen_made = make_agent_socket(run_dir);
   if (!listen_made) {
@@ -602,7 +545,6 @@ Result<std::unique_ptr<SandboxInstance>> ContainerBackend::create_impl(const San
     return std::unexpected(listen_made.error());
   }
   UniqueFd listen_sock = std::move(*listen_made);
-  plan.agent_listen = listen_sock.get();
   struct RunDirOwner {
     const std::string& dir;
     bool owned = true;
@@ -625,6 +567,7 @@ Result<std::unique_ptr<SandboxInstance>> ContainerBackend::create_impl(const San
   // v1: the freezer one) and the files a delegatee writes, so that its agent
   // can make, join, kill and remove one cgroup per command. The agent gets the
   // directory as an fd: the sandbox has no cgroupfs (no /sys, mount denied).
+  const std::string cg_dir = sh_->cgroups->delegated_dir(spec.id);
   UniqueFd cg_fd;
   if (!cg_dir.empty()) {
     auto own = [&](const std::string& p, bool must) -> Result<void> {
@@ -649,110 +592,84 @@ Result<std::unique_ptr<SandboxInstance>> ContainerBackend::create_impl(const San
       drop_cgroup();
       return std::unexpected(d.error());
     }
-    plan.cgroup_fd = cg_fd.get();
   }
-
-  void* stack = ::mmap(nullptr, kChildStack, PROT_READ | PROT_WRITE,
-                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK | MAP_NORESERVE, -1, 0);
-  if (stack == MAP_FAILED) {
-    drop_cgroup();
-    return sys_fail("mmap(child stack)");
-  }
-  struct StackOwner {
-    void* p;
-    ~StackOwner() { ::munmap(p, kChildStack); }
-  } stack_owner{stack};
-
-  // v1: the child is born in its cgroups, because this thread enters them
-  // for the clone (much cheaper than attaching the child afterwards: cgroup.h).
-  std::vector<std::string> own_cgroups;
-  const bool born_in_cgroup = sh_->cgroups->can_enter_thread();
-  if (born_in_cgroup) {
-    auto e = sh_->cgroups->enter_thread(spec.id);
-    if (!e) {
+  // The child moves itself into its cgroups, first thing, through these (opened as
+  // root here: the kernel checks the opener, and the child is not root on the host).
+  std::vector<UniqueFd> entry_fds;
+  for (const auto& path : sh_->cgroups->entry_files(spec.id)) {
+    UniqueFd fd(::open(path.c_str(), O_WRONLY | O_CLOEXEC));
+    if (!fd) {
+      auto e = sys_fail("open(" + path + ", O_WRONLY)");
       drop_cgroup();
-      return std::unexpected(e.error());
+      return e;
     }
-    own_cgroups = std::move(*e);
+    recipe.cgroup_entries.emplace_back(fd.get(), path);
+    entry_fds.push_back(std::move(fd));
   }
-  int pidfd = -1;
-  pid_t pid;
-  int clone_errno = 0;
-  {
-    sys::SignalBlock block;
-    // The kernel charges a user namespace's per-user counters (inotify instances
-    // and watches, POSIX mqueue bytes, pending signals, processes) to the owner
-    // of the namespace in the parent namespace too, and the owner is the
-    // creator's euid. Created as root, every sandbox drew on host root's budget:
-    // one sandbox holding 128 inotify instances left systemd and the daemon with
-    // none. So the namespace is created as `base`, the host uid that is root
-    // inside anyway; with a range per sandbox, each sandbox's counters are its own.
-    ThreadEuid as_sandbox_root(base, sh_->dumpable);
-    if (as_sandbox_root.result() != 0) {
-      pid = -1;
-      clone_errno = static_cast<int>(-as_sandbox_root.result());
-    } else {
-      pid = TP_CLONE(container::run_child, static_cast<char*>(stack) + kChildStack, kCloneFlags,
-                     &plan, &pidfd);
-      if (pid < 0) clone_errno = errno;
-    }
-  }
-  if (born_in_cgroup) {
-    // A daemon thread left in a sandbox's cgroup would be frozen and killed with that
-    // sandbox (tests/integration/test_lifecycle.py): a broken invariant, stop here.
-    if (auto l = sh_->cgroups->leave_thread(own_cgroups); !l) {
-      spdlog::critical("cannot move a daemon thread out of sandbox cgroup {}: {}", spec.id,
-                       l.error().message());
-      std::abort();
-    }
-  }
-  if (pid < 0) {
-    int e = clone_errno;
-    drop_cgroup();
-    return sys_fail("clone(CLONE_VM|CLONE_NEWUSER|NEWNS|NEWPID|NEWUTS|NEWIPC|NEWNET)", e);
-  }
-  sys::Pidfd proc(pidfd, pid);
-  // The child has its own copies; ours must go so that EOFs reach the right side.
-  sync_rd.reset();
-  err_wr.reset();
+
+  ChildPlan plan;
+  container::build_root_ops(recipe, &plan);
+  // Set by the child itself: the spawner's prlimit() would need CAP_SYS_RESOURCE
+  // over a process whose euid (the sandbox's root) differs from its own.
+  plan.set_rlimit(RLIMIT_NOFILE, "RLIMIT_NOFILE", spec.nofile);
+  plan.set_rlimit(RLIMIT_CORE, "RLIMIT_CORE", 0);
+  if (spec.best_effort) plan.sched_idle();
+  plan.finish();
+  plan.seccomp = spec.nested_isolation ? sh_->seccomp_nested.get() : sh_->seccomp.get();
+  // The agent is the spawner's own binary (the child goes on as it, no exec) unless
+  // the backend was given another one.
+  plan.exe_fd = sh_->agent_is_spawner ? -1 : sh_->agent_exe.get();
+  for (const char* a : {"tp-agent", "--fd", "3"}) plan.argv.push_back(plan.keep(a));
+  // The agent's cgroup fd; the child places it at fd 4.
+  if (cg_fd)
+    for (const char* a : {"--cgroup-fd", "4"}) plan.argv.push_back(plan.keep(a));
+  // Live restore: the agent's listening socket, fd 5 in the agent.
+  for (const char* a : {"--listen-fd", "5"}) plan.argv.push_back(plan.keep(a));
+  std::map<std::string, std::string> env = spec.env;
+  env.try_emplace("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin");
+  env.try_emplace("HOME", "/root");
+  for (const auto& [k, v] : env) plan.envp.push_back(plan.keep(k + "=" + v));
+  plan.agent_child = agent_child.get();
+  plan.agent_listen = listen_sock.get();
+  plan.cgroup_fd = cg_fd.get();
+
+  spawn::Request req = plan.to_request();
+  req.clone_flags = kNamespaces;
+  // The user namespace is owned by the sandbox's root, `base`: the kernel charges a
+  // namespace's per-user counters (inotify instances and watches, POSIX mqueue
+  // bytes, pending signals, processes) to its owner in the parent namespace too;
+  // owned by host root, every sandbox drew on host root's budget (one sandbox
+  // holding 128 inotify instances left systemd and the daemon with none).
+  req.owner_uid = base;
+  req.uid_map = req.gid_map = sys::id_map_text(base);
+  auto started = sh_->spawner->send(std::move(req));
+  // The spawner has its own copies now (or none will be needed).
   agent_child.reset();
+  listen_sock.reset();
   cg_fd.reset();
   lower_fds.clear();
-
+  entry_fds.clear();
+  if (!started) {
+    drop_cgroup();
+    return std::unexpected(started.error());
+  }
+  // Meanwhile the spawner clones and the child builds its root.
+  auto limits = sh_->cgroups->write_limits(
+      spec.id, {spec.memory_bytes, spec.cpus, spec.pids_max, spec.best_effort});
+  auto child = started->finish(plan.steps);
+  if (!child) {
+    drop_cgroup();
+    return std::unexpected(child.error());
+  }
+  sys::Pidfd proc = std::move(*child);
+  const pid_t pid = proc.pid();
   auto abort_child = [&](Error err) -> Result<std::unique_ptr<SandboxInstance>> {
-    sync_wr.reset();  // child blocked on the sync pipe exits on EOF
     (void)proc.signal(SIGKILL);
     (void)proc.reap();
     drop_cgroup();
     return std::unexpected(std::move(err));
   };
-
-  if (auto r = sys::write_id_maps(pid, base); !r) return abort_child(r.error());
-  // The agent is not the OOM victim: the sandbox's memory limit kills its commands (which
-  // start at oom_score_adj 500, src/agent/command.cpp), not the process that reports on
-  // them. Lowering a score needs CAP_SYS_RESOURCE, which some hosts' root lacks: the
-  // agent then stays at 0, still below every command. The sandbox cannot raise the
-  // agent's score (the /proc files of its pid 1 are masked). -999, not -1000: the
-  // write also sets the lowest score the agent's children may choose, and a command
-  // at -1000 would leave the OOM killer no victim.
-  if (auto r =
-          sys::real_sys().write_file("/proc/" + std::to_string(pid) + "/oom_score_adj", "-999");
-      !r && r.error().sys_errno != EACCES && r.error().sys_errno != EPERM)
-    return abort_child(r.error());
-  if (!born_in_cgroup) {
-    if (auto r = sh_->cgroups->attach(spec.id, pid); !r) return abort_child(r.error());
-  }
-  char go = 1;
-  if (::write(sync_wr.get(), &go, 1) != 1) return abort_child(sys_fail("write(sync pipe)").error());
-  sync_wr.reset();
-  if (auto r = sh_->cgroups->write_limits(
-          spec.id, {spec.memory_bytes, spec.cpus, spec.pids_max, spec.best_effort});
-      !r)
-    return abort_child(r.error());
-
-  // EOF = the exec succeeded (the pipe is CLOEXEC); a record = the step that failed.
-  if (auto failed = container::read_child_failure(err_rd.get(), plan, "", "sandbox setup"))
-    return abort_child(*failed);
+  if (!limits) return abort_child(limits.error());
   // EOF also comes when the child died without a word (killed, e.g. by the OOM killer).
   if (proc.exited()) {
     siginfo_t si{};
@@ -764,7 +681,6 @@ Result<std::unique_ptr<SandboxInstance>> ContainerBackend::create_impl(const San
                                  std::to_string(si.si_status) + ")"});
   }
   // Live restore: the state file next to the agent's socket.
-  listen_sock.reset();  // the agent has its own
   if (auto r = write_state(run_dir, pid); !r) return abort_child(r.error());
   run_dir_owner.owned = false;
   cgroup_owned = false;
@@ -912,7 +828,6 @@ Result<std::unique_ptr<Backend>> make_container_backend(const ContainerOptions& 
   auto sh = std::make_shared<Shared>();
   sh->opts = opts;
   sh->idmaps = std::make_unique<IdmapCache>(opts.uid_base);
-  sh->dumpable = ::prctl(PR_GET_DUMPABLE, 0, 0, 0, 0);
   while (sh->opts.data_dir.size() > 1 && sh->opts.data_dir.back() == '/')
     sh->opts.data_dir.pop_back();
   const std::string& dd = sh->opts.data_dir;
@@ -933,6 +848,12 @@ Result<std::unique_ptr<Backend>> make_container_backend(const ContainerOptions& 
   if (!S_ISREG(st.st_mode) || (st.st_mode & S_IXOTH) == 0)
     return fail(Code::kInvalidArgument,
                 "agent " + opts.agent_path + " must be a regular file executable by others");
+  const std::string& spawner_path = opts.spawner_path.empty() ? opts.agent_path : opts.spawner_path;
+  sh->spawner_exe.reset(::open(spawner_path.c_str(), O_PATH | O_CLOEXEC));
+  if (!sh->spawner_exe) return sys_fail("open(" + spawner_path + ", O_PATH)");
+  struct stat sst {};
+  if (::fstat(sh->spawner_exe.get(), &sst) != 0) return sys_fail("fstat(" + spawner_path + ")");
+  sh->agent_is_spawner = sst.st_dev == st.st_dev && sst.st_ino == st.st_ino;
 
   sh->common.mnt_dir = sh->mnt_dir;
   TP_TRY(prepare_shared_dirs(dd + "/containers", &sh->common));
@@ -968,6 +889,11 @@ Result<std::unique_ptr<Backend>> make_container_backend(const ContainerOptions& 
   auto nested = sys::build_sandbox_filter({.allow_mounts = true});
   if (!nested) return std::unexpected(nested.error());
   sh->seccomp_nested = std::move(*nested);
+
+  auto spawner = container::Spawner::start(sh->spawner_exe.get(), spawner_path,
+                                           std::chrono::milliseconds(opts.spawner_timeout_ms));
+  if (!spawner) return std::unexpected(spawner.error());
+  sh->spawner = std::move(*spawner);
 
   auto host = image::ensure_host_image(dd, opts.uid_base);
   if (!host) return std::unexpected(host.error());

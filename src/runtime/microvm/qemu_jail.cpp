@@ -121,10 +121,9 @@ Result<sys::Pidfd> run_plan(ChildPlan& plan, int flags,
   UniqueFd sync_rd(p[0]), sync_wr(p[1]);
   if (::pipe2(p, O_CLOEXEC) != 0) return sys_fail("pipe2(error)");
   UniqueFd err_rd(p[0]), err_wr(p[1]);
-  plan.sync_rd = sync_rd.get();
-  plan.sync_wr = sync_wr.get();
-  plan.err_rd = err_rd.get();
-  plan.err_wr = err_wr.get();
+  std::vector<char*> args;
+  const spawn::ExecPlan exec_plan =
+      plan.in_process(sync_rd.get(), sync_wr.get(), err_rd.get(), err_wr.get(), &args);
   // The child runs on it until it exec'd, which is before this function returns.
   void* stack = ::mmap(nullptr, kStack, PROT_READ | PROT_WRITE,
                        MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK | MAP_NORESERVE, -1, 0);
@@ -138,8 +137,9 @@ Result<sys::Pidfd> run_plan(ChildPlan& plan, int flags,
   int clone_errno = 0;
   {
     sys::SignalBlock block;
-    pid = jail_clone(container::run_child, static_cast<char*>(stack) + kStack,
-                     CLONE_VM | CLONE_PIDFD | SIGCHLD | flags, &plan, &pidfd);
+    pid = jail_clone(container::run_in_clone, static_cast<char*>(stack) + kStack,
+                     CLONE_VM | CLONE_PIDFD | SIGCHLD | flags,
+                     const_cast<spawn::ExecPlan*>(&exec_plan), &pidfd);
     if (pid < 0) clone_errno = errno;
   }
   if (pid < 0) return sys_fail(what + ": clone", clone_errno);
@@ -183,10 +183,8 @@ Result<sys::Pidfd> spawn_jailed(const JailSpec& s, sys::CgroupManager& cgroups) 
   plan.set_rlimit(RLIMIT_FSIZE, "RLIMIT_FSIZE", s.fsize_limit);
   plan.set_rlimit(RLIMIT_NOFILE, "RLIMIT_NOFILE", 4096);
   plan.finish();
-  for (const auto& a : s.argv) plan.argv.push_back(const_cast<char*>(plan.keep(a)));
-  plan.argv.push_back(nullptr);
-  plan.envp.push_back(const_cast<char*>(plan.keep("PATH=/usr/bin")));
-  plan.envp.push_back(nullptr);
+  for (const auto& a : s.argv) plan.argv.push_back(plan.keep(a));
+  plan.envp.push_back(plan.keep("PATH=/usr/bin"));
   plan.exe_fd = s.qemu_exe;
   UniqueFd null_fd(::open("/dev/null", O_RDWR | O_CLOEXEC));
   if (!null_fd) return sys_fail("open(/dev/null)");

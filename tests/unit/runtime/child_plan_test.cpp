@@ -22,6 +22,7 @@ ChildPlan make_plan(std::vector<std::string> lowers,
   r.dev_locked = MS_RELATIME;
   r.empty_dir = "/d/containers/empty";
   r.prep_locked = MS_RELATIME;
+  r.cgroup_entries = {{7, "/cg/memory/tp/n0-abc/tasks"}, {8, "/cg/pids/tp/n0-abc/tasks"}};
   for (int i = 0; kMaskedProcFiles[i]; ++i) r.masked_proc_files.emplace_back(kMaskedProcFiles[i]);
   for (int i = 0; kMaskedProcDirs[i]; ++i) r.masked_proc_dirs.emplace_back(kMaskedProcDirs[i]);
   ChildPlan p;
@@ -39,8 +40,17 @@ int index_of(const ChildPlan& p, const std::string& desc_prefix) {
 TEST(ChildPlanTest, OrderOfTheRecipe) {
   auto p = make_plan({"/img/rootfs"}, {{"/usr", MS_RELATIME}});
   ASSERT_FALSE(p.ops.empty());
-  EXPECT_EQ(p.ops[0].kind, OpKind::kWaitSync);  // nothing before the parent wrote maps and cgroups
-  EXPECT_EQ(p.ops[1].kind, OpKind::kBecomeRoot);
+  // First the pid (nothing may block before it), then into the cgroups, then nothing
+  // before the spawner wrote the id maps.
+  EXPECT_EQ(p.ops[0].kind, OpKind::kHello);
+  EXPECT_EQ(p.ops[1].kind, OpKind::kEnterCgroup);
+  EXPECT_EQ(p.ops[1].fd, 7);
+  EXPECT_EQ(p.steps[p.ops[1].step], "write(/cg/memory/tp/n0-abc/tasks, \"0\")");
+  EXPECT_EQ(p.ops[2].kind, OpKind::kEnterCgroup);
+  EXPECT_EQ(p.ops[3].kind, OpKind::kWaitSync);
+  EXPECT_EQ(p.ops[4].kind, OpKind::kBecomeRoot);
+  // The cgroup namespace is made once the child is in its cgroups.
+  EXPECT_GT(index_of(p, "unshare(CLONE_NEWCGROUP)"), 4);
   int priv = index_of(p, "mount(none, /, none, MS_REC|MS_PRIVATE");
   int tmpfs = index_of(p, "mount(tmpfs, /d/containers/mnt, tmpfs");
   int ovl = index_of(p,

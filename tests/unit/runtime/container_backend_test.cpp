@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
@@ -14,6 +15,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <future>
@@ -25,7 +28,9 @@
 #include "common/ids.h"
 #include "image/image_store.h"
 #include "protocol/wire.h"
+#include "runtime/container/spawner_client.h"
 #include "sys/cgroup.h"
+#include "sys/fd.h"
 
 namespace tp::runtime {
 namespace {
@@ -46,6 +51,12 @@ std::string fake_agent_path() {
   }
   return (fs::read_symlink("/proc/self/exe").parent_path().parent_path() / "payloads/fake_agent")
       .string();
+}
+
+// The spawner: the real tp-agent of this build (the fake agent is exec'd by its children).
+std::string spawner_path() {
+  if (const char* b = getenv("TP_BIN_DIR")) return std::string(b) + "/tp-agent";
+  return (fs::read_symlink("/proc/self/exe").parent_path() / "tp-agent").string();
 }
 
 int count_fds() {
@@ -139,6 +150,7 @@ class ContainerBackendTest : public ::testing::Test {
     chmod(dir_.c_str(), 0755);
     opts_.data_dir = dir_;
     opts_.agent_path = fake_agent_path();
+    opts_.spawner_path = spawner_path();
     opts_.cgroup_name = "tp-test-" + ids::random_hex(4);
     layers_ = std::make_shared<FakeLayers>();
     opts_.layers = layers_;
@@ -627,6 +639,150 @@ TEST_F(ContainerBackendTest, ConcurrentCreatesFromSeveralThreads) {
   for (auto& v : made) v.clear();  // destructors destroy
   for (auto& [id, pid] : ids) expect_gone(id, pid);
   EXPECT_EQ(count_fds(), fds_before_);
+}
+
+// The spawners this process started (one per backend), by their name.
+std::vector<pid_t> my_spawners() {
+  std::vector<pid_t> out;
+  for (const auto& e : fs::directory_iterator("/proc")) {
+    const std::string name = e.path().filename();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::string st = slurp(e.path().string() + "/stat");
+    auto open = st.find('('), close = st.rfind(')');
+    if (open == std::string::npos || close == std::string::npos) continue;
+    std::istringstream rest(st.substr(close + 2));
+    std::string state;
+    pid_t ppid = 0;
+    rest >> state >> ppid;
+    if (st.substr(open + 1, close - open - 1) == "tp-spawner" && ppid == getpid() && state != "Z")
+      out.push_back(std::stoi(name));
+  }
+  return out;
+}
+
+std::vector<std::string> fd_targets_of(pid_t pid) {
+  std::vector<std::string> out;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator("/proc/" + std::to_string(pid) + "/fd", ec))
+    out.push_back(e.path().filename().string() + " " + fs::read_symlink(e.path(), ec).string());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+TEST_F(ContainerBackendTest, SpawnerDeathIsRepairedAndItsSandboxesLiveOn) {
+  auto a = backend_->create(spec());
+  ASSERT_TRUE(a) << a.error().message();
+  ASSERT_TRUE(wait_ready((*a)->agent_fd()));
+  auto sp = my_spawners();
+  ASSERT_EQ(sp.size(), 1u);
+  ASSERT_EQ(kill(sp[0], SIGKILL), 0);
+  // The sandbox is our child (CLONE_PARENT), not the spawner's: it does not notice.
+  for (int i = 0; i < 200 && my_spawners() == sp; ++i) usleep(10000);
+  EXPECT_EQ(status_of(**a, "true"), 0);
+  EXPECT_TRUE((*a)->alive());
+  // The next create finds the spawner gone and starts another.
+  auto b = backend_->create(spec());
+  ASSERT_TRUE(b) << b.error().message();
+  ASSERT_TRUE(wait_ready((*b)->agent_fd()));
+  EXPECT_EQ(status_of(**b, "true"), 0);
+  auto now = my_spawners();
+  ASSERT_EQ(now.size(), 1u);
+  EXPECT_NE(now[0], sp[0]);
+  ASSERT_TRUE((*a)->destroy());
+  ASSERT_TRUE((*b)->destroy());
+  a->reset();
+  b->reset();
+  EXPECT_EQ(count_fds(), fds_before_);  // the dead spawner's socket and pidfd went with it
+}
+
+TEST_F(ContainerBackendTest, WedgedSpawnerIsReplacedAndTheCreateLeavesNothing) {
+  ContainerOptions o = opts_;
+  o.spawner_timeout_ms = 300;
+  backend_.reset();
+  auto b = make_container_backend(o);
+  ASSERT_TRUE(b) << b.error().message();
+  backend_ = std::move(*b);
+  auto sp = my_spawners();
+  ASSERT_EQ(sp.size(), 1u);
+  ASSERT_EQ(kill(sp[0], SIGSTOP), 0);
+  auto s = spec();
+  auto r = backend_->create(s);
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error().code, Code::kUnavailable) << r.error().message();
+  EXPECT_NE(r.error().message().find("spawner"), std::string::npos) << r.error().message();
+  for (const auto& d : cg_->dirs(s.id)) EXPECT_FALSE(fs::exists(d)) << d;
+  EXPECT_FALSE(fs::exists(dir_ + "/containers/run/" + s.id));
+  // The stopped one was killed; a new one serves.
+  auto ok = backend_->create(spec());
+  ASSERT_TRUE(ok) << ok.error().message();
+  ASSERT_TRUE(wait_ready((*ok)->agent_fd()));
+  auto now = my_spawners();
+  ASSERT_EQ(now.size(), 1u);
+  EXPECT_NE(now[0], sp[0]);
+  EXPECT_EQ(kill(sp[0], 0), -1);  // reaped
+}
+
+TEST_F(ContainerBackendTest, SandboxInitGetsOnlyItsOwnDescriptors) {
+  // Descriptors of the daemon without CLOEXEC, as a careless library would leave them.
+  int leak[2];
+  ASSERT_EQ(pipe(leak), 0);
+  auto r = backend_->create(spec());
+  ASSERT_TRUE(r) << r.error().message();
+  ASSERT_TRUE(wait_ready((*r)->agent_fd()));
+  // The (fake) agent was exec'd with 0..2 on /dev/null, 3 its socket, 4 its cgroup, 5 its
+  // listening socket: nothing of the daemon's, of the spawner's or of the setup.
+  auto fds = fd_targets_of((*r)->pid());
+  ASSERT_EQ(fds.size(), 6u) << ::testing::PrintToString(fds);
+  for (const auto& f : fds) EXPECT_EQ(f.find("pipe:"), std::string::npos) << f;
+  EXPECT_EQ(fds[0], "0 /dev/null");
+  EXPECT_EQ(fds[3].rfind("3 socket:", 0), 0u) << fds[3];
+  EXPECT_EQ(fds[5].rfind("5 socket:", 0), 0u) << fds[5];
+  // Between starts the spawner holds its stdio and its socket only.
+  auto sp = my_spawners();
+  ASSERT_EQ(sp.size(), 1u);
+  auto spfds = fd_targets_of(sp[0]);
+  ASSERT_EQ(spfds.size(), 4u) << ::testing::PrintToString(spfds);
+  EXPECT_EQ(spfds[3].rfind("3 socket:", 0), 0u) << spfds[3];
+  close(leak[0]);
+  close(leak[1]);
+}
+
+TEST(SpawnerTest, RefusesAMalformedPlanAndServesOn) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root";
+  sys::UniqueFd exe(open(spawner_path().c_str(), O_PATH | O_CLOEXEC));
+  ASSERT_TRUE(exe);
+  auto s = container::Spawner::start(exe.get(), spawner_path(), std::chrono::milliseconds(5000));
+  ASSERT_TRUE(s) << s.error().message();
+  const pid_t pid = (*s)->pid();
+  ASSERT_GT(pid, 0);
+  int sv[2];
+  ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+  auto attempt = [&](uint64_t flags, uint32_t owner) {
+    spawn::Request req;
+    req.agent_slot = req.slot(sv[1]);
+    req.ops = {spawn::Op{spawn::OpKind::kHello}};
+    req.argv = {"tp-agent"};
+    req.clone_flags = flags;
+    req.owner_uid = owner;
+    req.uid_map = req.gid_map = "0 100000 65536\n";
+    auto st = (*s)->send(std::move(req));
+    EXPECT_TRUE(st) << st.error().message();
+    return st ? st->finish({"hello"}) : Result<sys::Pidfd>(std::unexpected(st.error()));
+  };
+  // No user namespace: as root in the host's namespaces it would be host root. Refused.
+  auto r = attempt(CLONE_NEWNS | CLONE_NEWPID, 100000);
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error().code, Code::kInvalidArgument) << r.error().message();
+  EXPECT_NE(r.error().message().find("refused"), std::string::npos) << r.error().message();
+  // A user namespace owned by host root: refused too.
+  r = attempt(CLONE_NEWUSER | CLONE_NEWNS, 0);
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error().code, Code::kInvalidArgument);
+  // The same spawner, still serving.
+  EXPECT_EQ((*s)->pid(), pid);
+  EXPECT_EQ((*s)->started(), 1u);
+  close(sv[0]);
+  close(sv[1]);
 }
 
 TEST_F(ContainerBackendTest, CleanupOrphansKillsAllButKept) {

@@ -1,0 +1,205 @@
+#include "spawn/spawner.h"
+
+#include <fcntl.h>
+#include <linux/sched.h>
+#include <sched.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+#include "spawn/wire.h"
+#include "sys/raw_syscall.h"
+
+namespace tp::spawn {
+namespace {
+
+namespace raw = tp::sys::raw;
+
+// Static, so that an idle spawner owns no pages of a past request (they are dropped
+// after each one) and a child reads its plan where the spawner decoded it.
+alignas(4096) char g_msg[kMaxMessage];
+Decoded g_dec;
+
+void log_line(const char* what, const char* detail = "") {
+  char line[256];
+  int n = std::snprintf(line, sizeof line, "tp-spawner: %s%s\n", what, detail);
+  if (n > 0) (void)!::write(2, line, std::min<size_t>(static_cast<size_t>(n), sizeof line - 1));
+}
+
+void report(int err_fd, int32_t step, int err) {
+  if (err_fd < 0) return;
+  ChildFailure f{step, err};
+  (void)!::write(err_fd, &f, sizeof f);
+}
+
+bool write_text(const char* path, const char* text) {
+  int fd = ::open(path, O_WRONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  size_t n = std::strlen(text);
+  ssize_t w = ::write(fd, text, n);
+  int e = errno;
+  ::close(fd);
+  errno = e;
+  if (w >= 0 && static_cast<size_t>(w) != n) errno = EIO;
+  return w >= 0 && static_cast<size_t>(w) == n;
+}
+
+// One request: clone, maps, release. Every outcome ends in a record on the error
+// pipe (or, for a request too broken to name one, in the EOF the caller's close gives).
+void serve(int sock, size_t len, const int* fds, uint32_t nfds, AgentMain agent_main) {
+  const char* why = "";
+  int err_fd = -1;
+  if (!decode(g_msg, len, fds, nfds, &g_dec, &why, &err_fd)) {
+    report(err_fd, kStepRejected, EINVAL);
+    log_line("request refused: ", why);
+    return;
+  }
+  ExecPlan& plan = g_dec.plan;
+  const int err = plan.err_wr;
+  int sync[2];
+  if (::pipe2(sync, O_CLOEXEC) != 0) {
+    report(err, kStepSync, errno);
+    return;
+  }
+  plan.sync_rd = sync[0];
+  plan.drop_first[0] = sock;
+  plan.drop_first[1] = sync[1];
+  plan.agent_main = agent_main;
+  // The user namespace's owner is the creator's effective uid: the sandbox's root,
+  // so that the kernel's per-user counters of the namespace are the sandbox's own.
+  long r = raw::call(SYS_setresuid, -1, g_dec.owner_uid, -1);
+  if (r < 0) {
+    report(err, kStepSetEuid, static_cast<int>(-r));
+    ::close(sync[0]);
+    ::close(sync[1]);
+    return;
+  }
+  int pidfd = -1;
+  clone_args ca{};
+  // CLONE_PARENT: the daemon is the parent, so it alone reaps (through its pidfd)
+  // and a dead spawner leaves no orphan behind. clone3 wants exit_signal 0 with it:
+  // the child inherits ours (SIGCHLD), as the daemon's child.
+  ca.flags = g_dec.clone_flags | CLONE_PARENT | CLONE_PIDFD;
+  ca.pidfd = reinterpret_cast<uint64_t>(&pidfd);
+  ca.exit_signal = 0;
+  // A raw clone3 returns twice like fork(). glibc's idea of this thread's tid stays the
+  // spawner's in the child; the agent is single-threaded and asks the kernel (getpid,
+  // gettid) wherever it matters.
+  long pid = raw::call(SYS_clone3, &ca, sizeof ca);
+  if (pid == 0) run_child(plan);
+  // Never serve on without root.
+  if (raw::call(SYS_setresuid, -1, 0, -1) != 0) std::abort();
+  ::prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);  // an id change may have reset it
+  if (pid < 0) {
+    report(err, kStepClone, static_cast<int>(-pid));
+    ::close(sync[0]);
+    ::close(sync[1]);
+    return;
+  }
+  ::close(sync[0]);
+  char path[64];
+  int32_t failed = 0;
+  int failed_errno = 0;
+  std::snprintf(path, sizeof path, "/proc/%ld/uid_map", pid);
+  if (!write_text(path, g_dec.uid_map)) {
+    failed = kStepUidMap;
+    failed_errno = errno;
+  } else {
+    std::snprintf(path, sizeof path, "/proc/%ld/gid_map", pid);
+    if (!write_text(path, g_dec.gid_map)) {
+      failed = kStepGidMap;
+      failed_errno = errno;
+    } else if (::write(sync[1], "x", 1) != 1) {
+      failed = kStepSync;
+      failed_errno = errno;
+    }
+  }
+  if (failed) {
+    report(err, failed, failed_errno);
+    ::syscall(SYS_pidfd_send_signal, pidfd, SIGKILL, nullptr, 0);
+  } else {
+    report(err, kStepSpawned, static_cast<int>(pid));
+  }
+  ::close(sync[1]);
+  ::close(pidfd);
+}
+
+}  // namespace
+
+int spawner_main(int argc, char** argv, AgentMain agent_main) {
+  int sock = 3;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--spawner") == 0) continue;
+    if (std::strcmp(argv[i], "--fd") == 0 && i + 1 < argc) {
+      char* end = nullptr;
+      long v = std::strtol(argv[++i], &end, 10);
+      if (*end != '\0' || v < 0 || v > 1 << 20) {
+        log_line("--fd: not a file descriptor: ", argv[i]);
+        return 2;
+      }
+      sock = static_cast<int>(v);
+      continue;
+    }
+    log_line("usage: tp-agent --spawner [--fd N]; unknown argument ", argv[i]);
+    return 2;
+  }
+  if (::fcntl(sock, F_GETFD) < 0) {
+    log_line("--fd: ", std::strerror(errno));
+    return 2;
+  }
+  // Nothing but stdio and the socket: a child must not find anything else of ours.
+  if (sock > 3) raw::call(SYS_close_range, 3, sock - 1, 0);
+  raw::call(SYS_close_range, sock + 1, ~0U, 0);
+  ::fcntl(sock, F_SETFD, FD_CLOEXEC);
+  ::prctl(PR_SET_NAME, "tp-spawner", 0, 0, 0);
+  ::prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
+  ::signal(SIGPIPE, SIG_IGN);
+  if (::chdir("/") != 0) return 2;
+  // Inherited by every child; lowering it needs CAP_SYS_RESOURCE, which some hosts'
+  // root lacks: the agents then stay at 0, still below every command (which start at
+  // 500). -999 and not -1000: the write also sets the lowest score children may
+  // choose, and a command at -1000 would leave the OOM killer no victim.
+  if (!write_text("/proc/self/oom_score_adj", "-999") && errno != EACCES && errno != EPERM)
+    log_line("oom_score_adj: ", std::strerror(errno));
+  if (::send(sock, "R", 1, MSG_NOSIGNAL) != 1) return 1;
+
+  alignas(cmsghdr) static char control[CMSG_SPACE(kMaxFds * sizeof(int))];
+  for (;;) {
+    iovec iov{g_msg, sizeof g_msg};
+    msghdr mh{};
+    mh.msg_iov = &iov;
+    mh.msg_iovlen = 1;
+    mh.msg_control = control;
+    mh.msg_controllen = sizeof control;
+    ssize_t n = ::recvmsg(sock, &mh, MSG_CMSG_CLOEXEC);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      log_line("recvmsg: ", std::strerror(errno));
+      return 1;
+    }
+    if (n == 0) return 0;  // the daemon is gone; our sandboxes are not our children
+    int fds[kMaxFds];
+    uint32_t nfds = 0;
+    for (cmsghdr* c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c)) {
+      if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+      size_t k = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+      for (size_t i = 0; i < k && nfds < kMaxFds; ++i)
+        std::memcpy(&fds[nfds++], CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+    }
+    // A truncated message or descriptor list fails decode() (sizes, counts).
+    serve(sock, static_cast<size_t>(n), fds, nfds, agent_main);
+    for (uint32_t i = 0; i < nfds; ++i) ::close(fds[i]);
+    const auto page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+    ::madvise(g_msg, (static_cast<size_t>(n) + page - 1) / page * page, MADV_DONTNEED);
+  }
+}
+
+}  // namespace tp::spawn
