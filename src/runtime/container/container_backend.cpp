@@ -2,6 +2,7 @@
 
 #include <dlfcn.h>
 #include <fcntl.h>
+#include <linux/magic.h>
 #include <poll.h>
 #include <sched.h>
 #include <signal.h>
@@ -11,6 +12,7 @@
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <sys/statvfs.h>
 #include <sys/syscall.h>
 #include <sys/sysmacros.h>
@@ -37,6 +39,7 @@
 #include "image/host_image.h"
 #include "runtime/container/child_plan.h"
 #include "runtime/sandbox_state.h"
+#include "runtime/container/run_state.h"
 #include "runtime/container/spawner_client.h"
 #include "sys/cgroup.h"
 #include "sys/clone_support.h"
@@ -89,59 +92,23 @@ struct Shared {
   std::unique_ptr<container::Spawner> spawner;
   UniqueFd spawner_exe;
   bool agent_is_spawner = false;  // agent_exe is the spawner's binary: the child needs no exec
-  std::string run_dir;  // <data_dir>/containers/run, root-only: per-sandbox agent socket and state
+  // Live restore: each sandbox's agent socket and init identity (run_state.h), in
+  // opts.run_dir or <data_dir>/containers/run; root-only.
+  std::unique_ptr<container::RunState> runs;
   // User namespaces that map the storage ids to a sandbox range, by range base
   // (see IdmapCache below).
   std::unique_ptr<class IdmapCache> idmaps;
 };
-
-// Live restore. Each sandbox has <run_dir>/<id>/ (0700, root) holding
-// agent.sock, the agent's listening socket (bound here, its fd passed to the
-// agent: the sandbox cannot reach the path), and `state`: the init's host pid
-// and its start time (field 22 of /proc/<pid>/stat), so that a later daemon
-// run adopts the right process and not one that reused the pid.
-std::string sandbox_run_dir(const Shared& sh, const std::string& id) {
-  return sh.run_dir + "/" + id;
-}
-
-void remove_run_dir(const std::string& dir) {
-  for (const char* f : {"/agent.sock", "/state", "/state.tmp"}) (void)::unlink((dir + f).c_str());
-  if (::rmdir(dir.c_str()) != 0 && errno != ENOENT)
-    spdlog::warn("rmdir({}): {}", dir, std::strerror(errno));
-}
-
-// Makes <run_dir>/<id>/ afresh with a listening agent.sock in it; the fd.
-Result<UniqueFd> make_agent_socket(const std::string& dir) {
-  remove_run_dir(dir);  // a stale one of an earlier sandbox with this id
-  if (::mkdir(dir.c_str(), 0700) != 0) return sys_fail("mkdir(" + dir + ")");
-  std::string path = dir + "/agent.sock";
-  sockaddr_un sa{};
-  sa.sun_family = AF_UNIX;
-  UniqueFd dir_fd;
-  if (path.size() >= sizeof(sa.sun_path)) {
-    // A deep data_dir: bind through the directory's fd (clients do the same).
-    dir_fd.reset(::open(dir.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
-    if (!dir_fd) return sys_fail("open(" + dir + ", O_PATH)");
-    path = "/proc/self/fd/" + std::to_string(dir_fd.get()) + "/agent.sock";
-  }
-  std::memcpy(sa.sun_path, path.data(), path.size());
-  UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  if (!fd) return sys_fail("socket(AF_UNIX) for " + path);
-  if (::bind(fd.get(), reinterpret_cast<const sockaddr*>(&sa), sizeof(sa)) != 0)
-    return sys_fail("bind(" + path + ")");
-  if (::listen(fd.get(), 4) != 0) return sys_fail("listen(" + path + ")");
-  return fd;
-}
 
 class ContainerInstance final : public SandboxInstance {
  public:
   ContainerInstance(std::shared_ptr<const Shared> sh, std::string id, sys::Pidfd proc,
                     UniqueFd agent)
       : sh_(std::move(sh)), id_(std::move(id)), proc_(std::move(proc)), agent_(std::move(agent)) {}
-  // Live restore: the run dir exists (create, adopt); `adopted`: a previous
+  // Live restore: the agent's socket (create, adopt); `adopted`: a previous
   // daemon run created it, so its init is not our child.
-  void set_restore(bool has_run_dir, bool adopted) {
-    has_run_dir_ = has_run_dir;
+  void set_restore(std::string address, bool adopted) {
+    address_ = std::move(address);
     adopted_ = adopted;
   }
   ~ContainerInstance() override {
@@ -167,9 +134,7 @@ class ContainerInstance final : public SandboxInstance {
     return sh_->cgroups->oom_kills(id_);
   }
 
-  std::string agent_address() const override {
-    return has_run_dir_ && !destroyed_ ? sandbox_run_dir(*sh_, id_) + "/agent.sock" : std::string();
-  }
+  std::string agent_address() const override { return destroyed_ ? std::string() : address_; }
 
   Result<void> freeze() override {
     if (destroyed_) return fail(Code::kConflict, "sandbox " + id_ + " is destroyed");
@@ -246,7 +211,7 @@ class ContainerInstance final : public SandboxInstance {
       return rm;
     }
     proc_.close();
-    if (has_run_dir_) remove_run_dir(sandbox_run_dir(*sh_, id_));
+    if (!address_.empty()) sh_->runs->remove(id_);
     destroyed_ = true;
     TP_SB_DEBUG(id_, "destroyed");
     return {};
@@ -258,7 +223,7 @@ class ContainerInstance final : public SandboxInstance {
   sys::Pidfd proc_;
   UniqueFd agent_;
   bool destroyed_ = false;
-  bool has_run_dir_ = false;
+  std::string address_;  // the agent's listening socket; "" = none
   bool adopted_ = false;
   bool frozen_ = false;
 };
@@ -439,13 +404,9 @@ class ContainerBackend final : public Backend {
   std::vector<std::string> cleanup_orphans(const std::vector<std::string>& keep) override {
     std::set<std::string> keep_set(keep.begin(), keep.end());
     std::vector<std::string> cleaned;
-    // Run dirs of sandboxes not kept (their cgroups, if any, go below).
-    if (auto runs = sys::real_sys().list_dirs(sh_->run_dir)) {
-      for (const auto& id : *runs) {
-        if (keep_set.contains(id)) continue;
-        remove_run_dir(sandbox_run_dir(*sh_, id));
-      }
-    }
+    // Run state of sandboxes not kept (their cgroups, if any, go below).
+    for (const auto& id : sh_->runs->ids())
+      if (!keep_set.contains(id)) sh_->runs->remove(id);
     for (const auto& id : sh_->cgroups->list()) {
       if (keep_set.contains(id)) continue;
       auto k = sh_->cgroups->kill_all(id);
@@ -536,22 +497,23 @@ Result<std::unique_ptr<SandboxInstance>> ContainerBackend::create_impl(const San
   if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0)
     return sys_fail("socketpair(AF_UNIX, SOCK_STREAM)");
   UniqueFd agent_host(sv[0]), agent_child(sv[1]);
-  // Live restore: <run_dir>/<id>/agent.sock, bound here, where the sandbox cannot
+  // Live restore: <run_dir>/<id>.sock, bound here, where the sandbox cannot
   // reach it; the agent gets the fd.
-  const std::string run_dir = sandbox_run_dir(*sh_, spec.id);
-  auto listen_made = make_agent_socket(run_dir);
+  const container::RunState& runs = *sh_->runs;
+  auto listen_made = runs.make_socket(spec.id);
   if (!listen_made) {
-    remove_run_dir(run_dir);
+    runs.remove(spec.id);
     return std::unexpected(listen_made.error());
   }
   UniqueFd listen_sock = std::move(*listen_made);
-  struct RunDirOwner {
-    const std::string& dir;
+  struct RunStateOwner {
+    const container::RunState& runs;
+    const std::string& id;
     bool owned = true;
-    ~RunDirOwner() {
-      if (owned) remove_run_dir(dir);
+    ~RunStateOwner() {
+      if (owned) runs.remove(id);
     }
-  } run_dir_owner{run_dir};
+  } run_state_owner{runs, spec.id};
 
   // The limits are written while the child sets up its root (below): it runs only
   // our setup code and the idle agent until create() returns.
@@ -680,24 +642,24 @@ Result<std::unique_ptr<SandboxInstance>> ContainerBackend::create_impl(const San
                                  std::string(si.si_code == CLD_EXITED ? "status " : "signal ") +
                                  std::to_string(si.si_status) + ")"});
   }
-  // Live restore: the state file next to the agent's socket.
-  if (auto r = write_state(run_dir, pid); !r) return abort_child(r.error());
-  run_dir_owner.owned = false;
+  // Live restore: who the init is, recorded on its agent's socket.
+  if (auto r = runs.record(spec.id, pid); !r) return abort_child(r.error());
+  run_state_owner.owned = false;
   cgroup_owned = false;
   TP_SB_DEBUG(spec.id, "started, pid {}, host uids {}..{}", pid, base, base + sys::kIdMapCount - 1);
   auto inst =
       std::make_unique<ContainerInstance>(sh_, spec.id, std::move(proc), std::move(agent_host));
-  inst->set_restore(true, false);
+  inst->set_restore(runs.socket_path(spec.id), false);
   return inst;
 }
 
 Result<std::unique_ptr<SandboxInstance>> ContainerBackend::adopt_impl(const SandboxSpec& spec) {
   if (!valid_sandbox_name(spec.id))
     return fail(Code::kInvalidArgument, "invalid sandbox id '" + spec.id + "'");
-  const std::string dir = sandbox_run_dir(*sh_, spec.id);
-  auto st = read_state(dir);
+  // Either layout: adopt() does not care which version made the sandbox.
+  auto st = sh_->runs->find(spec.id);
   if (!st) return std::unexpected(st.error());
-  auto opened = open_saved(*st);
+  auto opened = open_saved(SavedState{st->pid, st->start});
   if (!opened)
     return fail(Code::kNotFound,
                 "init of sandbox " + spec.id + " (pid " + std::to_string(st->pid) + ") is gone");
@@ -707,9 +669,6 @@ Result<std::unique_ptr<SandboxInstance>> ContainerBackend::adopt_impl(const Sand
     if (::stat(d.c_str(), &cs) != 0 || !S_ISDIR(cs.st_mode))
       return fail(Code::kNotFound, "cgroup " + d + " of sandbox " + spec.id + " is missing");
   }
-  struct stat ss {};
-  if (::lstat((dir + "/agent.sock").c_str(), &ss) != 0 || !S_ISSOCK(ss.st_mode))
-    return fail(Code::kNotFound, "agent socket of sandbox " + spec.id + " is missing");
   // Paused when the previous daemon left it: its agent must run to be reached
   // again (the node pauses it again if its job's lease still says so).
   if (auto frozen = sys::is_frozen(sys::real_sys(), *sh_->cgroups, spec.id); frozen && *frozen) {
@@ -718,7 +677,7 @@ Result<std::unique_ptr<SandboxInstance>> ContainerBackend::adopt_impl(const Sand
   }
   TP_SB_INFO(spec.id, "adopted, pid {}", st->pid);
   auto inst = std::make_unique<ContainerInstance>(sh_, spec.id, std::move(proc), UniqueFd());
-  inst->set_restore(true, true);
+  inst->set_restore(st->socket, true);
   return inst;
 }
 
@@ -821,6 +780,15 @@ Result<void> check_traversable(const std::string& path) {
 
 }  // namespace
 
+std::string default_run_dir(const std::string& cgroup_name) {
+  struct statfs fs {};
+  if (::statfs("/run", &fs) != 0 || fs.f_type != TMPFS_MAGIC) return {};
+  if (::mkdir("/run/tidepool", 0755) != 0 && errno != EEXIST) return {};
+  struct stat st {};
+  if (::lstat("/run/tidepool", &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != 0) return {};
+  return "/run/tidepool/" + cgroup_name;
+}
+
 Result<std::unique_ptr<Backend>> make_container_backend(const ContainerOptions& opts) {
   if (opts.data_dir.empty() || opts.data_dir[0] != '/')
     return fail(Code::kInvalidArgument, "data_dir must be an absolute path");
@@ -838,8 +806,17 @@ Result<std::unique_ptr<Backend>> make_container_backend(const ContainerOptions& 
     if (::mkdir(d.c_str(), 0755) != 0 && errno != EEXIST) return sys_fail("mkdir(" + d + ")");
   }
   // Root only: the agents' sockets are the daemon's way in, not the sandboxes'.
-  sh->run_dir = dd + "/containers/run";
-  TP_TRY(ensure_node(sh->run_dir, S_IFDIR, 0700, 0));
+  std::string run_dir = opts.run_dir.empty() ? dd + "/containers/run" : opts.run_dir;
+  while (run_dir.size() > 1 && run_dir.back() == '/') run_dir.pop_back();
+  if (run_dir.empty() || run_dir[0] != '/')
+    return fail(Code::kInvalidArgument, "run_dir must be an absolute path");
+  TP_TRY(ensure_node(run_dir, S_IFDIR, 0700, 0));
+  // Sandboxes of a run that used the data dir's run dir are still found there.
+  std::vector<std::string> earlier;
+  if (const std::string old = dd + "/containers/run";
+      old != run_dir && ::access(old.c_str(), F_OK) == 0)
+    earlier.push_back(old);
+  sh->runs = std::make_unique<container::RunState>(run_dir, std::move(earlier));
 
   sh->agent_exe.reset(::open(opts.agent_path.c_str(), O_PATH | O_CLOEXEC));
   if (!sh->agent_exe) return sys_fail("open(" + opts.agent_path + ", O_PATH)");

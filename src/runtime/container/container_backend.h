@@ -41,12 +41,12 @@
 // and exec'd with execveat(AT_EMPTY_PATH). It runs as PID 1 with argv
 // `tp-agent --fd 3 --cgroup-fd 4 --listen-fd 5`, fd 3 being its end of a
 // socketpair (agent_fd() is ours), fd 5 a unix socket listening at
-// <data_dir>/containers/run/<id>/agent.sock (a root-only directory, also
-// holding the init's pid and start time for adopt()) where a restarted daemon
-// connects again (agent_address()), stdin/stdout/stderr on /dev/null, environment = spec.env plus
-// PATH and HOME defaults. Setup failures in the child come back through a CLOEXEC pipe as (step,
-// errno), so create() returns e.g. "mount(overlay, .../root, lowerdir=...): ..." after unwinding
-// everything. Cgroup delegation: the sandbox's cgroup directory (v2; v1: the freezer one,
+// <run_dir>/<id>.sock (a root-only directory, ContainerOptions::run_dir; the
+// socket's xattr holds the init's pid and start time for adopt(): run_state.h) where a restarted
+// daemon connects again (agent_address()), stdin/stdout/stderr on /dev/null, environment = spec.env
+// plus PATH and HOME defaults. Setup failures in the child come back through a CLOEXEC pipe as
+// (step, errno), so create() returns e.g. "mount(overlay, .../root, lowerdir=...): ..." after
+// unwinding everything. Cgroup delegation: the sandbox's cgroup directory (v2; v1: the freezer one,
 // CgroupManager::delegated_dir) and the files a delegatee writes are chowned to
 // the sandbox's root, and the agent gets an O_DIRECTORY fd of it as fd 4 with
 // `--cgroup-fd 4`: it makes one cgroup per command there (src/agent/
@@ -112,6 +112,9 @@ struct ContainerOptions {
   // When it is the agent binary itself, a sandbox's init goes on as the agent
   // without an exec; otherwise (tests with a stand-in agent) it execs agent_path.
   std::string spawner_path;
+  // Live restore's run dir: each sandbox's agent socket and init (run_state.h).
+  // Root-only; made if missing (not its parents). Empty: <data_dir>/containers/run.
+  std::string run_dir;
   // How long the spawner may take for its share of a start (clone, id maps) before
   // it counts as wedged: it is killed and replaced, and that create fails.
   unsigned spawner_timeout_ms = 10000;
@@ -130,6 +133,12 @@ struct ContainerOptions {
   // Layer digest -> lower directory (the image store); unset = only the `host` image.
   std::shared_ptr<image::LayerResolver> layers;
 };
+
+// The run dir a daemon uses by default: /run/tidepool/<cgroup_name> when /run is a
+// tmpfs (each sandbox's socket is then made and removed in memory, not on the data
+// dir's file system), else "" (<data_dir>/containers/run). Makes /run/tidepool
+// (root, 0755) when it picks it.
+std::string default_run_dir(const std::string& cgroup_name);
 
 // Checks the host (cgroup layout, agent binary, data_dir permissions), builds
 // the `host` image skeleton if needed and compiles the seccomp filter.
