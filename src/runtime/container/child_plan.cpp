@@ -29,8 +29,12 @@ const UserNsLimit kUserNsLimits[] = {{"max_inotify_instances", "32"},
 // Pseudo-terminals per sandbox: every devpts instance draws on the host-wide
 // kernel.pty.max (kernel.pty.reserve keeps a share for the host's own instance).
 const int kPtyMax = 64;
-const char* const kMaskedProcDirs[] = {"acpi", "scsi", "asound", "firmware", nullptr};
-const char* const kReadOnlyProcDirs[] = {"bus", "fs", "irq", "sys", nullptr};
+// bus, fs and irq were read-only binds of themselves (two mount calls each); hidden,
+// they cost one and show less of the host (its PCI and input devices, its file
+// systems' and IRQs' settings). /proc/sys stays visible, read-only.
+const char* const kMaskedProcDirs[] = {"acpi", "scsi", "asound", "firmware",
+                                       "bus",  "fs",   "irq",    nullptr};
+const char* const kReadOnlyProcDirs[] = {"sys", nullptr};
 
 namespace {
 
@@ -287,8 +291,12 @@ void build_root_ops(const RootRecipe& r, ChildPlan* p) {
                true);
   for (const auto& f : r.masked_proc_files)
     p->mount(null_dev, proc + "/" + f, "", MS_BIND, "", true);
+  // One bind each of the empty directory, without a read-only remount: it is owned by
+  // host root (an id no sandbox maps) with mode 0555, so no sandbox id may create,
+  // change or chmod anything in it whatever the mount's flags, and a sandbox cannot
+  // remount or unmount (seccomp refuses the mount API; the binds below it too).
   for (const auto& d : r.masked_proc_dirs)
-    p->bind_ro(r.empty_dir, proc + "/" + d, MS_NOEXEC | r.prep_locked, true);
+    p->mount(r.empty_dir, proc + "/" + d, "", MS_BIND, "", true);
 
   if (!r.dev_dir.empty()) {
     // /dev: one read-only bind of the prepared directory (not nodev: its nodes must work).
