@@ -23,9 +23,14 @@ namespace {
 
 namespace raw = tp::sys::raw;
 
-// Static, so that an idle spawner owns no pages of a past request (they are dropped
-// after each one) and a child reads its plan where the spawner decoded it.
-alignas(4096) char g_msg[kMaxMessage];
+// Requests up to this size (all but those with huge environments) are read here:
+// static and small, beside the rest of the binary's data, so that a child's page
+// tables cover it with those (a 4 MiB buffer there cost every agent two more page
+// table pages). Larger ones get a mapping of their own, unmapped after. Either way
+// an idle spawner owns no page of a past request, and a child reads its plan where
+// the spawner decoded it.
+constexpr size_t kSmallMessage = 64u << 10;
+alignas(4096) char g_small[kSmallMessage];
 Decoded g_dec;
 
 void log_line(const char* what, const char* detail = "") {
@@ -54,10 +59,11 @@ bool write_text(const char* path, const char* text) {
 
 // One request: clone, maps, release. Every outcome ends in a record on the error
 // pipe (or, for a request too broken to name one, in the EOF the caller's close gives).
-void serve(int sock, size_t len, const int* fds, uint32_t nfds, AgentMain agent_main) {
+void serve(int sock, const char* msg, size_t len, const int* fds, uint32_t nfds,
+           AgentMain agent_main) {
   const char* why = "";
   int err_fd = -1;
-  if (!decode(g_msg, len, fds, nfds, &g_dec, &why, &err_fd)) {
+  if (!decode(msg, len, fds, nfds, &g_dec, &why, &err_fd)) {
     report(err_fd, kStepRejected, EINVAL);
     log_line("request refused: ", why);
     return;
@@ -172,20 +178,41 @@ int spawner_main(int argc, char** argv, AgentMain agent_main) {
   if (::send(sock, "R", 1, MSG_NOSIGNAL) != 1) return 1;
 
   alignas(cmsghdr) static char control[CMSG_SPACE(kMaxFds * sizeof(int))];
+  const auto page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
   for (;;) {
-    iovec iov{g_msg, sizeof g_msg};
+    // The length first (a SEQPACKET peek with MSG_TRUNC tells the whole message's).
+    ssize_t want = ::recv(sock, nullptr, 0, MSG_PEEK | MSG_TRUNC);
+    if (want < 0 && errno == EINTR) continue;
+    if (want < 0) {
+      log_line("recv: ", std::strerror(errno));
+      return 1;
+    }
+    if (want == 0) return 0;  // the daemon is gone; our sandboxes are not our children
+    char* buf = g_small;
+    size_t cap = sizeof g_small;
+    void* big = nullptr;
+    if (static_cast<size_t>(want) > cap) {
+      cap = (std::min(static_cast<size_t>(want), kMaxMessage) + page - 1) / page * page;
+      big = ::mmap(nullptr, cap, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      if (big == MAP_FAILED) {
+        big = nullptr;
+        cap = sizeof g_small;  // read what fits: decode() refuses the rest
+      } else {
+        buf = static_cast<char*>(big);
+      }
+    }
+    iovec iov{buf, cap};
     msghdr mh{};
     mh.msg_iov = &iov;
     mh.msg_iovlen = 1;
     mh.msg_control = control;
     mh.msg_controllen = sizeof control;
     ssize_t n = ::recvmsg(sock, &mh, MSG_CMSG_CLOEXEC);
-    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && errno == EINTR) n = 0;  // nothing consumed: peek again
     if (n < 0) {
       log_line("recvmsg: ", std::strerror(errno));
       return 1;
     }
-    if (n == 0) return 0;  // the daemon is gone; our sandboxes are not our children
     int fds[kMaxFds];
     uint32_t nfds = 0;
     for (cmsghdr* c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c)) {
@@ -195,10 +222,12 @@ int spawner_main(int argc, char** argv, AgentMain agent_main) {
         std::memcpy(&fds[nfds++], CMSG_DATA(c) + i * sizeof(int), sizeof(int));
     }
     // A truncated message or descriptor list fails decode() (sizes, counts).
-    serve(sock, static_cast<size_t>(n), fds, nfds, agent_main);
+    if (n > 0) serve(sock, buf, static_cast<size_t>(n), fds, nfds, agent_main);
     for (uint32_t i = 0; i < nfds; ++i) ::close(fds[i]);
-    const auto page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
-    ::madvise(g_msg, (static_cast<size_t>(n) + page - 1) / page * page, MADV_DONTNEED);
+    if (big)
+      ::munmap(big, cap);  // its page tables go too
+    else if (n > 0)
+      ::madvise(g_small, (static_cast<size_t>(n) + page - 1) / page * page, MADV_DONTNEED);
   }
 }
 
