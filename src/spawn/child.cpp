@@ -177,6 +177,8 @@ void run_child(const ExecPlan& p) {
   int err_fd = p.err_wr;
   for (int fd : p.drop_first)
     if (fd >= 0) raw::call(SYS_close, fd);
+  // The sandbox's init from its first instruction on, not a second tp-spawner.
+  raw::call(SYS_prctl, PR_SET_NAME, "tp-agent", 0, 0, 0);
   for (uint32_t i = 0; i < p.n_ops; ++i) {
     const Op& op = p.ops[i];
     long r = run_op(op, p);
@@ -253,7 +255,6 @@ void run_child(const ExecPlan& p) {
   raw::call(SYS_close, err_fd);
   // The agent is this same binary, its libc already initialised by the spawner:
   // only its own start-up is left.
-  raw::call(SYS_prctl, PR_SET_NAME, "tp-agent", 0, 0, 0);
   refresh_canary();
   environ = const_cast<char**>(p.envp);
   int argc = 0;
