@@ -482,7 +482,13 @@ Result<void> CgroupManager::kill_all(const std::string& id) {
 
 Result<void> CgroupManager::remove(const std::string& id, int busy_polls) {
   for (const auto& top : dirs(id)) {
-    // The agent's command cgroups (normally removed by the agent itself) go first.
+    // Only the delegated hierarchy has sub-cgroups (the agent's command cgroups):
+    // elsewhere one rmdir does it, without listing the directory first.
+    auto first = sys_.rmdir(top);
+    if (first || first.error().sys_errno == ENOENT) continue;
+    const int e = first.error().sys_errno;
+    if (e != EBUSY && e != ENOTEMPTY) return first;
+    // The command cgroups go first.
     auto all = subtree(top);
     for (auto d = all.rbegin(); d != all.rend(); ++d) {
       for (int i = 0;; ++i) {

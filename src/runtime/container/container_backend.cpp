@@ -176,11 +176,19 @@ class ContainerInstance final : public SandboxInstance {
     // PID 1 dying makes the kernel kill the whole pid namespace.
     TP_TRY(proc_.signal(SIGKILL));
     // v1: a command cgroup the agent froze for a kill (and was killed before
-    // thawing) would keep its tasks, and so PID 1's exit, from completing.
+    // thawing) would keep its tasks, and so PID 1's exit, from completing. Waited
+    // for on the pidfd (it wakes at the exit, not at the next poll interval); the
+    // command cgroups are thawed only when PID 1 did not go at once.
     const bool v1 = sh_->cgroups->layout().version == sys::CgroupVersion::kV1;
-    for (int i = 0; v1 && i < 2000 && !proc_.exited(); ++i) {
+    auto wait_exit = [&](int ms) {
+      pollfd pfd{proc_.fd(), POLLIN, 0};
+      while (::poll(&pfd, 1, ms) < 0 && errno == EINTR) {
+      }
+    };
+    if (v1) wait_exit(5);
+    for (int i = 0; v1 && i < 220 && !proc_.exited(); ++i) {  // ~2 s, then reap() blocks
       sh_->cgroups->thaw_subtree(id_);
-      if (!proc_.exited()) ::usleep(i < 20 ? 100 : 1000);
+      wait_exit(i < 20 ? 1 : 10);
     }
     if (adopted_) {
       // Not our child (its parent is whoever took it when the daemon that
