@@ -78,10 +78,6 @@ long run_op(const Op& op, const ExecPlan& p) {
       long w = raw::call(SYS_write, p.err_wr, &hello, sizeof hello);
       return w < 0 ? w : 0;
     }
-    case OpKind::kEnterCgroup: {
-      long w = raw::call(SYS_write, op.fd, "0", 1);
-      return w < 0 ? w : (w == 1 ? 0 : -EIO);
-    }
     case OpKind::kWaitSync: {
       char b;
       long n;
@@ -150,10 +146,58 @@ long run_op(const Op& op, const ExecPlan& p) {
       raw::call(SYS_close, fd);
       return w < 0 ? w : (static_cast<size_t>(w) == n ? 0 : -EIO);
     }
+    case OpKind::kRecvSetup:  // run_child's own (it keeps descriptors)
     case OpKind::kCount:
       break;
   }
   return -EINVAL;
+}
+
+// kRecvSetup (plan.h): reads the daemon's setup message, joins the cgroups it names
+// and keeps the descriptors meant for the agent in *cgroup_fd and *listen_fd.
+// Returns 0, or -errno with *failed_step set.
+long recv_setup(const Op& op, int sock, int* cgroup_fd, int* listen_fd, uint32_t* failed_step) {
+  *failed_step = op.step;
+  const uint32_t entries = op.mode;
+  const uint32_t want =
+      entries + ((op.flags & kSetupCgroupDir) ? 1 : 0) + ((op.flags & kSetupListen) ? 1 : 0);
+  if (want > kMaxSetupFds) return -E2BIG;
+  char magic[sizeof kSetupMagic];
+  alignas(cmsghdr) char control[CMSG_SPACE(kMaxSetupFds * sizeof(int))];
+  iovec iov{magic, sizeof magic};
+  msghdr mh{};
+  mh.msg_iov = &iov;
+  mh.msg_iovlen = 1;
+  mh.msg_control = control;
+  mh.msg_controllen = sizeof control;
+  long n;
+  do n = raw::call(SYS_recvmsg, sock, &mh, MSG_CMSG_CLOEXEC | MSG_WAITALL);
+  while (n == -EINTR);
+  if (n < 0) return n;
+  if (n == 0) raw::exit_now(126);  // the daemon gave up on this sandbox; it reaps us
+  int fds[kMaxSetupFds];
+  uint32_t got = 0;
+  for (cmsghdr* c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c)) {
+    if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+    const size_t k = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+    for (size_t i = 0; i < k && got < kMaxSetupFds; ++i)
+      __builtin_memcpy(&fds[got++], CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+  }
+  bool same = n == sizeof magic && got == want && !(mh.msg_flags & MSG_CTRUNC);
+  for (size_t i = 0; same && i < sizeof magic; ++i) same = magic[i] == kSetupMagic[i];
+  if (!same) return -EPROTO;
+  for (uint32_t i = 0; i < entries; ++i) {
+    long w = raw::call(SYS_write, fds[i], "0", 1);
+    raw::call(SYS_close, fds[i]);
+    if (w != 1) {
+      *failed_step = op.step + 1 + i;
+      return w < 0 ? w : -EIO;
+    }
+  }
+  uint32_t next = entries;
+  if (op.flags & kSetupCgroupDir) *cgroup_fd = fds[next++];
+  if (op.flags & kSetupListen) *listen_fd = fds[next++];
+  return 0;
 }
 
 // A fresh stack-protector canary for this sandbox's agent: a forked child would
@@ -179,8 +223,16 @@ void run_child(const ExecPlan& p) {
     if (fd >= 0) raw::call(SYS_close, fd);
   // The sandbox's init from its first instruction on, not a second tp-spawner.
   raw::call(SYS_prctl, PR_SET_NAME, "tp-agent", 0, 0, 0);
+  // The agent's fd 4 and 5: named by the request or, later, by the setup message.
+  int cgroup_fd = p.cgroup_fd, listen_fd = p.agent_listen;
   for (uint32_t i = 0; i < p.n_ops; ++i) {
     const Op& op = p.ops[i];
+    if (op.kind == OpKind::kRecvSetup) {
+      uint32_t step = op.step;
+      long r = recv_setup(op, p.agent_child, &cgroup_fd, &listen_fd, &step);
+      if (r < 0) die(err_fd, step, r);
+      continue;
+    }
     long r = run_op(op, p);
     if (r < 0 && !(op.ignore_missing && r == -ENOENT)) die(err_fd, op.step, r);
   }
@@ -190,10 +242,9 @@ void run_child(const ExecPlan& p) {
   long exe = exec ? raw::call(SYS_fcntl, p.exe_fd, F_DUPFD_CLOEXEC, 10) : 0;
   long err = raw::call(SYS_fcntl, err_fd, F_DUPFD_CLOEXEC, 10);
   long agent = raw::call(SYS_fcntl, p.agent_child, F_DUPFD_CLOEXEC, 10);
-  long cg = p.cgroup_fd >= 0 ? raw::call(SYS_fcntl, p.cgroup_fd, F_DUPFD_CLOEXEC, 10) : 0;
-  long listen =
-      p.agent_listen >= 0 ? raw::call(SYS_fcntl, p.agent_listen, F_DUPFD_CLOEXEC, 10) : -1;
-  if (p.agent_listen >= 0 && listen < 0) die(err_fd, e + kDupFds, listen);
+  long cg = cgroup_fd >= 0 ? raw::call(SYS_fcntl, cgroup_fd, F_DUPFD_CLOEXEC, 10) : 0;
+  long listen = listen_fd >= 0 ? raw::call(SYS_fcntl, listen_fd, F_DUPFD_CLOEXEC, 10) : -1;
+  if (listen_fd >= 0 && listen < 0) die(err_fd, e + kDupFds, listen);
   long log = p.log_fd >= 0 ? raw::call(SYS_fcntl, p.log_fd, F_DUPFD_CLOEXEC, 10) : -1;
   if (p.log_fd >= 0 && log < 0) die(err_fd, e + kDupFds, log);
   if (err >= 0) err_fd = static_cast<int>(err);
@@ -214,8 +265,8 @@ void run_child(const ExecPlan& p) {
   long r = raw::call(SYS_dup3, agent, 3, 0);
   if (r < 0) die(err_fd, e + kAgentFd, r);
   // The agent makes 4 and 5 CLOEXEC at once, so no command ever gets them.
-  r = p.cgroup_fd >= 0 ? raw::call(SYS_dup3, cg, 4, 0) : raw::call(SYS_close, 4);
-  if (r < 0 && p.cgroup_fd >= 0) die(err_fd, e + kCgroupFd, r);
+  r = cgroup_fd >= 0 ? raw::call(SYS_dup3, cg, 4, 0) : raw::call(SYS_close, 4);
+  if (r < 0 && cgroup_fd >= 0) die(err_fd, e + kCgroupFd, r);
   r = listen >= 0 ? raw::call(SYS_dup3, listen, 5, 0) : raw::call(SYS_close, 5);
   if (r < 0 && listen >= 0) die(err_fd, e + kAgentFd, r);
   if (exec) {

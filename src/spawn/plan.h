@@ -26,7 +26,7 @@ namespace tp::spawn {
 
 enum class OpKind : uint8_t {
   kHello,         // write {kStepHello, host pid} on the error pipe (pid read from /proc/self)
-  kEnterCgroup,   // write "0" to fd (a cgroup's tasks/cgroup.procs file opened by root): move in
+  kRecvSetup,     // read the daemon's setup message from the agent socket (SetupMessage below)
   kWaitSync,      // block until the spawner wrote the id maps (one byte) on the sync pipe
   kBecomeRoot,    // setresgid(0), setgroups(0), setresuid(0) inside the new user ns
   kUnshare,       // unshare(flags)
@@ -57,8 +57,21 @@ struct Op {
   const char* c = nullptr;
   const char* d = nullptr;
   uint32_t step = 0;  // index into the daemon's step descriptions
-  int fd = -1;        // kMoveMount, kEnterCgroup: an fd the child inherited
+  int fd = -1;        // kMoveMount: an fd the child inherited
 };
+
+// kRecvSetup: what the daemon makes while the spawner clones (so that its work and
+// the clone overlap) arrives as the first bytes on the agent socket: kSetupMagic,
+// with descriptors attached (SCM_RIGHTS): Op::mode cgroup files the child writes
+// "0" to, to move itself in (v1 each hierarchy's `tasks`, v2 `cgroup.procs`;
+// opened by the daemon as root: the kernel checks the opener) and closes; then,
+// when Op::flags has kSetupCgroupDir, the delegated cgroup directory (the agent's
+// fd 4); then, with kSetupListen, the agent's listening socket (its fd 5). A failed
+// write of entry i is reported as step Op::step + 1 + i. EOF instead of the message:
+// the daemon gave up; the child exits.
+inline constexpr char kSetupMagic[4] = {'T', 'P', 'S', 'U'};
+inline constexpr unsigned long kSetupCgroupDir = 1, kSetupListen = 2;
+inline constexpr uint32_t kMaxSetupFds = 16;
 
 // A record on the error pipe (see above).
 struct ChildFailure {

@@ -85,9 +85,8 @@ Shape shape_of(OpKind k) {
     case OpKind::kSetRlimit:
     case OpKind::kSchedIdle:
     case OpKind::kSetIds:
+    case OpKind::kRecvSetup:
       return {false, false, false, false, false};
-    case OpKind::kEnterCgroup:
-      return {false, false, false, false, true};
     case OpKind::kSethostname:
     case OpKind::kMkdir:
     case OpKind::kTouch:

@@ -40,7 +40,7 @@ inline constexpr uint32_t kNoString = 0xffffffffu;
 uint64_t allowed_clone_flags();
 
 // What the daemon asks for. Op::fd holds a slot (index into `fds`) for
-// kMoveMount and kEnterCgroup, -1 otherwise; the *_slot fields likewise.
+// kMoveMount, -1 otherwise; the *_slot fields likewise.
 struct Request {
   std::vector<Op> ops, limits;
   std::vector<std::string> argv, envp;

@@ -235,12 +235,16 @@ void build_root_ops(const RootRecipe& r, ChildPlan* p) {
   const std::string root = m + "/root";
   // Before anything can block: the daemon learns our pid even if the spawner dies.
   p->simple(OpKind::kHello, "readlink(/proc/self) + write(error pipe)");
-  for (const auto& [fd, path] : r.cgroup_entries) {
-    Op op{OpKind::kEnterCgroup};
-    op.fd = fd;
-    op.step = p->step("write(" + path + ", \"0\")");
-    p->ops.push_back(op);
-  }
+  // The daemon makes the cgroups (and the agent's listening socket) while the
+  // spawner clones: they arrive on the agent socket, and the child joins them before
+  // anything else happens in it.
+  Op setup{OpKind::kRecvSetup};
+  setup.mode = static_cast<uint32_t>(r.cgroup_entries.size());
+  setup.flags = (r.setup_cgroup_dir ? spawn::kSetupCgroupDir : 0) |
+                (r.setup_listen ? spawn::kSetupListen : 0);
+  setup.step = p->step("recvmsg(agent socket): the daemon's setup message");
+  for (const auto& path : r.cgroup_entries) p->step("write(" + path + ", \"0\")");
+  p->ops.push_back(setup);
   p->simple(OpKind::kWaitSync, "read(sync pipe)");
   p->simple(OpKind::kBecomeRoot, "setresgid/setgroups/setresuid(0) in the user namespace");
   // /proc/sys/user resolves to the writer's user namespace: these are the sandbox's own.

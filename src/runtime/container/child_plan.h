@@ -99,12 +99,13 @@ std::optional<Error> read_child_failure(int err_rd, const ChildPlan& plan,
 // Inputs for the standard sandbox recipe.
 struct RootRecipe {
   std::string id;  // hostname
-  // The sandbox's cgroups: for each, a descriptor of the file the child writes "0"
-  // to, first thing, to move itself in (v1: each hierarchy's tasks file, which moves
-  // only the writer without the global threadgroup lock a pid write takes; v2:
-  // cgroup.procs), and its path for messages. Opened by the daemon (as root: the
-  // kernel checks the opener's credentials).
-  std::vector<std::pair<int, std::string>> cgroup_entries;
+  // The sandbox's cgroups: the files the child writes "0" to, to move itself in
+  // (v1: each hierarchy's tasks file, which moves only the writer without the global
+  // threadgroup lock a pid write takes; v2: cgroup.procs), in the order the daemon's
+  // setup message (spawn/plan.h, kRecvSetup) carries them; paths for messages.
+  std::vector<std::string> cgroup_entries;
+  // The setup message also carries the delegated cgroup directory / the listening socket.
+  bool setup_cgroup_dir = false, setup_listen = false;
   std::string mnt_dir;  // empty host dir the sandbox tmpfs is mounted on (inside the child's ns)
   std::vector<std::string> lowers;  // overlay lower dirs, top first
   // When not empty (one per lower): detached idmapped mounts of the lowers

@@ -391,6 +391,30 @@ class IdmapCache {
   std::unordered_map<uint32_t, std::list<Entry>::iterator> by_base_;
 };
 
+// The daemon's setup message on the agent socket (spawn/plan.h, kRecvSetup).
+Result<void> send_setup(int sock, const std::vector<int>& fds) {
+  if (fds.size() > spawn::kMaxSetupFds)
+    return fail(Code::kInternal, "setup message: too many descriptors");
+  char control[CMSG_SPACE(spawn::kMaxSetupFds * sizeof(int))] = {};
+  iovec iov{const_cast<char*>(spawn::kSetupMagic), sizeof spawn::kSetupMagic};
+  msghdr mh{};
+  mh.msg_iov = &iov;
+  mh.msg_iovlen = 1;
+  mh.msg_control = control;
+  mh.msg_controllen = CMSG_SPACE(fds.size() * sizeof(int));
+  cmsghdr* cm = CMSG_FIRSTHDR(&mh);
+  cm->cmsg_level = SOL_SOCKET;
+  cm->cmsg_type = SCM_RIGHTS;
+  cm->cmsg_len = CMSG_LEN(fds.size() * sizeof(int));
+  std::memcpy(CMSG_DATA(cm), fds.data(), fds.size() * sizeof(int));
+  ssize_t n;
+  do n = ::sendmsg(sock, &mh, MSG_NOSIGNAL);
+  while (n < 0 && errno == EINTR);
+  if (n != static_cast<ssize_t>(sizeof spawn::kSetupMagic))
+    return sys_fail("sendmsg(agent socket, setup message)", n < 0 ? errno : EIO);
+  return {};
+}
+
 class ContainerBackend final : public Backend {
  public:
   explicit ContainerBackend(std::shared_ptr<Shared> sh) : sh_(std::move(sh)) {}
@@ -505,13 +529,70 @@ Result<std::unique_ptr<SandboxInstance>> ContainerBackend::create_impl(const San
   if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0)
     return sys_fail("socketpair(AF_UNIX, SOCK_STREAM)");
   UniqueFd agent_host(sv[0]), agent_child(sv[1]);
+
+  // The plan goes to the spawner first; what the daemon makes meanwhile (cgroups,
+  // the agent's listening socket) follows on the agent socket (kRecvSetup), so that
+  // the daemon's share and the clone overlap.
+  const std::string cg_dir = sh_->cgroups->delegated_dir(spec.id);
+  recipe.cgroup_entries = sh_->cgroups->entry_files(spec.id);
+  recipe.setup_cgroup_dir = !cg_dir.empty();
+  recipe.setup_listen = true;
+  ChildPlan plan;
+  container::build_root_ops(recipe, &plan);
+  // Set by the child itself: the spawner's prlimit() would need CAP_SYS_RESOURCE
+  // over a process whose euid (the sandbox's root) differs from its own.
+  plan.set_rlimit(RLIMIT_NOFILE, "RLIMIT_NOFILE", spec.nofile);
+  plan.set_rlimit(RLIMIT_CORE, "RLIMIT_CORE", 0);
+  if (spec.best_effort) plan.sched_idle();
+  plan.finish();
+  plan.seccomp = spec.nested_isolation ? sh_->seccomp_nested.get() : sh_->seccomp.get();
+  // The agent is the spawner's own binary (the child goes on as it, no exec) unless
+  // the backend was given another one.
+  plan.exe_fd = sh_->agent_is_spawner ? -1 : sh_->agent_exe.get();
+  for (const char* a : {"tp-agent", "--fd", "3"}) plan.argv.push_back(plan.keep(a));
+  // The agent's cgroup fd; the child places it at fd 4.
+  if (!cg_dir.empty())
+    for (const char* a : {"--cgroup-fd", "4"}) plan.argv.push_back(plan.keep(a));
+  // Live restore: the agent's listening socket, fd 5 in the agent.
+  for (const char* a : {"--listen-fd", "5"}) plan.argv.push_back(plan.keep(a));
+  std::map<std::string, std::string> env = spec.env;
+  env.try_emplace("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin");
+  env.try_emplace("HOME", "/root");
+  for (const auto& [k, v] : env) plan.envp.push_back(plan.keep(k + "=" + v));
+  plan.agent_child = agent_child.get();
+
+  spawn::Request req = plan.to_request();
+  req.clone_flags = kNamespaces;
+  // The user namespace is owned by the sandbox's root, `base`: the kernel charges a
+  // namespace's per-user counters (inotify instances and watches, POSIX mqueue
+  // bytes, pending signals, processes) to its owner in the parent namespace too;
+  // owned by host root, every sandbox drew on host root's budget (one sandbox
+  // holding 128 inotify instances left systemd and the daemon with none).
+  req.owner_uid = base;
+  req.uid_map = req.gid_map = sys::id_map_text(base);
+  auto started = sh_->spawner->send(std::move(req));
+  // The spawner has its own copies now (or none will be needed).
+  agent_child.reset();
+  lower_fds.clear();
+  if (!started) return std::unexpected(started.error());
+  // From here on a failure must collect the child (if the spawner made one): the
+  // closed agent socket tells it to give up, finish() reaps it.
+  auto give_up = [&](Error err) -> Result<std::unique_ptr<SandboxInstance>> {
+    agent_host.reset();
+    if (auto child = started->finish(plan.steps)) {
+      (void)child->signal(SIGKILL);
+      (void)child->reap();
+    }
+    return std::unexpected(std::move(err));
+  };
+
   // Live restore: <run_dir>/<id>.sock, bound here, where the sandbox cannot
   // reach it; the agent gets the fd.
   const container::RunState& runs = *sh_->runs;
   auto listen_made = runs.make_socket(spec.id);
   if (!listen_made) {
     runs.remove(spec.id);
-    return std::unexpected(listen_made.error());
+    return give_up(listen_made.error());
   }
   UniqueFd listen_sock = std::move(*listen_made);
   struct RunStateOwner {
@@ -525,7 +606,7 @@ Result<std::unique_ptr<SandboxInstance>> ContainerBackend::create_impl(const San
 
   // The limits are written while the child sets up its root (below): it runs only
   // our setup code and the idle agent until create() returns.
-  TP_TRY(sh_->cgroups->make_dirs(spec.id));
+  if (auto m = sh_->cgroups->make_dirs(spec.id); !m) return give_up(m.error());
   bool cgroup_owned = true;
   auto drop_cgroup = [&] {
     if (!cgroup_owned) return;
@@ -533,11 +614,15 @@ Result<std::unique_ptr<SandboxInstance>> ContainerBackend::create_impl(const San
     if (auto r = sh_->cgroups->remove(spec.id); !r)
       TP_SB_ERROR(spec.id, "unwind: {}", r.error().message());
   };
+  auto fail_all = [&](Error err) {
+    auto r = give_up(std::move(err));
+    drop_cgroup();
+    return r;
+  };
   // Delegation: the sandbox's root (`base`) owns its cgroup directory (v2;
   // v1: the freezer one) and the files a delegatee writes, so that its agent
   // can make, join, kill and remove one cgroup per command. The agent gets the
   // directory as an fd: the sandbox has no cgroupfs (no /sys, mount denied).
-  const std::string cg_dir = sh_->cgroups->delegated_dir(spec.id);
   UniqueFd cg_fd;
   if (!cg_dir.empty()) {
     auto own = [&](const std::string& p, bool must) -> Result<void> {
@@ -558,72 +643,26 @@ Result<std::unique_ptr<SandboxInstance>> ContainerBackend::create_impl(const San
       cg_fd.reset(::open(cg_dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
       if (!cg_fd) d = sys_fail("open(" + cg_dir + ", O_DIRECTORY)");
     }
-    if (!d) {
-      drop_cgroup();
-      return std::unexpected(d.error());
-    }
+    if (!d) return fail_all(d.error());
   }
-  // The child moves itself into its cgroups, first thing, through these (opened as
-  // root here: the kernel checks the opener, and the child is not root on the host).
+  // The child moves itself into its cgroups through these (opened as root here: the
+  // kernel checks the opener, and the child is not root on the host).
+  std::vector<int> setup_fds;
   std::vector<UniqueFd> entry_fds;
-  for (const auto& path : sh_->cgroups->entry_files(spec.id)) {
+  for (const auto& path : recipe.cgroup_entries) {
     UniqueFd fd(::open(path.c_str(), O_WRONLY | O_CLOEXEC));
-    if (!fd) {
-      auto e = sys_fail("open(" + path + ", O_WRONLY)");
-      drop_cgroup();
-      return e;
-    }
-    recipe.cgroup_entries.emplace_back(fd.get(), path);
+    if (!fd) return fail_all(sys_fail("open(" + path + ", O_WRONLY)").error());
+    setup_fds.push_back(fd.get());
     entry_fds.push_back(std::move(fd));
   }
-
-  ChildPlan plan;
-  container::build_root_ops(recipe, &plan);
-  // Set by the child itself: the spawner's prlimit() would need CAP_SYS_RESOURCE
-  // over a process whose euid (the sandbox's root) differs from its own.
-  plan.set_rlimit(RLIMIT_NOFILE, "RLIMIT_NOFILE", spec.nofile);
-  plan.set_rlimit(RLIMIT_CORE, "RLIMIT_CORE", 0);
-  if (spec.best_effort) plan.sched_idle();
-  plan.finish();
-  plan.seccomp = spec.nested_isolation ? sh_->seccomp_nested.get() : sh_->seccomp.get();
-  // The agent is the spawner's own binary (the child goes on as it, no exec) unless
-  // the backend was given another one.
-  plan.exe_fd = sh_->agent_is_spawner ? -1 : sh_->agent_exe.get();
-  for (const char* a : {"tp-agent", "--fd", "3"}) plan.argv.push_back(plan.keep(a));
-  // The agent's cgroup fd; the child places it at fd 4.
-  if (cg_fd)
-    for (const char* a : {"--cgroup-fd", "4"}) plan.argv.push_back(plan.keep(a));
-  // Live restore: the agent's listening socket, fd 5 in the agent.
-  for (const char* a : {"--listen-fd", "5"}) plan.argv.push_back(plan.keep(a));
-  std::map<std::string, std::string> env = spec.env;
-  env.try_emplace("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin");
-  env.try_emplace("HOME", "/root");
-  for (const auto& [k, v] : env) plan.envp.push_back(plan.keep(k + "=" + v));
-  plan.agent_child = agent_child.get();
-  plan.agent_listen = listen_sock.get();
-  plan.cgroup_fd = cg_fd.get();
-
-  spawn::Request req = plan.to_request();
-  req.clone_flags = kNamespaces;
-  // The user namespace is owned by the sandbox's root, `base`: the kernel charges a
-  // namespace's per-user counters (inotify instances and watches, POSIX mqueue
-  // bytes, pending signals, processes) to its owner in the parent namespace too;
-  // owned by host root, every sandbox drew on host root's budget (one sandbox
-  // holding 128 inotify instances left systemd and the daemon with none).
-  req.owner_uid = base;
-  req.uid_map = req.gid_map = sys::id_map_text(base);
-  auto started = sh_->spawner->send(std::move(req));
-  // The spawner has its own copies now (or none will be needed).
-  agent_child.reset();
-  listen_sock.reset();
-  cg_fd.reset();
-  lower_fds.clear();
+  if (cg_fd) setup_fds.push_back(cg_fd.get());
+  setup_fds.push_back(listen_sock.get());
+  if (auto s = send_setup(agent_host.get(), setup_fds); !s) return fail_all(s.error());
   entry_fds.clear();
-  if (!started) {
-    drop_cgroup();
-    return std::unexpected(started.error());
-  }
-  // Meanwhile the spawner clones and the child builds its root.
+  cg_fd.reset();
+  listen_sock.reset();  // the agent has its own
+
+  // Meanwhile the child joins its cgroups and builds its root.
   auto limits = sh_->cgroups->write_limits(
       spec.id, {spec.memory_bytes, spec.cpus, spec.pids_max, spec.best_effort});
   auto child = started->finish(plan.steps);

@@ -22,7 +22,8 @@ ChildPlan make_plan(std::vector<std::string> lowers,
   r.dev_locked = MS_RELATIME;
   r.empty_dir = "/d/containers/empty";
   r.prep_locked = MS_RELATIME;
-  r.cgroup_entries = {{7, "/cg/memory/tp/n0-abc/tasks"}, {8, "/cg/pids/tp/n0-abc/tasks"}};
+  r.cgroup_entries = {"/cg/memory/tp/n0-abc/tasks", "/cg/pids/tp/n0-abc/tasks"};
+  r.setup_cgroup_dir = r.setup_listen = true;
   for (int i = 0; kMaskedProcFiles[i]; ++i) r.masked_proc_files.emplace_back(kMaskedProcFiles[i]);
   for (int i = 0; kMaskedProcDirs[i]; ++i) r.masked_proc_dirs.emplace_back(kMaskedProcDirs[i]);
   ChildPlan p;
@@ -43,14 +44,16 @@ TEST(ChildPlanTest, OrderOfTheRecipe) {
   // First the pid (nothing may block before it), then into the cgroups, then nothing
   // before the spawner wrote the id maps.
   EXPECT_EQ(p.ops[0].kind, OpKind::kHello);
-  EXPECT_EQ(p.ops[1].kind, OpKind::kEnterCgroup);
-  EXPECT_EQ(p.ops[1].fd, 7);
-  EXPECT_EQ(p.steps[p.ops[1].step], "write(/cg/memory/tp/n0-abc/tasks, \"0\")");
-  EXPECT_EQ(p.ops[2].kind, OpKind::kEnterCgroup);
-  EXPECT_EQ(p.ops[3].kind, OpKind::kWaitSync);
-  EXPECT_EQ(p.ops[4].kind, OpKind::kBecomeRoot);
+  EXPECT_EQ(p.ops[1].kind, OpKind::kRecvSetup);
+  EXPECT_EQ(p.ops[1].mode, 2u);
+  EXPECT_EQ(p.ops[1].flags, spawn::kSetupCgroupDir | spawn::kSetupListen);
+  // A failed write of entry i is step + 1 + i.
+  EXPECT_EQ(p.steps[p.ops[1].step + 1], "write(/cg/memory/tp/n0-abc/tasks, \"0\")");
+  EXPECT_EQ(p.steps[p.ops[1].step + 2], "write(/cg/pids/tp/n0-abc/tasks, \"0\")");
+  EXPECT_EQ(p.ops[2].kind, OpKind::kWaitSync);
+  EXPECT_EQ(p.ops[3].kind, OpKind::kBecomeRoot);
   // The cgroup namespace is made once the child is in its cgroups.
-  EXPECT_GT(index_of(p, "unshare(CLONE_NEWCGROUP)"), 4);
+  EXPECT_GT(index_of(p, "unshare(CLONE_NEWCGROUP)"), 3);
   int priv = index_of(p, "mount(none, /, none, MS_REC|MS_PRIVATE");
   int tmpfs = index_of(p, "mount(tmpfs, /d/containers/mnt, tmpfs");
   int ovl = index_of(p,

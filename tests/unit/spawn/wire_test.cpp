@@ -22,9 +22,10 @@ Request sample() {
   r.listen_slot = r.slot(102);
   Op hello{OpKind::kHello};
   hello.step = 0;
-  Op enter{OpKind::kEnterCgroup};
-  enter.fd = r.slot(103);
+  Op enter{OpKind::kRecvSetup};
+  enter.mode = 2;
   enter.step = 1;
+  r.slot(103);
   Op mnt{OpKind::kMount};
   mnt.a = "tmpfs";
   mnt.b = "/d/mnt";
@@ -75,14 +76,15 @@ TEST(SpawnWireTest, DecodeReadsBackWhatEncodeWrote) {
   const ExecPlan& p = o.d->plan;
   ASSERT_EQ(p.n_ops, 4u);
   EXPECT_EQ(p.ops[0].kind, OpKind::kHello);
-  EXPECT_EQ(p.ops[1].kind, OpKind::kEnterCgroup);
-  EXPECT_EQ(p.ops[1].fd, kFds[3]);  // slots become the receiver's descriptors
+  EXPECT_EQ(p.ops[1].kind, OpKind::kRecvSetup);
+  EXPECT_EQ(p.ops[1].mode, 2u);
+  EXPECT_EQ(p.ops[1].fd, -1);
   EXPECT_STREQ(p.ops[2].a, "tmpfs");
   EXPECT_STREQ(p.ops[2].b, "/d/mnt");
   EXPECT_STREQ(p.ops[2].d, "size=1048576");
   EXPECT_EQ(p.ops[2].flags, static_cast<unsigned long>(MS_NOSUID | MS_NODEV));
   EXPECT_EQ(p.ops[2].fd, -1);
-  EXPECT_EQ(p.ops[3].fd, kFds[4]);
+  EXPECT_EQ(p.ops[3].fd, kFds[4]);  // slots become the receiver's descriptors
   EXPECT_STREQ(p.ops[3].a, "/d/mnt/lower/0");
   EXPECT_EQ(p.ops[3].step, 3u);
   ASSERT_EQ(p.n_limits, 1u);
