@@ -9,8 +9,10 @@
 // namespaces. The spawner clones the sandbox's init with CLONE_PARENT (so it is
 // the daemon's child, reaped through its pidfd) and the new namespaces, with its
 // own effective uid switched to the sandbox's root for the clone (the user
-// namespace's owner: see below). The child reports its pid, moves itself into its
-// cgroups (writing "0" to files the daemon opened) and waits on a pipe while the
+// namespace's owner: see below). The child reports its pid, reads the daemon's
+// setup message from the agent socket (the cgroups and the agent's listening socket,
+// made while the spawner cloned), moves itself into its cgroups (writing "0" to
+// files the daemon opened) and waits on a pipe while the
 // spawner writes uid_map/gid_map (sandbox root = the first id of the sandbox's own
 // 65536-id host range, SandboxSpec::uid_base; see "Ids" below); the daemon writes
 // the cgroup limits meanwhile. Then the child sets the per-sandbox
