@@ -78,15 +78,6 @@ long run_op(const Op& op, const ExecPlan& p) {
       long w = raw::call(SYS_write, p.err_wr, &hello, sizeof hello);
       return w < 0 ? w : 0;
     }
-    case OpKind::kWaitSync: {
-      char b;
-      long n;
-      do n = raw::call(SYS_read, p.sync_rd, &b, 1);
-      while (n == -EINTR);
-      if (n < 0) return n;
-      if (n == 0) raw::exit_now(126);  // the spawner gave up (or died): the daemon reaps us
-      return 0;
-    }
     case OpKind::kSetIds: {
       long r = raw::call(SYS_setresgid, op.mode, op.mode, op.mode);
       if (r == 0) r = raw::call(SYS_setgroups, 0, nullptr);
@@ -146,11 +137,35 @@ long run_op(const Op& op, const ExecPlan& p) {
       raw::call(SYS_close, fd);
       return w < 0 ? w : (static_cast<size_t>(w) == n ? 0 : -EIO);
     }
-    case OpKind::kRecvSetup:  // run_child's own (it keeps descriptors)
+    case OpKind::kWaitSync:  // run_child's own (they keep descriptors)
+    case OpKind::kRecvSetup:
     case OpKind::kCount:
       break;
   }
   return -EINVAL;
+}
+
+// kWaitSync: the spawner's release, with the agent's oom_score_adj descriptor when
+// the request asked for it (kept in *oom_fd).
+long wait_sync(int sock, int* oom_fd) {
+  char b;
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))];
+  iovec iov{&b, 1};
+  msghdr mh{};
+  mh.msg_iov = &iov;
+  mh.msg_iovlen = 1;
+  mh.msg_control = control;
+  mh.msg_controllen = sizeof control;
+  long n;
+  do n = raw::call(SYS_recvmsg, sock, &mh, MSG_CMSG_CLOEXEC);
+  while (n == -EINTR);
+  if (n < 0) return n;
+  if (n == 0) raw::exit_now(126);  // the spawner gave up (or died): the daemon reaps us
+  cmsghdr* c = CMSG_FIRSTHDR(&mh);
+  if (c && c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS &&
+      c->cmsg_len == CMSG_LEN(sizeof(int)))
+    __builtin_memcpy(oom_fd, CMSG_DATA(c), sizeof(int));
+  return 0;
 }
 
 // kRecvSetup (plan.h): reads the daemon's setup message, joins the cgroups it names
@@ -224,9 +239,14 @@ void run_child(const ExecPlan& p) {
   // The sandbox's init from its first instruction on, not a second tp-spawner.
   raw::call(SYS_prctl, PR_SET_NAME, "tp-agent", 0, 0, 0);
   // The agent's fd 4 and 5: named by the request or, later, by the setup message.
-  int cgroup_fd = p.cgroup_fd, listen_fd = p.agent_listen;
+  int cgroup_fd = p.cgroup_fd, listen_fd = p.agent_listen, oom_fd = -1;
   for (uint32_t i = 0; i < p.n_ops; ++i) {
     const Op& op = p.ops[i];
+    if (op.kind == OpKind::kWaitSync) {
+      long r = wait_sync(p.sync_rd, &oom_fd);
+      if (r < 0) die(err_fd, op.step, r);
+      continue;
+    }
     if (op.kind == OpKind::kRecvSetup) {
       uint32_t step = op.step;
       long r = recv_setup(op, p.agent_child, &cgroup_fd, &listen_fd, &step);
@@ -247,6 +267,8 @@ void run_child(const ExecPlan& p) {
   if (listen_fd >= 0 && listen < 0) die(err_fd, e + kDupFds, listen);
   long log = p.log_fd >= 0 ? raw::call(SYS_fcntl, p.log_fd, F_DUPFD_CLOEXEC, 10) : -1;
   if (p.log_fd >= 0 && log < 0) die(err_fd, e + kDupFds, log);
+  long oom = oom_fd >= 0 ? raw::call(SYS_fcntl, oom_fd, F_DUPFD_CLOEXEC, 10) : -1;
+  if (oom_fd >= 0 && oom < 0) die(err_fd, e + kDupFds, oom);
   if (err >= 0) err_fd = static_cast<int>(err);
   if (exe < 0 || err < 0 || agent < 0 || cg < 0)
     die(err_fd, e + kDupFds, exe < 0 ? exe : err < 0 ? err : agent < 0 ? agent : cg);
@@ -269,16 +291,18 @@ void run_child(const ExecPlan& p) {
   if (r < 0 && cgroup_fd >= 0) die(err_fd, e + kCgroupFd, r);
   r = listen >= 0 ? raw::call(SYS_dup3, listen, 5, 0) : raw::call(SYS_close, 5);
   if (r < 0 && listen >= 0) die(err_fd, e + kAgentFd, r);
+  r = oom >= 0 ? raw::call(SYS_dup3, oom, 6, 0) : raw::call(SYS_close, 6);
+  if (r < 0 && oom >= 0) die(err_fd, e + kAgentFd, r);
   if (exec) {
     // Anything else goes at the exec (the error pipe too: EOF there = exec'd).
-    r = raw::call(SYS_close_range, 6, ~0U, CLOSE_RANGE_CLOEXEC);
+    r = raw::call(SYS_close_range, 7, ~0U, CLOSE_RANGE_CLOEXEC);
   } else {
     // No exec to close them: everything of the spawner and of the plan but the
-    // agent's 0..5 and the error pipe (at 6 until the setup is complete) goes now.
-    r = raw::call(SYS_dup3, err_fd, 6, O_CLOEXEC);
+    // agent's 0..6 and the error pipe (at 7 until the setup is complete) goes now.
+    r = raw::call(SYS_dup3, err_fd, 7, O_CLOEXEC);
     if (r >= 0) {
-      err_fd = 6;
-      r = raw::call(SYS_close_range, 7, ~0U, 0);
+      err_fd = 7;
+      r = raw::call(SYS_close_range, 8, ~0U, 0);
     }
   }
   if (r < 0) die(err_fd, e + kCloseRange, r);
@@ -306,6 +330,10 @@ void run_child(const ExecPlan& p) {
   raw::call(SYS_close, err_fd);
   // The agent is this same binary, its libc already initialised by the spawner:
   // only its own start-up is left.
+  if (p.cmdline && p.cmdline_len > 0) {
+    static constexpr char kName[] = "tp-agent";
+    for (size_t i = 0; i < p.cmdline_len; ++i) p.cmdline[i] = i < sizeof kName ? kName[i] : '\0';
+  }
   refresh_canary();
   environ = const_cast<char**>(p.envp);
   int argc = 0;

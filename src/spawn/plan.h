@@ -27,7 +27,8 @@ namespace tp::spawn {
 enum class OpKind : uint8_t {
   kHello,         // write {kStepHello, host pid} on the error pipe (pid read from /proc/self)
   kRecvSetup,     // read the daemon's setup message from the agent socket (SetupMessage below)
-  kWaitSync,      // block until the spawner wrote the id maps (one byte) on the sync pipe
+  kWaitSync,      // block until the spawner wrote the id maps: one byte on the sync socket,
+                  // maybe with the agent's oom_score_adj descriptor (wire.h kRequestOomFd)
   kBecomeRoot,    // setresgid(0), setgroups(0), setresuid(0) inside the new user ns
   kUnshare,       // unshare(flags)
   kSethostname,   // a
@@ -88,7 +89,7 @@ enum SpecialStep : int32_t {
   kStepClone = -5,     // clone3
   kStepUidMap = -6,    // write /proc/<pid>/uid_map
   kStepGidMap = -7,    // write /proc/<pid>/gid_map
-  kStepSync = -8,      // pipe2 or the write that releases the child
+  kStepSync = -8,      // the sync socket, or the message that releases the child
 };
 
 // Offsets from ExecPlan::exec_steps_base of the fixed steps after the ops.
@@ -114,18 +115,23 @@ struct ExecPlan {
   // just before the agent starts: a low RLIMIT_NOFILE would fail the moves.
   const Op* limits = nullptr;
   uint32_t n_limits = 0;
-  char* const* argv = nullptr;  // NULL-terminated
-  char* const* envp = nullptr;  // NULL-terminated
-  sock_fprog seccomp{};         // len 0: no filter (no_new_privs still set)
-  int sync_rd = -1, err_wr = -1, agent_child = -1;
+  char* const* argv = nullptr;                      // NULL-terminated
+  char* const* envp = nullptr;                      // NULL-terminated
+  sock_fprog seccomp{};                             // len 0: no filter (no_new_privs still set)
+  int sync_rd = -1, err_wr = -1, agent_child = -1;  // sync_rd: a SOCK_SEQPACKET socket
   int cgroup_fd = -1;     // the sandbox's delegated cgroup directory, placed at fd 4 (-1: none)
   int agent_listen = -1;  // live restore: the agent's listening socket, placed at fd 5 (-1: none)
   int log_fd = -1;        // stdout and stderr (-1: /dev/null, like stdin)
+  // (The agent's oom_score_adj, when the spawner sends one with the release, goes to fd 6.)
   // The agent: exe_fd (an O_PATH fd, exec'd with execveat) or, when exe_fd is -1,
   // `agent_main` called in this process (the spawner is the agent binary).
   int exe_fd = -1;
   AgentMain agent_main = nullptr;
   uint32_t exec_steps_base = 0;
+  // The spawner's own argv strings (what /proc/<pid>/cmdline shows): the agent
+  // overwrites them with its name, so that it is not listed as a second spawner.
+  char* cmdline = nullptr;
+  size_t cmdline_len = 0;
   // Descriptors of the spawner the child must drop first (its socket, the sync
   // pipe's write end): holding them would hide the spawner's EOFs.
   int drop_first[2] = {-1, -1};

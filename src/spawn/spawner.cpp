@@ -30,6 +30,9 @@ namespace raw = tp::sys::raw;
 // an idle spawner owns no page of a past request, and a child reads its plan where
 // the spawner decoded it.
 constexpr size_t kSmallMessage = 64u << 10;
+// Our argv strings, contiguous on the stack (ExecPlan::cmdline).
+char* g_cmdline = nullptr;
+size_t g_cmdline_len = 0;
 alignas(4096) char g_small[kSmallMessage];
 Decoded g_dec;
 
@@ -57,6 +60,36 @@ bool write_text(const char* path, const char* text) {
   return w >= 0 && static_cast<size_t>(w) == n;
 }
 
+// Releases the child: one byte on the sync socket, with its oom_score_adj opened for
+// reading and writing when asked (the agent's own /proc files are host root's: it could not open
+// it itself). A child whose file cannot be opened goes without.
+bool release(int sock, long pid, bool with_oom) {
+  char path[64];
+  std::snprintf(path, sizeof path, "/proc/%ld/oom_score_adj", pid);
+  // Read-write: inside the sandbox its own /proc/1/oom_score_adj is masked, so the
+  // agent reads its score through this descriptor too.
+  int oom = with_oom ? ::open(path, O_RDWR | O_CLOEXEC) : -1;
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  iovec iov{const_cast<char*>("x"), 1};
+  msghdr mh{};
+  mh.msg_iov = &iov;
+  mh.msg_iovlen = 1;
+  if (oom >= 0) {
+    mh.msg_control = control;
+    mh.msg_controllen = sizeof control;
+    cmsghdr* c = CMSG_FIRSTHDR(&mh);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int));
+    std::memcpy(CMSG_DATA(c), &oom, sizeof(int));
+  }
+  bool ok = ::sendmsg(sock, &mh, MSG_NOSIGNAL) == 1;
+  int e = errno;
+  if (oom >= 0) ::close(oom);
+  errno = e;
+  return ok;
+}
+
 // One request: clone, maps, release. Every outcome ends in a record on the error
 // pipe (or, for a request too broken to name one, in the EOF the caller's close gives).
 void serve(int sock, const char* msg, size_t len, const int* fds, uint32_t nfds,
@@ -71,7 +104,7 @@ void serve(int sock, const char* msg, size_t len, const int* fds, uint32_t nfds,
   ExecPlan& plan = g_dec.plan;
   const int err = plan.err_wr;
   int sync[2];
-  if (::pipe2(sync, O_CLOEXEC) != 0) {
+  if (::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sync) != 0) {
     report(err, kStepSync, errno);
     return;
   }
@@ -79,6 +112,8 @@ void serve(int sock, const char* msg, size_t len, const int* fds, uint32_t nfds,
   plan.drop_first[0] = sock;
   plan.drop_first[1] = sync[1];
   plan.agent_main = agent_main;
+  plan.cmdline = g_cmdline;
+  plan.cmdline_len = g_cmdline_len;
   // The user namespace's owner is the creator's effective uid: the sandbox's root,
   // so that the kernel's per-user counters of the namespace are the sandbox's own.
   long r = raw::call(SYS_setresuid, -1, g_dec.owner_uid, -1);
@@ -123,7 +158,7 @@ void serve(int sock, const char* msg, size_t len, const int* fds, uint32_t nfds,
     if (!write_text(path, g_dec.gid_map)) {
       failed = kStepGidMap;
       failed_errno = errno;
-    } else if (::write(sync[1], "x", 1) != 1) {
+    } else if (!release(sync[1], pid, (g_dec.flags & kRequestOomFd) != 0)) {
       failed = kStepSync;
       failed_errno = errno;
     }
@@ -142,6 +177,10 @@ void serve(int sock, const char* msg, size_t len, const int* fds, uint32_t nfds,
 
 int spawner_main(int argc, char** argv, AgentMain agent_main) {
   int sock = 3;
+  if (argc > 0) {
+    g_cmdline = argv[0];
+    g_cmdline_len = static_cast<size_t>(argv[argc - 1] + std::strlen(argv[argc - 1]) - argv[0]);
+  }
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--spawner") == 0) continue;
     if (std::strcmp(argv[i], "--fd") == 0 && i + 1 < argc) {

@@ -20,6 +20,7 @@ struct Header {
   uint32_t uid_map, gid_map;  // string offsets
   uint32_t strings_size;
   int32_t log_slot;
+  uint32_t flags;  // kRequest*
   // Followed by WireOp ops[n_ops], WireOp limits[n_limits], uint32_t argv[n_argv],
   // uint32_t envp[n_envp], sock_filter seccomp[n_seccomp], char strings[strings_size].
 };
@@ -149,6 +150,7 @@ std::string encode(const Request& r) {
   h.uid_map = st.add(r.uid_map);
   h.gid_map = st.add(r.gid_map);
   h.strings_size = static_cast<uint32_t>(st.table().size());
+  h.flags = r.flags;
   std::string out;
   put(out, h);
   for (const auto& w : ops) put(out, w);
@@ -190,6 +192,7 @@ bool decode(const char* msg, size_t len, const int* fds, uint32_t nfds, Decoded*
   if ((h.clone_flags & CLONE_NEWUSER) == 0) return no("no new user namespace");
   if (h.clone_flags & ~allowed_clone_flags()) return no("clone flags beyond namespaces");
   if (h.owner_uid == 0) return no("user namespace owned by host root");
+  if (h.flags & ~kRequestOomFd) return no("unknown request flags");
   // 64-bit sums: no count above can overflow them.
   const uint64_t need = sizeof h + uint64_t{h.n_ops + h.n_limits} * sizeof(WireOp) +
                         uint64_t{h.n_argv + h.n_envp} * sizeof(uint32_t) +
@@ -280,6 +283,7 @@ bool decode(const char* msg, size_t len, const int* fds, uint32_t nfds, Decoded*
   e.exec_steps_base = h.exec_steps_base;
   out->clone_flags = h.clone_flags;
   out->owner_uid = h.owner_uid;
+  out->flags = h.flags;
   return true;
 }
 

@@ -36,6 +36,9 @@ inline constexpr uint32_t kMaxArgs = 64;
 inline constexpr uint32_t kMaxEnv = 8192;
 inline constexpr uint32_t kMaxSeccomp = 4096;  // BPF_MAXINSNS
 inline constexpr uint32_t kNoString = 0xffffffffu;
+// Request::flags: the spawner opens the child's /proc/<pid>/oom_score_adj for writing
+// (as host root) and hands it over with the release; the child places it at fd 6.
+inline constexpr uint32_t kRequestOomFd = 1;
 // Namespaces a request may ask for; CLONE_NEWUSER is required.
 uint64_t allowed_clone_flags();
 
@@ -52,6 +55,7 @@ struct Request {
   int err_slot = -1, agent_slot = -1, listen_slot = -1, cgroup_slot = -1;
   int exe_slot = -1;     // -1: the child continues as the agent (the spawner's binary)
   int log_slot = -1;     // stdout and stderr; -1: /dev/null
+  uint32_t flags = 0;    // kRequest* below
   std::vector<int> fds;  // the sender's descriptors, sent in this order
 
   // The slot of `fd`, added on first use.
@@ -70,6 +74,7 @@ struct Decoded {
   ExecPlan plan;  // fds set from the slots; sync_rd, drop_first and agent_main are the caller's
   uint64_t clone_flags = 0;
   uint32_t owner_uid = 0;
+  uint32_t flags = 0;
   const char* uid_map = nullptr;
   const char* gid_map = nullptr;
 };

@@ -555,6 +555,9 @@ Result<std::unique_ptr<SandboxInstance>> ContainerBackend::create_impl(const San
     for (const char* a : {"--cgroup-fd", "4"}) plan.argv.push_back(plan.keep(a));
   // Live restore: the agent's listening socket, fd 5 in the agent.
   for (const char* a : {"--listen-fd", "5"}) plan.argv.push_back(plan.keep(a));
+  // Its own oom_score_adj, opened by the spawner, fd 6 (commands are born above it).
+  if (sh_->agent_is_spawner)
+    for (const char* a : {"--oom-fd", "6"}) plan.argv.push_back(plan.keep(a));
   std::map<std::string, std::string> env = spec.env;
   env.try_emplace("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin");
   env.try_emplace("HOME", "/root");
@@ -570,6 +573,7 @@ Result<std::unique_ptr<SandboxInstance>> ContainerBackend::create_impl(const San
   // holding 128 inotify instances left systemd and the daemon with none).
   req.owner_uid = base;
   req.uid_map = req.gid_map = sys::id_map_text(base);
+  if (sh_->agent_is_spawner) req.flags |= spawn::kRequestOomFd;
   auto started = sh_->spawner->send(std::move(req));
   // The spawner has its own copies now (or none will be needed).
   agent_child.reset();

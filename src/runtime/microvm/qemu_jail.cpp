@@ -7,6 +7,7 @@
 #include <sys/mman.h>
 #include <sys/mount.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <sys/syscall.h>
@@ -117,7 +118,9 @@ Result<sys::Pidfd> run_plan(ChildPlan& plan, int flags,
                             const std::function<Result<void>(pid_t)>& setup,
                             const std::string& what) {
   int p[2];
-  if (::pipe2(p, O_CLOEXEC) != 0) return sys_fail("pipe2(sync)");
+  // A socket, not a pipe: the child's release may carry descriptors (spawn/plan.h, kWaitSync).
+  if (::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, p) != 0)
+    return sys_fail("socketpair(sync)");
   UniqueFd sync_rd(p[0]), sync_wr(p[1]);
   if (::pipe2(p, O_CLOEXEC) != 0) return sys_fail("pipe2(error)");
   UniqueFd err_rd(p[0]), err_wr(p[1]);
@@ -147,7 +150,7 @@ Result<sys::Pidfd> run_plan(ChildPlan& plan, int flags,
   sync_rd.reset();
   err_wr.reset();
   auto abort_child = [&](Error e) -> Result<sys::Pidfd> {
-    sync_wr.reset();  // a child waiting on the sync pipe exits on EOF
+    sync_wr.reset();  // a child waiting on the sync socket exits on EOF
     (void)proc.signal(SIGKILL);
     (void)proc.reap();
     return std::unexpected(std::move(e));
@@ -156,7 +159,8 @@ Result<sys::Pidfd> run_plan(ChildPlan& plan, int flags,
     if (auto r = setup(pid); !r) return abort_child(r.error());
   }
   char go = 1;
-  if (::write(sync_wr.get(), &go, 1) != 1) return abort_child(sys_fail("write(sync pipe)").error());
+  if (::send(sync_wr.get(), &go, 1, MSG_NOSIGNAL) != 1)
+    return abort_child(sys_fail("send(sync socket)").error());
   sync_wr.reset();
   // EOF: the exec happened (the pipe is CLOEXEC); a record: the step that failed.
   if (auto failed = container::read_child_failure(err_rd.get(), plan, what + ": ", "setup"))
