@@ -47,19 +47,13 @@ def _more_fds() -> None:
     resource.setrlimit(resource.RLIMIT_NOFILE, (want, max(want, hard) if hard != resource.RLIM_INFINITY else hard))
 
 
-def free_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
-
-
 class Daemon:
     def __init__(self, name: str, bin_dir: str, work: str):
         self.name, self.bin = name, bin_dir
         self.data = os.path.join(work, f"data-{name}")
-        self.port = free_port()
+        with socket.socket() as s:  # a free port
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = open(os.path.join(work, f"daemon-{name}.log"), "w")
         self.proc = subprocess.Popen(

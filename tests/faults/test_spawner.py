@@ -16,21 +16,17 @@ from tp_testlib import processes_of, wait_until
 
 
 def children(pid: int, comm: str) -> list:
-    out = []
-    for d in os.listdir("/proc"):
-        if not d.isdigit():
-            continue
+    """Live (not zombie) children of `pid` named `comm`."""
+    found = []
+    for d in filter(str.isdigit, os.listdir("/proc")):
         try:
-            with open(f"/proc/{d}/stat") as f:
-                s = f.read()
-            name = s[s.index("(") + 1:s.rindex(")")]
-            ppid = int(s[s.rindex(")") + 2:].split()[1])
-            state = s[s.rindex(")") + 2:].split()[0]
-        except (OSError, ValueError):
+            text = open(f"/proc/{d}/stat").read()
+        except OSError:
             continue
-        if ppid == pid and name == comm and state != "Z":
-            out.append(int(d))
-    return out
+        state, ppid = text[text.rindex(")") + 2:].split()[:2]
+        if int(ppid) == pid and state != "Z" and text[text.index("(") + 1:text.rindex(")")] == comm:
+            found.append(int(d))
+    return found
 
 
 def spawner_of(daemon) -> int:

@@ -41,7 +41,8 @@
 // agent (no exec: the binary's libc start-up was paid once, by the spawner);
 // another agent_path (tests' stand-in agents) is opened O_PATH by the backend
 // and exec'd with execveat(AT_EMPTY_PATH). It runs as PID 1 with argv
-// `tp-agent --fd 3 --cgroup-fd 4 --listen-fd 5`, fd 3 being its end of a
+// `tp-agent --fd 3 --cgroup-fd 4 --listen-fd 5 --oom-fd 6` (fd 6: its own
+// oom_score_adj, opened by the spawner; only for the spawner's own binary), fd 3 being its end of a
 // socketpair (agent_fd() is ours), fd 5 a unix socket listening at
 // <run_dir>/<id>.sock (a root-only directory, ContainerOptions::run_dir; the
 // socket's xattr holds the init's pid and start time for adopt(): run_state.h) where a restarted

@@ -29,6 +29,8 @@
 #include "common/ids.h"
 #include "image/image_store.h"
 #include "protocol/wire.h"
+#include "runtime/container/run_state.h"
+#include "runtime/sandbox_state.h"
 #include "runtime/container/spawner_client.h"
 #include "sys/cgroup.h"
 #include "sys/fd.h"
@@ -1038,14 +1040,8 @@ TEST_F(ContainerBackendTest, SandboxOfTheEarlierRunDirLayoutIsAdopted) {
   const std::string run = dir_ + "/containers/run", legacy = run + "/" + s.id;
   ASSERT_EQ(mkdir(legacy.c_str(), 0700), 0);
   ASSERT_EQ(rename((run + "/" + s.id + ".sock").c_str(), (legacy + "/agent.sock").c_str()), 0);
-  {
-    std::ifstream stat_f("/proc/" + std::to_string(pid) + "/stat");
-    std::string text((std::istreambuf_iterator<char>(stat_f)), {});
-    std::istringstream rest(text.substr(text.rfind(')') + 2));
-    std::string field;
-    for (int i = 3; i <= 22; ++i) rest >> field;
-    std::ofstream(legacy + "/state") << "pid " << pid << "\nstarttime " << field << "\n";
-  }
+  std::ofstream(legacy + "/state")
+      << "pid " << pid << "\nstarttime " << proc_start_time(pid) << "\n";
   ContainerOptions o = opts_;
   o.run_dir = dir_ + "/run-elsewhere";
   auto b = make_container_backend(o);
