@@ -829,6 +829,12 @@ int Agent::run() {
     port_up_ = serial_;
     session_.begin(static_cast<uint64_t>(::getpid()));
   }
+  // kReady first; then, while the node finishes the sandbox's create, the first
+  // command's cgroup: the first exec finds it made (a mkdir off its path).
+  (void)flush();
+  if (cgroup_root_.fd >= 0 && spare_cgroups_.empty())
+    if (auto cg = CommandCgroup::make(cgroup_root_, ++cgroup_seq_))
+      spare_cgroups_.push_back(std::move(*cg));
   std::vector<pollfd> pfds;
   std::vector<Slot> slots;
   for (;;) {
