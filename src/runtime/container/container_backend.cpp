@@ -669,6 +669,10 @@ Result<std::unique_ptr<SandboxInstance>> ContainerBackend::create_impl(const San
   // Meanwhile the child joins its cgroups and builds its root.
   auto limits = sh_->cgroups->write_limits(
       spec.id, {spec.memory_bytes, spec.cpus, spec.pids_max, spec.best_effort});
+  // Live restore: who the init is, recorded on its agent's socket while it still
+  // sets up (an error here unwinds below, once the start is over).
+  Result<void> recorded = fail(Code::kInternal, "no pid");
+  if (pid_t early = started->wait_pid(); early > 0) recorded = runs.record(spec.id, early);
   auto child = started->finish(plan.steps);
   if (!child) {
     drop_cgroup();
@@ -693,8 +697,8 @@ Result<std::unique_ptr<SandboxInstance>> ContainerBackend::create_impl(const San
                                  std::string(si.si_code == CLD_EXITED ? "status " : "signal ") +
                                  std::to_string(si.si_status) + ")"});
   }
-  // Live restore: who the init is, recorded on its agent's socket.
-  if (auto r = runs.record(spec.id, pid); !r) return abort_child(r.error());
+  if (!recorded) recorded = runs.record(spec.id, pid);
+  if (!recorded) return abort_child(recorded.error());
   run_state_owner.owned = false;
   cgroup_owned = false;
   TP_SB_DEBUG(spec.id, "started, pid {}, host uids {}..{}", pid, base, base + sys::kIdMapCount - 1);

@@ -251,56 +251,72 @@ Result<Spawner::Start> Spawner::send(spawn::Request req) {
   }
 }
 
-Result<sys::Pidfd> Spawner::Start::finish(const std::vector<std::string>& steps) {
-  sys::Pidfd child;
-  bool spawned = false, timed_out = false;
-  ChildFailure failed{0, 0};
-  bool has_failed = false;
-  auto deadline = std::chrono::steady_clock::now() + owner_->timeout_;
+void Spawner::Start::pump(bool until_pid) {
+  if (!started_) {
+    started_ = true;
+    deadline_ = std::chrono::steady_clock::now() + owner_->timeout_;
+  }
   auto adopt_pid = [&](int32_t pid) {
-    if (child.valid() || pid <= 0) return;
+    if (child_.valid() || pid <= 0) return;
     // Our child (CLONE_PARENT), not reaped: the pid cannot name another process.
     int fd = static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
-    if (fd >= 0) child = sys::Pidfd(fd, pid);
+    if (fd >= 0) child_ = sys::Pidfd(fd, pid);
   };
-  for (;;) {
+  while (!eof_ && !(until_pid && child_.valid())) {
     // The spawner's share has a deadline; the child's setup after it, as any
     // process's, has none.
     pollfd p{err_rd_.get(), POLLIN, 0};
-    int pr = ::poll(&p, 1, spawned ? -1 : remaining_ms(deadline));
+    int pr = ::poll(&p, 1, spawned_ ? -1 : remaining_ms(deadline_));
     if (pr < 0 && errno == EINTR) continue;
     if (pr == 0) {
-      if (!timed_out) {
-        timed_out = true;
+      if (!timed_out_) {
+        timed_out_ = true;
         owner_->replace(conn_, "did not finish a start in time");
         // Killing it released the child (sync EOF): EOF follows shortly.
-        deadline = std::chrono::steady_clock::now() + owner_->timeout_;
+        deadline_ = std::chrono::steady_clock::now() + owner_->timeout_;
         continue;
       }
-      break;  // still no EOF: the child is wedged; it is killed below
+      eof_ = true;  // still no EOF: the child is wedged; it is killed
+      continue;
     }
     ChildFailure recs[16];
     ssize_t n = ::read(err_rd_.get(), recs, sizeof recs);
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) {
-      if (!has_failed) failed = {spawn::kStepSync, errno};
-      has_failed = true;
-      break;
+      if (!has_failed_) failed_ = {spawn::kStepSync, errno};
+      has_failed_ = true;
+      eof_ = true;
+      continue;
     }
-    if (n == 0) break;  // EOF
+    if (n == 0) {
+      eof_ = true;
+      continue;
+    }
     for (size_t i = 0; i < static_cast<size_t>(n) / sizeof(ChildFailure); ++i) {
       const ChildFailure& r = recs[i];
       if (r.step == spawn::kStepHello) {
         adopt_pid(r.err);
       } else if (r.step == spawn::kStepSpawned) {
-        spawned = true;
+        spawned_ = true;
         adopt_pid(r.err);
-      } else if (!has_failed) {
-        failed = r;
-        has_failed = true;
+      } else if (!has_failed_) {
+        failed_ = r;
+        has_failed_ = true;
       }
     }
   }
+}
+
+pid_t Spawner::Start::wait_pid() {
+  pump(true);
+  return child_.valid() && !has_failed_ ? child_.pid() : 0;
+}
+
+Result<sys::Pidfd> Spawner::Start::finish(const std::vector<std::string>& steps) {
+  pump(false);
+  sys::Pidfd& child = child_;
+  const bool spawned = spawned_, timed_out = timed_out_, has_failed = has_failed_;
+  const ChildFailure failed = failed_;
   conn_.reset();
   auto kill_child = [&] {
     if (!child.valid()) return;
@@ -328,7 +344,7 @@ Result<sys::Pidfd> Spawner::Start::finish(const std::vector<std::string>& steps)
   }
   if (!child.valid())
     return fail(Code::kInternal, "sandbox child reported no pid (pidfd_open failed)");
-  return child;
+  return std::move(child);
 }
 
 }  // namespace tp::runtime::container

@@ -57,14 +57,25 @@ class Spawner {
    public:
     Start(Spawner* owner, std::shared_ptr<Conn> conn, sys::UniqueFd err_rd)
         : owner_(owner), conn_(std::move(conn)), err_rd_(std::move(err_rd)) {}
+    // The child's host pid as soon as it reported it (it is still setting up), or 0
+    // when the start failed before that (finish() says how).
+    pid_t wait_pid();
     // `steps`: the plan's step descriptions. Returns the child's pidfd once its
     // setup is complete.
     Result<sys::Pidfd> finish(const std::vector<std::string>& steps);
 
    private:
+    // Reads the error pipe until EOF, or until the pid is known with `until_pid`.
+    void pump(bool until_pid);
+
     Spawner* owner_;
     std::shared_ptr<Conn> conn_;
     sys::UniqueFd err_rd_;
+    bool started_ = false, eof_ = false, spawned_ = false, timed_out_ = false;
+    bool has_failed_ = false;
+    spawn::ChildFailure failed_{0, 0};
+    std::chrono::steady_clock::time_point deadline_{};
+    sys::Pidfd child_;
   };
 
   // Sends `req` (its err_slot is set here). The descriptors in req.fds stay the
