@@ -145,26 +145,46 @@ long run_op(const Op& op, const ExecPlan& p) {
   return -EINVAL;
 }
 
-// kWaitSync: the spawner's release, with the agent's oom_score_adj descriptor when
-// the request asked for it (kept in *oom_fd).
-long wait_sync(int sock, int* oom_fd) {
-  char b;
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))];
-  iovec iov{&b, 1};
+// One message of `len` bytes with up to kMaxSetupFds descriptors attached; returns
+// the bytes read (*got descriptors in fds, *truncated if some were dropped) or
+// -errno. EOF instead (the spawner or the daemon gave up on this sandbox): the
+// child exits, and the daemon reaps it.
+long recv_with_fds(int sock, void* buf, size_t len, int flags, int* fds, uint32_t* got,
+                   bool* truncated) {
+  alignas(cmsghdr) char control[CMSG_SPACE(kMaxSetupFds * sizeof(int))];
+  iovec iov{buf, len};
   msghdr mh{};
   mh.msg_iov = &iov;
   mh.msg_iovlen = 1;
   mh.msg_control = control;
   mh.msg_controllen = sizeof control;
   long n;
-  do n = raw::call(SYS_recvmsg, sock, &mh, MSG_CMSG_CLOEXEC);
+  do n = raw::call(SYS_recvmsg, sock, &mh, MSG_CMSG_CLOEXEC | flags);
   while (n == -EINTR);
   if (n < 0) return n;
-  if (n == 0) raw::exit_now(126);  // the spawner gave up (or died): the daemon reaps us
-  cmsghdr* c = CMSG_FIRSTHDR(&mh);
-  if (c && c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS &&
-      c->cmsg_len == CMSG_LEN(sizeof(int)))
-    __builtin_memcpy(oom_fd, CMSG_DATA(c), sizeof(int));
+  if (n == 0) raw::exit_now(126);
+  *got = 0;
+  for (cmsghdr* c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c)) {
+    if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+    const size_t k = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+    for (size_t i = 0; i < k && *got < kMaxSetupFds; ++i)
+      __builtin_memcpy(&fds[(*got)++], CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+  }
+  *truncated = (mh.msg_flags & MSG_CTRUNC) != 0;
+  return n;
+}
+
+// kWaitSync: the spawner's release, with the agent's oom_score_adj descriptor when
+// the request asked for it (kept in *oom_fd).
+long wait_sync(int sock, int* oom_fd) {
+  char b;
+  int fds[kMaxSetupFds];
+  uint32_t got = 0;
+  bool truncated = false;
+  long n = recv_with_fds(sock, &b, 1, 0, fds, &got, &truncated);
+  if (n < 0) return n;
+  if (got >= 1) *oom_fd = fds[0];
+  for (uint32_t i = 1; i < got; ++i) raw::call(SYS_close, fds[i]);
   return 0;
 }
 
@@ -178,27 +198,12 @@ long recv_setup(const Op& op, int sock, int* cgroup_fd, int* listen_fd, uint32_t
       entries + ((op.flags & kSetupCgroupDir) ? 1 : 0) + ((op.flags & kSetupListen) ? 1 : 0);
   if (want > kMaxSetupFds) return -E2BIG;
   char magic[sizeof kSetupMagic];
-  alignas(cmsghdr) char control[CMSG_SPACE(kMaxSetupFds * sizeof(int))];
-  iovec iov{magic, sizeof magic};
-  msghdr mh{};
-  mh.msg_iov = &iov;
-  mh.msg_iovlen = 1;
-  mh.msg_control = control;
-  mh.msg_controllen = sizeof control;
-  long n;
-  do n = raw::call(SYS_recvmsg, sock, &mh, MSG_CMSG_CLOEXEC | MSG_WAITALL);
-  while (n == -EINTR);
-  if (n < 0) return n;
-  if (n == 0) raw::exit_now(126);  // the daemon gave up on this sandbox; it reaps us
   int fds[kMaxSetupFds];
   uint32_t got = 0;
-  for (cmsghdr* c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c)) {
-    if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
-    const size_t k = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-    for (size_t i = 0; i < k && got < kMaxSetupFds; ++i)
-      __builtin_memcpy(&fds[got++], CMSG_DATA(c) + i * sizeof(int), sizeof(int));
-  }
-  bool same = n == sizeof magic && got == want && !(mh.msg_flags & MSG_CTRUNC);
+  bool truncated = false;
+  long n = recv_with_fds(sock, magic, sizeof magic, MSG_WAITALL, fds, &got, &truncated);
+  if (n < 0) return n;
+  bool same = n == sizeof magic && got == want && !truncated;
   for (size_t i = 0; same && i < sizeof magic; ++i) same = magic[i] == kSetupMagic[i];
   if (!same) return -EPROTO;
   for (uint32_t i = 0; i < entries; ++i) {
