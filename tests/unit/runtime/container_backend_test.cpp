@@ -486,6 +486,57 @@ TEST_F(ContainerBackendTest, MemoryAndPidLimitsHold) {
   ASSERT_TRUE(sb.destroy());
 }
 
+// What other tiers ask of a container sandbox reaches it through the spawner's plan: a
+// best-effort sandbox (its init and so all of its processes under SCHED_IDLE, the lowest
+// CPU weight) and one with nested isolation (the function tier's workers: the mount API
+// open to its root, its memory and pids cgroups delegated), against a default sandbox.
+TEST_F(ContainerBackendTest, BestEffortAndNestedIsolationReachTheSandbox) {
+  const std::string mount_in_own_ns = "unshare -m sh -c 'mount -t tmpfs none /tmp'";
+  auto plain = backend_->create(spec());
+  ASSERT_TRUE(plain) << plain.error().message();
+  ASSERT_TRUE(wait_ready((*plain)->agent_fd()));
+  EXPECT_EQ(sched_getscheduler((*plain)->pid()), SCHED_OTHER);
+  EXPECT_NE(status_of(**plain, mount_in_own_ns), 0);  // seccomp refuses mount(2)
+  ASSERT_TRUE((*plain)->destroy());
+
+  auto s = spec();
+  s.best_effort = true;
+  s.nested_isolation = true;
+  auto r = backend_->create(s);
+  ASSERT_TRUE(r) << r.error().message();
+  auto& sb = **r;
+  ASSERT_TRUE(wait_ready(sb.agent_fd()));
+  EXPECT_EQ(sched_getscheduler(sb.pid()), SCHED_IDLE);
+  EXPECT_EQ(status_of(sb, "test \"$(cut -d' ' -f41 /proc/self/stat)\" = 5"), 0)
+      << "a command is not SCHED_IDLE (policy 5) too";
+  EXPECT_EQ(status_of(sb, mount_in_own_ns), 0);
+  const bool v2 = cg_->layout().version == sys::CgroupVersion::kV2;
+  for (const auto& d : cg_->limit_dirs(s.id)) {
+    struct stat st {};
+    ASSERT_EQ(stat(d.c_str(), &st), 0) << d;
+    EXPECT_EQ(st.st_uid, opts_.uid_base) << d;
+  }
+  // The lowest CPU weight: an idle cpu cgroup where the kernel has them (5.15+; its
+  // weight is then the kernel's own lowest), else v1 cpu.shares 2, v2 cpu.weight 1
+  // (where the controller is on).
+  int weights = 0;
+  for (const auto& d : cg_->dirs(s.id)) {
+    for (const auto& [file, lowest] :
+         {std::pair{"/cpu.idle", "1\n"}, {"/cpu.shares", "2\n"}, {"/cpu.weight", "1\n"}}) {
+      if (!fs::exists(d + file)) continue;
+      EXPECT_EQ(slurp(d + file), lowest) << d;
+      ++weights;
+      break;
+    }
+  }
+  if (!v2) {
+    EXPECT_EQ(weights, 1);
+  }
+  const pid_t pid = sb.pid();
+  ASSERT_TRUE(sb.destroy());
+  expect_gone(s.id, pid);
+}
+
 TEST_F(ContainerBackendTest, InvalidSpecsAreRefusedBeforeAnything) {
   auto bad_id = spec("../etc");
   auto r = backend_->create(bad_id);
