@@ -241,8 +241,9 @@ void run_child(const ExecPlan& p) {
   int err_fd = p.err_wr;
   for (int fd : p.drop_first)
     if (fd >= 0) raw::call(SYS_close, fd);
-  // The sandbox's init from its first instruction on, not a second tp-spawner.
-  raw::call(SYS_prctl, PR_SET_NAME, "tp-agent", 0, 0, 0);
+  // The sandbox's init from its first instruction on, not a second tp-spawner (a
+  // daemon's own clone, ChildPlan::in_process, keeps its name until it execs).
+  if (p.agent_main) raw::call(SYS_prctl, PR_SET_NAME, "tp-agent", 0, 0, 0);
   // The agent's fd 4 and 5: named by the request or, later, by the setup message.
   int cgroup_fd = p.cgroup_fd, listen_fd = p.agent_listen, oom_fd = -1;
   for (uint32_t i = 0; i < p.n_ops; ++i) {
