@@ -7,7 +7,7 @@ it. Whatever happens:
   - `kill -9` of the daemon ends the spawner (EOF on its socket) but no sandbox, and
     the restarted daemon adopts them and starts a spawner of its own;
   - a sandbox's init holds no descriptor of the spawner's or the daemon's beyond the
-    agent's own (0..5 and what the agent opens itself).
+    agent's own (0..6 and what the agent opens itself).
 """
 import os
 import signal
@@ -95,10 +95,12 @@ def test_the_sandbox_init_holds_only_the_agents_descriptors(daemon, client):
     spawner = spawner_of(daemon)
     spawner_socket = os.readlink(f"/proc/{spawner}/fd/3")
     fds = {int(fd): os.readlink(f"/proc/{init}/fd/{fd}") for fd in os.listdir(f"/proc/{init}/fd")}
-    # 0..2 /dev/null, 3 the control stream, 4 the delegated cgroup, 5 the listening socket.
+    # 0..2 /dev/null, 3 the control stream, 4 the delegated cgroup, 5 the listening socket,
+    # 6 its own oom_score_adj.
     assert all(fds[i] == "/dev/null" for i in (0, 1, 2)), fds
     assert fds[3].startswith("socket:") and fds[5].startswith("socket:"), fds
     assert "/freezer/" in fds[4] or fds[4].startswith("/sys/fs/cgroup"), fds
+    assert fds[6] == f"/proc/{init}/oom_score_adj", fds
     for fd, target in fds.items():
         if fd > 5:
             # The agent's own: its signalfd, its root, command cgroups.
