@@ -42,7 +42,7 @@ struct Options {
   std::string root = "/";
   int cgroup_fd = -1;  // -1: none
   bool serial = false;
-  int oom_fd = -1;     // -1: none
+  int oom_fd = -1;  // -1: none
   Resolver::Mode resolve = Resolver::Mode::kAuto;
 };
 

@@ -213,7 +213,9 @@ spawn::ExecPlan ChildPlan::in_process(int sync_rd, int sync_wr, int err_rd, int 
   return e;
 }
 
-int run_in_clone(void* exec_plan) { spawn::run_child(*static_cast<const spawn::ExecPlan*>(exec_plan)); }
+int run_in_clone(void* exec_plan) {
+  spawn::run_child(*static_cast<const spawn::ExecPlan*>(exec_plan));
+}
 
 std::optional<Error> read_child_failure(int err_rd, const ChildPlan& plan,
                                         const std::string& prefix, const char* unnamed) {

@@ -147,8 +147,7 @@ Result<RunState::Found> RunState::find_in(const std::string& dir, const std::str
   // The layout of earlier versions: a directory per sandbox.
   const std::string legacy = dir + "/" + id;
   auto saved = runtime::read_state(legacy);
-  if (!saved)
-    return fail(Code::kNotFound, "no agent socket or state file of " + id + " in " + dir);
+  if (!saved) return fail(Code::kNotFound, "no agent socket or state file of " + id + " in " + dir);
   f.pid = saved->pid;
   f.start = saved->start;
   f.socket = legacy + "/agent.sock";

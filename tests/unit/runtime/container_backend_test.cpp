@@ -30,8 +30,8 @@
 #include "image/image_store.h"
 #include "protocol/wire.h"
 #include "runtime/container/run_state.h"
-#include "runtime/sandbox_state.h"
 #include "runtime/container/spawner_client.h"
+#include "runtime/sandbox_state.h"
 #include "sys/cgroup.h"
 #include "sys/fd.h"
 
