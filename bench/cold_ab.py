@@ -2,7 +2,7 @@
 """A/B rounds of the cold path: two builds of Tidepool against the raw kernel floor.
 
     cold_ab.py --a BIN_A --b BIN_B [--rounds 6] [--runs 100] [--rate-seconds 4]
-               [--idle 1000] [--image busybox|host]
+               [--idle 1000] [--image busybox|host] [--daemon-args "FLAGS"]
 
 Starts one private tidepoold per build (each its own data dir, port and cgroup parent),
 imports the same busybox root into both (bench/peers/prepare.py), then runs rounds in
@@ -13,7 +13,9 @@ measured as `make bench` does (bench/peers.py: kernel counters, PSS of the daemo
 descendants, the daemon's own PSS growth), A and B alternating twice. Prints medians over
 the rounds and the median per-round ratios to the floor; --json writes them too.
 make bench stays the reference; this is for comparing a change with its base on a
-shared machine, where only side-by-side figures mean anything. Needs root.
+shared machine, where only side-by-side figures mean anything. --daemon-args passes
+flags to both daemons (e.g. "--trajectory-log off", to see the cold path without the
+durable log's syncs). Needs root.
 """
 import argparse
 import json
@@ -48,7 +50,7 @@ def _more_fds() -> None:
 
 
 class Daemon:
-    def __init__(self, name: str, bin_dir: str, work: str):
+    def __init__(self, name: str, bin_dir: str, work: str, extra: list = ()):
         self.name, self.bin = name, bin_dir
         self.data = os.path.join(work, f"data-{name}")
         with socket.socket() as s:  # a free port
@@ -59,7 +61,7 @@ class Daemon:
         self.proc = subprocess.Popen(
             [os.path.join(bin_dir, "tidepoold"), "--listen", f"127.0.0.1:{self.port}", "--insecure-tcp",
              "--socket", "", "--stop-sandboxes-on-exit", "--data-dir", self.data, "--log-level", "warn",
-             "--max-connections", "4000", "--max-connections-per-client", "4000"],
+             "--max-connections", "4000", "--max-connections-per-client", "4000", *extra],
             stdin=subprocess.DEVNULL, stdout=self.log, stderr=self.log, preexec_fn=_more_fds)
         for _ in range(300):
             try:
@@ -118,6 +120,7 @@ def main() -> int:
     ap.add_argument("--idle", type=int, default=1000, help="sandboxes alive for idle memory (0 skips)")
     ap.add_argument("--idle-reps", type=int, default=2)
     ap.add_argument("--image", choices=("busybox", "host"), default="busybox")
+    ap.add_argument("--daemon-args", default="", help="extra tidepoold flags for both daemons")
     ap.add_argument("--json", help="also write the results here")
     a = ap.parse_args()
     if os.geteuid() != 0:
@@ -131,7 +134,8 @@ def main() -> int:
         prepare.make_rootfs(root)
         tar = os.path.join(work, "busybox.tar")
         prepare.make_docker_archive(root, tar)
-        daemons = [Daemon("A", a.a, work), Daemon("B", a.b, work)]
+        extra = a.daemon_args.split()
+        daemons = [Daemon("A", a.a, work, extra), Daemon("B", a.b, work, extra)]
         images = {}
         for d in daemons:
             images[d.name] = d.import_image(tar) if a.image == "busybox" else "host"
@@ -162,6 +166,7 @@ def main() -> int:
                     rates[(t, c)].append(v)
                     log(f"round {r} rate c={c} {t}: {v:.1f}/s")
         res = {"rounds": a.rounds, "runs": a.runs, "rate_seconds": a.rate_seconds, "image": a.image,
+               "daemon_args": extra,
                "a": a.a, "b": a.b, "latency_p50_ms": lat, "rates": {f"{t}/c{c}": v for (t, c), v in rates.items()}}
         summary = {}
         for t in ("A", "B"):
