@@ -3,6 +3,7 @@
 
     cold_ab.py --a BIN_A --b BIN_B [--rounds 6] [--runs 100] [--rate-seconds 4]
                [--idle 1000] [--image busybox|host] [--daemon-args "FLAGS"]
+               [--a-args "FLAGS"] [--b-args "FLAGS"]
 
 Starts one private tidepoold per build (each its own data dir, port and cgroup parent),
 imports the same busybox root into both (bench/peers/prepare.py), then runs rounds in
@@ -15,7 +16,8 @@ the rounds and the median per-round ratios to the floor; --json writes them too.
 make bench stays the reference; this is for comparing a change with its base on a
 shared machine, where only side-by-side figures mean anything. --daemon-args passes
 flags to both daemons (e.g. "--trajectory-log off", to see the cold path without the
-durable log's syncs). Needs root.
+durable log's syncs); --a-args and --b-args to one daemon only (the same build as A
+and B with and without a flag). Needs root.
 """
 import argparse
 import json
@@ -121,6 +123,8 @@ def main() -> int:
     ap.add_argument("--idle-reps", type=int, default=2)
     ap.add_argument("--image", choices=("busybox", "host"), default="busybox")
     ap.add_argument("--daemon-args", default="", help="extra tidepoold flags for both daemons")
+    ap.add_argument("--a-args", default="", help="extra tidepoold flags for daemon A only")
+    ap.add_argument("--b-args", default="", help="extra tidepoold flags for daemon B only")
     ap.add_argument("--json", help="also write the results here")
     a = ap.parse_args()
     if os.geteuid() != 0:
@@ -135,7 +139,8 @@ def main() -> int:
         tar = os.path.join(work, "busybox.tar")
         prepare.make_docker_archive(root, tar)
         extra = a.daemon_args.split()
-        daemons = [Daemon("A", a.a, work, extra), Daemon("B", a.b, work, extra)]
+        daemons = [Daemon("A", a.a, work, extra + a.a_args.split()),
+                   Daemon("B", a.b, work, extra + a.b_args.split())]
         images = {}
         for d in daemons:
             images[d.name] = d.import_image(tar) if a.image == "busybox" else "host"
@@ -166,7 +171,7 @@ def main() -> int:
                     rates[(t, c)].append(v)
                     log(f"round {r} rate c={c} {t}: {v:.1f}/s")
         res = {"rounds": a.rounds, "runs": a.runs, "rate_seconds": a.rate_seconds, "image": a.image,
-               "daemon_args": extra,
+               "daemon_args": extra, "a_args": a.a_args.split(), "b_args": a.b_args.split(),
                "a": a.a, "b": a.b, "latency_p50_ms": lat, "rates": {f"{t}/c{c}": v for (t, c), v in rates.items()}}
         summary = {}
         for t in ("A", "B"):
