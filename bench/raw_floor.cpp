@@ -368,6 +368,8 @@ int main(int argc, char** argv) {
       tp::runtime::ContainerOptions o;
       o.data_dir = dir + "/data";
       o.agent_path = agent;
+      // The spawner is the real agent binary next to us; a stand-in agent is exec'd by it.
+      o.spawner_path = (fs::read_symlink("/proc/self/exe").parent_path() / "tp-agent").string();
       o.cgroup_name = cg_name;
       auto b = tp::runtime::make_container_backend(o);
       if (!b) {

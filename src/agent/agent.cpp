@@ -829,6 +829,12 @@ int Agent::run() {
     port_up_ = serial_;
     session_.begin(static_cast<uint64_t>(::getpid()));
   }
+  // kReady first; then, while the node finishes the sandbox's create, the first
+  // command's cgroup: the first exec finds it made (a mkdir off its path).
+  (void)flush();
+  if (cgroup_root_.fd >= 0 && spare_cgroups_.empty())
+    if (auto cg = CommandCgroup::make(cgroup_root_, ++cgroup_seq_))
+      spare_cgroups_.push_back(std::move(*cg));
   std::vector<pollfd> pfds;
   std::vector<Slot> slots;
   for (;;) {
@@ -985,8 +991,7 @@ int main(int argc, char** argv) {
     log_line("tp-agent: %s\n", opts.error().message().c_str());
     log_line(
         "usage: tp-agent [--fd N] [--listen-fd N] [--orphan-timeout S] [--root DIR] [--cgroup-fd "
-        "N] [--serial] "
-        "[--resolve auto|openat2|walk]\n");
+        "N] [--serial] [--oom-fd N] [--resolve auto|openat2|walk]\n");
     return 2;
   }
   // Keep the heap small and give it back: no dynamic mmap threshold growth,
@@ -1049,6 +1054,14 @@ int main(int argc, char** argv) {
       return 2;
     }
     cg_root = *r;
+  }
+  if (opts->oom_fd >= 0) {
+    // Never a command's (it would move the agent's score); a bad one only costs the
+    // commands their higher score.
+    if (::fcntl(opts->oom_fd, F_SETFD, FD_CLOEXEC) == 0)
+      set_oom_score_fd(opts->oom_fd);
+    else
+      log_line("tp-agent: --oom-fd: %s\n", std::strerror(errno));
   }
   int ctl = opts->fd;
   Agent agent(std::move(*opts), ctl, sys::UniqueFd(sfd), FileService(std::move(*resolver)));

@@ -413,6 +413,43 @@ char* child_stack_top() {
 
 }  // namespace
 
+namespace {
+
+int g_oom_fd = -1;
+char g_own_score[16] = "0";
+size_t g_own_score_len = 1;
+
+// Raises the agent's score to the commands' for the lifetime of the object (see
+// set_oom_score_fd).
+class ScoreForCommand {
+ public:
+  ScoreForCommand() {
+    if (g_oom_fd >= 0) raised_ = ::write(g_oom_fd, "500", 3) == 3;
+  }
+  ~ScoreForCommand() {
+    if (raised_) (void)!::write(g_oom_fd, g_own_score, g_own_score_len);
+  }
+  ScoreForCommand(const ScoreForCommand&) = delete;
+  ScoreForCommand& operator=(const ScoreForCommand&) = delete;
+
+ private:
+  bool raised_ = false;
+};
+
+}  // namespace
+
+void set_oom_score_fd(int fd) {
+  char buf[sizeof g_own_score] = {};
+  // Through the descriptor: the sandbox's own /proc/1/oom_score_adj is masked.
+  ssize_t n = ::pread(fd, buf, sizeof buf - 1, 0);
+  while (n > 0 && (buf[n - 1] == '\n' || buf[n - 1] == ' ')) --n;
+  if (n <= 0) return;  // unknown: leave commands as they are
+  std::memcpy(g_own_score, buf, static_cast<size_t>(n));
+  g_own_score[n] = '\0';
+  g_own_score_len = static_cast<size_t>(n);
+  g_oom_fd = fd;
+}
+
 Result<Spawned> spawn_command(const ExecSpec& spec, const CgroupRoot* cgroup_root, uint64_t seq,
                               CommandCgroup* spare) {
   if (spec.argv.empty()) return fail(Code::kInvalidArgument, "exec: empty argv");
@@ -432,6 +469,8 @@ Result<Spawned> spawn_command(const ExecSpec& spec, const CgroupRoot* cgroup_roo
   if (::pipe2(err, O_CLOEXEC) != 0) return sys_error("pipe2");
   sys::UniqueFd err_r(err[0]), err_w(err[1]);
   Spawned s;
+  // Born at the commands' score (set_oom_score_fd); the agent's comes back when this ends.
+  ScoreForCommand score;
 
   if (cgroup_root) {
     Result<CommandCgroup> cg = spare && spare->valid() ? Result<CommandCgroup>(std::move(*spare))

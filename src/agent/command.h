@@ -127,4 +127,15 @@ struct Spawned {
 Result<Spawned> spawn_command(const ExecSpec& spec, const CgroupRoot* cgroup_root, uint64_t seq,
                               CommandCgroup* spare = nullptr);
 
+// Commands start at oom_score_adj 500, above the agent, so that the OOM killer picks
+// them and not the agent. A command raises its own score before its exec, which works
+// when the agent was exec'd in the sandbox's user namespace. A forked agent (the
+// spawner's child) owns a memory of the host's user namespace, so before its exec a
+// child's /proc files are host root's and that write fails: such an agent is given
+// `fd`, its own oom_score_adj opened for reading and writing by the spawner (host root), and
+// spawn_command raises the agent to 500 for the clone (the command is born at 500)
+// and puts it back after (lowering to its own earlier value needs no privilege).
+// Reads the agent's current score through `fd`. Call once, before any spawn_command.
+void set_oom_score_fd(int fd);
+
 }  // namespace tp::agent

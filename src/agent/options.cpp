@@ -21,7 +21,7 @@ Result<Options> parse_options(int argc, char** argv) {
       if (i + 1 >= argc) return fail(Code::kInvalidArgument, std::string(a) + " needs a value");
       return std::string_view(argv[++i]);
     };
-    if (a == "--fd" || a == "--cgroup-fd") {
+    if (a == "--fd" || a == "--cgroup-fd" || a == "--oom-fd") {
       auto v = need();
       if (!v) return std::unexpected(v.error());
       std::string s(*v);
@@ -29,7 +29,7 @@ Result<Options> parse_options(int argc, char** argv) {
       long fd = std::strtol(s.c_str(), &end, 10);
       if (s.empty() || *end != '\0' || fd < 0 || fd > 1 << 20)
         return fail(Code::kInvalidArgument, std::string(a) + ": not a file descriptor: " + s);
-      (a == "--fd" ? o.fd : o.cgroup_fd) = static_cast<int>(fd);
+      (a == "--fd" ? o.fd : a == "--cgroup-fd" ? o.cgroup_fd : o.oom_fd) = static_cast<int>(fd);
     } else if (a == "--listen-fd" || a == "--orphan-timeout") {
       auto v = need();
       if (!v) return std::unexpected(v.error());

@@ -1,7 +1,7 @@
 // Command line of tp-agent.
 //
 //   tp-agent [--fd N] [--listen-fd N] [--orphan-timeout S] [--root DIR] [--cgroup-fd N]
-//            [--serial] [--resolve auto|openat2|walk]
+//            [--serial] [--oom-fd N] [--resolve auto|openat2|walk]
 //
 //   --fd N        the control stream (default 3)
 //   --listen-fd N a listening unix stream socket: when the control stream ends
@@ -20,6 +20,9 @@
 //                 it is never closed, EOF means "no host connected", and a
 //                 session starts whenever a host connects (src/protocol/README.md,
 //                 "VM clones"). No --orphan-timeout. Excludes --listen-fd.
+//   --oom-fd N    the agent's own /proc/<pid>/oom_score_adj opened read-write (by the
+//                 spawner, as host root): commands are then born above the agent's
+//                 score (command.h, set_oom_score_fd)
 //   --resolve M   test-only: force the path resolver (default auto)
 //
 // Thread rules: pure function.
@@ -39,6 +42,7 @@ struct Options {
   std::string root = "/";
   int cgroup_fd = -1;  // -1: none
   bool serial = false;
+  int oom_fd = -1;  // -1: none
   Resolver::Mode resolve = Resolver::Mode::kAuto;
 };
 

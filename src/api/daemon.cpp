@@ -149,6 +149,10 @@ int daemon_main(int argc, char** argv) {
   app.add_option("--node", node, "this node's name; it prefixes every sandbox id")
       ->capture_default_str();
   app.add_option("--agent", agent, "path of the static tp-agent binary")->capture_default_str();
+  std::string run_dir;
+  app.add_option("--run-dir", run_dir,
+                 "directory of the agents' sockets (live restore); default: /run/tidepool/<name> "
+                 "when /run is a tmpfs, else <data-dir>/containers/run");
   app.add_option("--io-threads", io_threads, "HTTP and agent I/O threads")
       ->capture_default_str()
       ->check(CLI::Range(1u, 64u));
@@ -320,6 +324,7 @@ int daemon_main(int argc, char** argv) {
     copts.cgroup_name = fmt::format("tidepool-{:08x}", h);
   }
   copts.agent_path = agent;
+  copts.run_dir = run_dir.empty() ? runtime::default_run_dir(copts.cgroup_name) : run_dir;
   // Images (issue 4): layer store under the data dir, records in state.db. Opened
   // before the backend, which resolves a spec's layer digests through it.
   image::StoreOptions sopts;

@@ -253,6 +253,13 @@ Result<void> CgroupManager::attach(const std::string& id, pid_t pid) {
   return {};
 }
 
+std::vector<std::string> CgroupManager::entry_files(const std::string& id) const {
+  std::vector<std::string> out;
+  const char* file = layout_.version == CgroupVersion::kV2 ? "/cgroup.procs" : "/tasks";
+  for (const auto& d : dirs(id)) out.push_back(d + file);
+  return out;
+}
+
 Result<std::vector<std::string>> CgroupManager::enter_thread(const std::string& id) {
   if (!can_enter_thread())
     return fail(Code::kInternal, "a v2 cgroup takes whole processes, not threads");
@@ -475,7 +482,13 @@ Result<void> CgroupManager::kill_all(const std::string& id) {
 
 Result<void> CgroupManager::remove(const std::string& id, int busy_polls) {
   for (const auto& top : dirs(id)) {
-    // The agent's command cgroups (normally removed by the agent itself) go first.
+    // Only the delegated hierarchy has sub-cgroups (the agent's command cgroups):
+    // elsewhere one rmdir does it, without listing the directory first.
+    auto first = sys_.rmdir(top);
+    if (first || first.error().sys_errno == ENOENT) continue;
+    const int e = first.error().sys_errno;
+    if (e != EBUSY && e != ENOTEMPTY) return first;
+    // The command cgroups go first.
     auto all = subtree(top);
     for (auto d = all.rbegin(); d != all.rend(); ++d) {
       for (int i = 0;; ++i) {

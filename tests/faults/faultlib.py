@@ -9,20 +9,14 @@ import sqlite3
 import time
 from typing import Dict, Iterable, List, Optional, Set
 
-from tp_testlib import _cgroup_roots, _comm, pids_in_cgroups_matching
+from tp_testlib import _cgroup_roots, _comm, cgroup_parent_of, pids_in_cgroups_matching
 
 import tidepool
 
 
 def cgroup_parent_name(data_dir: str) -> str:
-    """The daemon's parent cgroup: "tidepool-<FNV-1a of the canonical data dir>" (daemon.cpp)."""
-    d = os.path.realpath(data_dir)
-    if d == "/var/lib/tidepool":
-        return "tidepool"
-    h = 2166136261
-    for c in d.encode():
-        h = ((h ^ c) * 16777619) & 0xFFFFFFFF
-    return f"tidepool-{h:08x}"
+    """The daemon's parent cgroup (tp_testlib.cgroup_parent_of)."""
+    return cgroup_parent_of(data_dir)
 
 
 def sandbox_cgroups(data_dir: str) -> List[str]:

@@ -13,6 +13,8 @@ of sandboxes is being created. After the restart on the same data directory:
   - the clients cut off got an error, not a hang;
   - killing everything afterwards leaves nothing on the host.
 """
+import os
+import pathlib
 import signal
 import threading
 import time
@@ -25,6 +27,9 @@ from faultlib import cgroup_processes, netns_of, no_retry_client, store_rows, wa
 from tp_testlib import processes_of, wait_until
 
 LINES = 400  # the printer's lines, one every 20 ms: it outlasts the restart
+# The build directory of an earlier version (e.g. the main branch's), whose daemon makes
+# the sandboxes that this build's daemon then adopts.
+PREVIOUS_BUILD = os.environ.get("TIDEPOOL_PREVIOUS_BUILD", "")
 
 
 @pytest.mark.parametrize("how", ["kill9", "term"])
@@ -122,3 +127,43 @@ def test_restart_mid_work_keeps_every_sandbox(daemon, client, how):
             daemon.keep_sandboxes = False
             daemon.stop()
             daemon.start()
+
+
+@pytest.mark.skipif(not PREVIOUS_BUILD, reason="TIDEPOOL_PREVIOUS_BUILD names no earlier build")
+def test_sandboxes_of_a_previous_build_are_adopted_after_kill9(daemon, client):
+    """adopt() does not care who made a sandbox: sandboxes an earlier version's daemon made
+    (its run dir and layout, its way of starting them) are adopted by this build's daemon
+    after a kill -9, keep their files and running commands, and go without a trace."""
+    this_build = daemon.binary
+    earlier = pathlib.Path(PREVIOUS_BUILD) / "bin" / "tidepoold"
+    assert earlier.exists(), earlier
+    netns = set()
+    daemon.stop(signal.SIGKILL)
+    daemon.binary = earlier
+    try:
+        daemon.start()
+        sbs = [client.create(ttl=600) for _ in range(3)]
+        for sb in sbs:
+            sb.files.write("/root/kept.txt", sb.id.encode())
+        netns = netns_of(p for sb in sbs for p in processes_of(sb.id))
+        printer = sbs[0].start(f"for i in $(seq 1 {LINES}); do echo line $i; sleep 0.02; done")
+        daemon.stop(signal.SIGKILL)
+    finally:
+        daemon.binary = this_build
+        daemon.start()
+    with no_retry_client(daemon.url) as c:
+        for sb in sbs:
+            got = c.get(sb.id)
+            assert got.state == "running", got.info
+            assert got.files.read("/root/kept.txt") == sb.id.encode()
+            assert got.exec("echo adopted").stdout == "adopted\n"
+        res = c.get(sbs[0].id).process(printer.pid).wait(timeout=60)
+        assert res.exit_code == 0, res
+        assert res.stdout == "".join(f"line {i}\n" for i in range(1, LINES + 1)), res.stdout[-400:]
+        # This build's sandboxes beside them.
+        new = c.create(ttl=600)
+        daemon.created.add(new.id)
+        assert new.exec("echo new").stdout == "new\n"
+        for sid in [sb.id for sb in sbs] + [new.id]:
+            c.kill(sid)
+    wait_no_host_leaks(daemon.data_dir, netns)

@@ -1,6 +1,7 @@
 """Live restore, the host side that exists for every sandbox: the agent's listening socket
-and state file in <data_dir>/containers/run/<id>/, reachable by root only (not by the
-sandbox's host uid), gone with the sandbox. Adoption itself (release, a new backend,
+<run dir>/<id>.sock (the run dir is /run/tidepool/<name> when /run is a tmpfs, else
+<data_dir>/containers/run), the init it serves recorded in the socket's xattr, reachable by
+root only (not by the sandbox's host uid), gone with the sandbox. Adoption itself (release, a new backend,
 adopt, a new agent session) is tested below the daemon in
 tests/unit/runtime/container_backend_test.cpp and tests/unit/agent/agent_session_test.cpp."""
 import os
@@ -8,22 +9,21 @@ import stat
 import subprocess
 import sys
 
-from tp_testlib import leaks_of, sandbox_root_on_host, wait_until
+from tp_testlib import leaks_of, run_dir_of, sandbox_root_on_host, wait_until
 
 
-def run_dir(daemon, sid):
-    return os.path.join(daemon.data_dir, "containers", "run", sid)
+def socket_of(daemon, sid):
+    return os.path.join(run_dir_of(daemon.data_dir), sid + ".sock")
 
 
 def test_run_dir_holds_the_agent_socket_and_state(client, daemon):
     sb = client.create(ttl=600)
-    d = run_dir(daemon, sb.id)
+    d = socket_of(daemon, sb.id)
     top = os.stat(os.path.dirname(d))
     assert stat.S_IMODE(top.st_mode) == 0o700 and top.st_uid == 0
-    assert stat.S_IMODE(os.stat(d).st_mode) == 0o700
-    assert stat.S_ISSOCK(os.stat(os.path.join(d, "agent.sock")).st_mode)
-    with open(os.path.join(d, "state")) as f:
-        fields = dict(line.split() for line in f if line.strip())
+    assert stat.S_ISSOCK(os.stat(d).st_mode)
+    text = os.getxattr(d, "trusted.tidepool.init").decode()
+    fields = dict(line.split() for line in text.splitlines() if line.strip())
     pid = int(fields["pid"])
     with open(f"/proc/{pid}/stat") as f:
         start = f.read().rsplit(")", 1)[1].split()[19]
@@ -36,7 +36,7 @@ def test_run_dir_holds_the_agent_socket_and_state(client, daemon):
 
 def test_sandbox_uid_cannot_reach_the_agent_socket(client, daemon):
     sb = client.create(ttl=600)
-    path = os.path.join(run_dir(daemon, sb.id), "agent.sock")
+    path = socket_of(daemon, sb.id)
     # The sandbox's root is an unprivileged host uid (its own range's first id); from the
     # host it still cannot connect.
     root = sandbox_root_on_host(sb.id)

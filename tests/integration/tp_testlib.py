@@ -181,12 +181,37 @@ def mounts_of(sandbox_id: str, pids: Iterable[int] = ()) -> List[str]:
     return out
 
 
+def cgroup_parent_of(data_dir: str) -> str:
+    """The daemon's parent cgroup name: "tidepool-<FNV-1a of the canonical data dir>" (daemon.cpp)."""
+    d = os.path.realpath(data_dir)
+    if d == "/var/lib/tidepool":
+        return "tidepool"
+    h = 2166136261
+    for c in d.encode():
+        h = ((h ^ c) * 16777619) & 0xFFFFFFFF
+    return f"tidepool-{h:08x}"
+
+
+def run_dir_of(data_dir: str) -> str:
+    """Where a daemon (without --run-dir) keeps its agents' sockets: /run/tidepool/<parent
+    cgroup name> when /run is a tmpfs, else <data_dir>/containers/run."""
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            pre, _, post = line.partition(" - ")
+            if pre.split()[4] == "/run" and post.split()[0] == "tmpfs":
+                return f"/run/tidepool/{cgroup_parent_of(data_dir)}"
+    return os.path.join(data_dir, "containers", "run")
+
+
 def data_paths_of(sandbox_id: str, data_dir: Optional[str]) -> List[str]:
     """Per-sandbox working paths under <data_dir>/containers (roots, uppers, sockets) and
-    <data_dir>/microvm/run (a VM's sockets, console and state)."""
+    in the daemon's run dir, and <data_dir>/microvm/run (a VM's sockets, console and state)."""
     if not data_dir:
         return []
     found = []
+    run = run_dir_of(data_dir)
+    if os.path.isdir(run) and not run.startswith(os.path.join(data_dir, "")):
+        found.extend(os.path.join(run, n) for n in os.listdir(run) if sandbox_id in n)
     for top in (os.path.join(data_dir, "containers"), os.path.join(data_dir, "microvm", "run")):
         for dirpath, dirnames, filenames in os.walk(top):
             if dirpath[len(top):].count(os.sep) >= 3:
@@ -374,12 +399,14 @@ class Daemon:
     def cleanup(self) -> None:
         # A daemon that ended with SIGKILL could not remove its (empty) parent cgroups;
         # they belong to this throwaway data dir, so the harness removes them.
-        d = os.path.realpath(self.data_dir)
-        h = 2166136261
-        for c in d.encode():
-            h = ((h ^ c) * 16777619) & 0xFFFFFFFF
-        for parent in glob.glob(f"/sys/fs/cgroup/*/tidepool-{h:08x}") + glob.glob(
-                f"/sys/fs/cgroup/tidepool-{h:08x}"):
+        name = cgroup_parent_of(self.data_dir)
+        run = run_dir_of(self.data_dir)
+        if not run.startswith(os.path.join(self.data_dir, "")):
+            try:
+                os.rmdir(run)  # a run dir in /run: fails (and shows in leak checks) if not empty
+            except OSError:
+                pass
+        for parent in glob.glob(f"/sys/fs/cgroup/*/{name}") + glob.glob(f"/sys/fs/cgroup/{name}"):
             try:
                 os.rmdir(parent)  # fails (and is left for the leak check) if not empty
             except OSError:

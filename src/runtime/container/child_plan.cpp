@@ -1,22 +1,13 @@
 #include "runtime/container/child_plan.h"
 
-#include <fcntl.h>
-#include <linux/close_range.h>
-#include <net/if.h>
 #include <sched.h>
-#include <signal.h>
-#include <sys/ioctl.h>
 #include <sys/mount.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <cerrno>
-
-#include "sys/raw_syscall.h"
+#include <cstdlib>
 
 namespace tp::runtime::container {
-
-namespace raw = tp::sys::raw;
 
 // Same lists as docker/crun's defaults, plus kallsyms: with kptr_restrict=0 and
 // perf_event_paranoid<=1 it shows kernel addresses (a KASLR bypass) to anyone.
@@ -38,8 +29,12 @@ const UserNsLimit kUserNsLimits[] = {{"max_inotify_instances", "32"},
 // Pseudo-terminals per sandbox: every devpts instance draws on the host-wide
 // kernel.pty.max (kernel.pty.reserve keeps a share for the host's own instance).
 const int kPtyMax = 64;
-const char* const kMaskedProcDirs[] = {"acpi", "scsi", "asound", "firmware", nullptr};
-const char* const kReadOnlyProcDirs[] = {"bus", "fs", "irq", "sys", nullptr};
+// bus, fs and irq were read-only binds of themselves (two mount calls each); hidden,
+// they cost one and show less of the host (its PCI and input devices, its file
+// systems' and IRQs' settings). /proc/sys stays visible, read-only.
+const char* const kMaskedProcDirs[] = {"acpi", "scsi", "asound", "firmware",
+                                       "bus",  "fs",   "irq",    nullptr};
+const char* const kReadOnlyProcDirs[] = {"sys", nullptr};
 
 namespace {
 
@@ -58,18 +53,6 @@ std::string flag_names(unsigned long f) {
   add(MS_NOEXEC, "MS_NOEXEC");
   return s.empty() ? "0" : s;
 }
-
-// Exec-sequence step offsets from exec_steps_base.
-enum ExecStep : uint32_t {
-  kDupFds,
-  kStdio,
-  kAgentFd,
-  kCloseRange,
-  kSeccomp,
-  kExec,
-  kCgroupFd,
-  kExecStepCount
-};
 
 }  // namespace
 
@@ -168,19 +151,102 @@ void ChildPlan::set_ids(uint32_t uid, uint32_t gid) {
 }
 
 void ChildPlan::finish() {
+  // In spawn::ExecStep's order.
   exec_steps_base = static_cast<uint32_t>(steps.size());
   steps.push_back("fcntl(F_DUPFD_CLOEXEC)");
   steps.push_back("open(/dev/null) for stdio");
-  steps.push_back("dup3(agent socket, 3) / dup3(agent listening socket, 4)");
-  steps.push_back("close_range(4 or 5, ~0, CLOSE_RANGE_CLOEXEC)");
+  steps.push_back("dup3(agent socket, 3) / dup3(agent listening socket, 5)");
+  steps.push_back("close_range(6 or 7, ~0)");
   steps.push_back("prctl(PR_SET_NO_NEW_PRIVS) + seccomp(SECCOMP_SET_MODE_FILTER)");
   steps.push_back("execveat(tp-agent, \"\", AT_EMPTY_PATH)");
   steps.push_back("dup3(cgroup directory, 4)");
 }
 
+spawn::Request ChildPlan::to_request() const {
+  spawn::Request r;
+  auto with_slot = [&](Op op) {
+    if (op.fd >= 0) op.fd = r.slot(op.fd);
+    return op;
+  };
+  for (const auto& op : ops) r.ops.push_back(with_slot(op));
+  for (const auto& op : limits) r.limits.push_back(with_slot(op));
+  for (const char* a : argv) r.argv.emplace_back(a);
+  for (const char* e : envp) r.envp.emplace_back(e);
+  if (seccomp) r.seccomp = seccomp->insns;
+  r.exec_steps_base = exec_steps_base;
+  r.agent_slot = r.slot(agent_child);
+  if (agent_listen >= 0) r.listen_slot = r.slot(agent_listen);
+  if (cgroup_fd >= 0) r.cgroup_slot = r.slot(cgroup_fd);
+  if (exe_fd >= 0) r.exe_slot = r.slot(exe_fd);
+  if (log_fd >= 0) r.log_slot = r.slot(log_fd);
+  return r;
+}
+
+spawn::ExecPlan ChildPlan::in_process(int sync_rd, int sync_wr, int err_rd, int err_wr,
+                                      std::vector<char*>* args) const {
+  // Without an exec the child would go on in the daemon's memory.
+  if (exe_fd < 0) std::abort();
+  args->clear();
+  for (const char* a : argv) args->push_back(const_cast<char*>(a));
+  args->push_back(nullptr);
+  const size_t env_at = args->size();
+  for (const char* e : envp) args->push_back(const_cast<char*>(e));
+  args->push_back(nullptr);
+  spawn::ExecPlan e;
+  e.ops = ops.data();
+  e.n_ops = static_cast<uint32_t>(ops.size());
+  e.limits = limits.data();
+  e.n_limits = static_cast<uint32_t>(limits.size());
+  e.argv = args->data();
+  e.envp = args->data() + env_at;
+  if (seccomp) e.seccomp = seccomp->fprog;
+  e.sync_rd = sync_rd;
+  e.err_wr = err_wr;
+  e.agent_child = agent_child;
+  e.cgroup_fd = cgroup_fd;
+  e.agent_listen = agent_listen;
+  e.log_fd = log_fd;
+  e.exe_fd = exe_fd;
+  e.exec_steps_base = exec_steps_base;
+  e.drop_first[0] = sync_wr;
+  e.drop_first[1] = err_rd;
+  return e;
+}
+
+int run_in_clone(void* exec_plan) {
+  spawn::run_child(*static_cast<const spawn::ExecPlan*>(exec_plan));
+}
+
+std::optional<Error> read_child_failure(int err_rd, const ChildPlan& plan,
+                                        const std::string& prefix, const char* unnamed) {
+  ChildFailure f{};
+  ssize_t n;
+  do n = ::read(err_rd, &f, sizeof f);
+  while (n < 0 && errno == EINTR);
+  if (n < 0) return Error{code_from_errno(errno), errno, prefix + "read(error pipe)"};
+  if (n == 0) return std::nullopt;
+  std::string step =
+      (n == sizeof f && f.step >= 0 && static_cast<size_t>(f.step) < plan.steps.size())
+          ? plan.steps[static_cast<size_t>(f.step)]
+          : unnamed;
+  return Error{code_from_errno(f.err), f.err, prefix + step};
+}
+
 void build_root_ops(const RootRecipe& r, ChildPlan* p) {
   const std::string& m = r.mnt_dir;
   const std::string root = m + "/root";
+  // Before anything can block: the daemon learns our pid even if the spawner dies.
+  p->simple(OpKind::kHello, "readlink(/proc/self) + write(error pipe)");
+  // The daemon makes the cgroups (and the agent's listening socket) while the
+  // spawner clones: they arrive on the agent socket, and the child joins them before
+  // anything else happens in it.
+  Op setup{OpKind::kRecvSetup};
+  setup.mode = static_cast<uint32_t>(r.cgroup_entries.size());
+  setup.flags = (r.setup_cgroup_dir ? spawn::kSetupCgroupDir : 0) |
+                (r.setup_listen ? spawn::kSetupListen : 0);
+  setup.step = p->step("recvmsg(agent socket): the daemon's setup message");
+  for (const auto& path : r.cgroup_entries) p->step("write(" + path + ", \"0\")");
+  p->ops.push_back(setup);
   p->simple(OpKind::kWaitSync, "read(sync pipe)");
   p->simple(OpKind::kBecomeRoot, "setresgid/setgroups/setresuid(0) in the user namespace");
   // /proc/sys/user resolves to the writer's user namespace: these are the sandbox's own.
@@ -188,7 +254,7 @@ void build_root_ops(const RootRecipe& r, ChildPlan* p) {
   for (int i = 0; kUserNsLimits[i].name; ++i)
     p->write_file(std::string("/proc/sys/user/") + kUserNsLimits[i].name, kUserNsLimits[i].value,
                   true);
-  // After the parent moved us into the sandbox cgroup, so that it is the cgroup ns root.
+  // After we moved into the sandbox's cgroups, so that they are the cgroup ns root.
   p->simple(OpKind::kUnshare, "unshare(CLONE_NEWCGROUP)", "", CLONE_NEWCGROUP);
   p->simple(OpKind::kSethostname, "sethostname(" + r.id + ")", r.id);
   p->simple(OpKind::kLoopbackUp, "ioctl(lo, SIOCSIFFLAGS, IFF_UP)");
@@ -231,8 +297,12 @@ void build_root_ops(const RootRecipe& r, ChildPlan* p) {
                true);
   for (const auto& f : r.masked_proc_files)
     p->mount(null_dev, proc + "/" + f, "", MS_BIND, "", true);
+  // One bind each of the empty directory, without a read-only remount: it is owned by
+  // host root (an id no sandbox maps) with mode 0555, so no sandbox id may create,
+  // change or chmod anything in it whatever the mount's flags, and a sandbox cannot
+  // remount or unmount (seccomp refuses the mount API; the binds below it too).
   for (const auto& d : r.masked_proc_dirs)
-    p->bind_ro(r.empty_dir, proc + "/" + d, MS_NOEXEC | r.prep_locked, true);
+    p->mount(r.empty_dir, proc + "/" + d, "", MS_BIND, "", true);
 
   if (!r.dev_dir.empty()) {
     // /dev: one read-only bind of the prepared directory (not nodev: its nodes must work).
@@ -262,209 +332,6 @@ void build_root_ops(const RootRecipe& r, ChildPlan* p) {
   p->simple(OpKind::kPivotRoot, "pivot_root(., .)");
   p->simple(OpKind::kUmountDetach, "umount2(old root, MNT_DETACH)", ".");
   p->simple(OpKind::kChdir, "chdir(/)", "/");
-}
-
-namespace {
-
-// Kernel layout of struct sigaction for rt_sigaction (not glibc's).
-struct KernelSigaction {
-  void* handler;
-  unsigned long flags;
-  void* restorer;
-  unsigned long mask;
-};
-
-[[noreturn]] void die(int err_fd, uint32_t step, long neg_errno) {
-  ChildFailure f{static_cast<int32_t>(step), static_cast<int32_t>(-neg_errno)};
-  raw::call(SYS_write, err_fd, &f, sizeof f);
-  raw::exit_now(127);
-}
-
-long loopback_up() {
-  long s = raw::call(SYS_socket, AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-  if (s < 0) return s;
-  ifreq ifr{};
-  ifr.ifr_name[0] = 'l';
-  ifr.ifr_name[1] = 'o';
-  long r = raw::call(SYS_ioctl, s, SIOCGIFFLAGS, &ifr);
-  if (r == 0) {
-    ifr.ifr_flags = static_cast<short>(ifr.ifr_flags | IFF_UP);
-    r = raw::call(SYS_ioctl, s, SIOCSIFFLAGS, &ifr);
-  }
-  raw::call(SYS_close, s);
-  return r;
-}
-
-long run_op(const Op& op, const ChildPlan& p) {
-  switch (op.kind) {
-    case OpKind::kWaitSync: {
-      char b;
-      long n;
-      do n = raw::call(SYS_read, p.sync_rd, &b, 1);
-      while (n == -EINTR);
-      if (n < 0) return n;
-      if (n == 0) raw::exit_now(126);  // parent gave up; it reaps us
-      return 0;
-    }
-    case OpKind::kSetIds: {
-      long r = raw::call(SYS_setresgid, op.mode, op.mode, op.mode);
-      if (r == 0) r = raw::call(SYS_setgroups, 0, nullptr);
-      if (r == 0) r = raw::call(SYS_setresuid, op.flags, op.flags, op.flags);
-      return r;
-    }
-    case OpKind::kBecomeRoot: {
-      long r = raw::call(SYS_setresgid, 0, 0, 0);
-      if (r == 0) r = raw::call(SYS_setgroups, 0, nullptr);
-      if (r == 0) r = raw::call(SYS_setresuid, 0, 0, 0);
-      return r;
-    }
-    case OpKind::kUnshare:
-      return raw::call(SYS_unshare, op.flags);
-    case OpKind::kSethostname: {
-      size_t n = 0;
-      while (op.a[n]) ++n;
-      return raw::call(SYS_sethostname, op.a, n);
-    }
-    case OpKind::kLoopbackUp:
-      return loopback_up();
-    case OpKind::kMount:
-      return raw::call(SYS_mount, op.a, op.b, op.c, op.flags, op.d);
-    case OpKind::kMkdir: {
-      long r = raw::call(SYS_mkdirat, AT_FDCWD, op.a, op.mode);
-      return r == -EEXIST ? 0 : r;
-    }
-    case OpKind::kTouch: {
-      long fd =
-          raw::call(SYS_openat, AT_FDCWD, op.a, O_WRONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
-      if (fd < 0) return fd == -EEXIST ? 0 : fd;
-      raw::call(SYS_close, fd);
-      return 0;
-    }
-    case OpKind::kSymlink:
-      return raw::call(SYS_symlinkat, op.a, AT_FDCWD, op.b);
-    case OpKind::kChdir:
-      return raw::call(SYS_chdir, op.a);
-    case OpKind::kPivotRoot:
-      return raw::call(SYS_pivot_root, ".", ".");
-    case OpKind::kUmountDetach:
-      return raw::call(SYS_umount2, op.a, MNT_DETACH);
-    case OpKind::kSetRlimit: {
-      struct {
-        uint64_t cur, max;
-      } lim{op.flags, op.flags};
-      return raw::call(SYS_prlimit64, 0, op.mode, &lim, nullptr);
-    }
-    case OpKind::kMoveMount:
-      return raw::call(SYS_move_mount, op.fd, "", AT_FDCWD, op.a, MOVE_MOUNT_F_EMPTY_PATH);
-    case OpKind::kSchedIdle: {
-      struct sched_param sp {};
-      return raw::call(SYS_sched_setscheduler, 0, SCHED_IDLE, &sp);
-    }
-    case OpKind::kWriteFile: {
-      long fd = raw::call(SYS_openat, AT_FDCWD, op.a, O_WRONLY | O_CLOEXEC);
-      if (fd < 0) return fd;
-      size_t n = 0;
-      while (op.b[n]) ++n;
-      long w = raw::call(SYS_write, fd, op.b, n);
-      raw::call(SYS_close, fd);
-      return w < 0 ? w : (static_cast<size_t>(w) == n ? 0 : -EIO);
-    }
-  }
-  return -EINVAL;
-}
-
-}  // namespace
-
-int run_child(void* arg) {
-  const ChildPlan& p = *static_cast<const ChildPlan*>(arg);
-  int err_fd = p.err_wr;
-  // Our copies of the parent's ends: holding them would hide the parent's EOFs.
-  raw::call(SYS_close, p.sync_wr);
-  raw::call(SYS_close, p.err_rd);
-  for (const Op& op : p.ops) {
-    long r = run_op(op, p);
-    if (r < 0 && !(op.ignore_missing && r == -ENOENT)) die(err_fd, op.step, r);
-  }
-  const uint32_t e = p.exec_steps_base;
-  // Move what exec needs above the stdio and fd-3 slots (any of them may sit there).
-  long exe = raw::call(SYS_fcntl, p.exe_fd, F_DUPFD_CLOEXEC, 10);
-  long err = raw::call(SYS_fcntl, err_fd, F_DUPFD_CLOEXEC, 10);
-  long agent = raw::call(SYS_fcntl, p.agent_child, F_DUPFD_CLOEXEC, 10);
-  long cg = p.cgroup_fd >= 0 ? raw::call(SYS_fcntl, p.cgroup_fd, F_DUPFD_CLOEXEC, 10) : 0;
-  long listen =
-      p.agent_listen >= 0 ? raw::call(SYS_fcntl, p.agent_listen, F_DUPFD_CLOEXEC, 10) : -1;
-  if (p.agent_listen >= 0 && listen < 0) die(err_fd, e + kDupFds, listen);
-  long log = p.log_fd >= 0 ? raw::call(SYS_fcntl, p.log_fd, F_DUPFD_CLOEXEC, 10) : -1;
-  if (p.log_fd >= 0 && log < 0) die(err_fd, e + kDupFds, log);
-  if (err >= 0) err_fd = static_cast<int>(err);
-  if (exe < 0 || err < 0 || agent < 0 || cg < 0)
-    die(err_fd, e + kDupFds, exe < 0 ? exe : err < 0 ? err : agent < 0 ? agent : cg);
-  long null_fd = raw::call(SYS_openat, AT_FDCWD, "/dev/null", O_RDWR);
-  if (null_fd < 0) die(err_fd, e + kStdio, null_fd);
-  for (int i = 0; i < 3; ++i) {
-    if (null_fd == i) continue;
-    long r = raw::call(SYS_dup3, null_fd, i, 0);
-    if (r < 0) die(err_fd, e + kStdio, r);
-  }
-  if (null_fd > 2) raw::call(SYS_close, null_fd);
-  for (int i = 1; log >= 0 && i < 3; ++i) {
-    long d = raw::call(SYS_dup3, log, i, 0);
-    if (d < 0) die(err_fd, e + kStdio, d);
-  }
-  long r = raw::call(SYS_dup3, agent, 3, 0);
-  if (r < 0) die(err_fd, e + kAgentFd, r);
-  if (p.cgroup_fd >= 0) {
-    // The agent makes it CLOEXEC at once, so no command ever gets it.
-    r = raw::call(SYS_dup3, cg, 4, 0);
-    if (r < 0) die(err_fd, e + kCgroupFd, r);
-  }
-  if (listen >= 0) {
-    r = raw::call(SYS_dup3, listen, 5, 0);
-    if (r < 0) die(err_fd, e + kAgentFd, r);
-  }
-  // Anything the daemon left without CLOEXEC must not reach the sandbox.
-  r = raw::call(SYS_close_range,
-                listen >= 0        ? 6
-                : p.cgroup_fd >= 0 ? 5
-                                   : 4,
-                ~0U, CLOSE_RANGE_CLOEXEC);
-  if (r < 0) die(err_fd, e + kCloseRange, r);
-  for (const Op& op : p.limits) {
-    r = run_op(op, p);
-    if (r < 0) die(err_fd, op.step, r);
-  }
-  // Default dispositions, then unblock (the parent blocked everything around clone).
-  KernelSigaction dfl{};
-  for (int sig = 1; sig < 65; ++sig) {
-    if (sig == SIGKILL || sig == SIGSTOP) continue;
-    raw::call(SYS_rt_sigaction, sig, &dfl, nullptr, 8);
-  }
-  unsigned long empty_mask = 0;
-  raw::call(SYS_rt_sigprocmask, SIG_SETMASK, &empty_mask, nullptr, 8);
-  if (p.seccomp) {
-    r = sys::load_filter_raw(*p.seccomp);
-    if (r < 0) die(err_fd, e + kSeccomp, r);
-  } else {
-    r = raw::call(SYS_prctl, 38 /* PR_SET_NO_NEW_PRIVS */, 1, 0, 0, 0);
-    if (r < 0) die(err_fd, e + kSeccomp, r);
-  }
-  r = raw::call(SYS_execveat, exe, "", p.argv.data(), p.envp.data(), AT_EMPTY_PATH);
-  die(err_fd, e + kExec, r);
-}
-
-std::optional<Error> read_child_failure(int err_rd, const ChildPlan& plan,
-                                        const std::string& prefix, const char* unnamed) {
-  ChildFailure f{};
-  ssize_t n;
-  do n = ::read(err_rd, &f, sizeof f);
-  while (n < 0 && errno == EINTR);
-  if (n < 0) return Error{code_from_errno(errno), errno, prefix + "read(error pipe)"};
-  if (n == 0) return std::nullopt;
-  std::string step =
-      (n == sizeof f && f.step >= 0 && static_cast<size_t>(f.step) < plan.steps.size())
-          ? plan.steps[static_cast<size_t>(f.step)]
-          : unnamed;
-  return Error{code_from_errno(f.err), f.err, prefix + step};
 }
 
 }  // namespace tp::runtime::container

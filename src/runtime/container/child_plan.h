@@ -1,12 +1,14 @@
-// The plan a sandbox's first process executes between clone() and exec.
+// The plan a sandbox's first process executes between its clone and the agent.
 //
-// The parent builds a ChildPlan (all strings, flags, argv/envp) with normal
-// C++; run_child() then walks it in the clone(CLONE_VM) child using only raw
-// syscalls: no allocation, no locks, no errno (the child shares the parent's
-// memory and TLS). Each op carries the index of a human description
-// ("mount(overlay, /x/root, lowerdir=...)") that the parent turns into an
-// Error when the child reports {step, errno} on the error pipe.
-// Thread rules: a plan is built by one thread and read by its child only.
+// The daemon builds a ChildPlan (all strings, flags, argv/envp) with normal C++
+// and turns it into the spawner's request (to_request(), spawn/wire.h); the
+// spawner's child walks the ops (spawn/plan.h, run_child) using only raw syscalls.
+// Each op carries the index of a human description ("mount(overlay, /x/root,
+// lowerdir=...)") that the daemon turns into an Error when the child reports
+// {step, errno} on the error pipe. The microVM tier's jails (QEMU, mkfs.erofs) run
+// the same plan in a clone the daemon makes itself (in_process(), run_in_clone()):
+// they exec another program, which pays its own start-up in any case.
+// Thread rules: a plan is built by one thread.
 #pragma once
 
 #include <sys/types.h>
@@ -15,51 +17,19 @@
 #include <deque>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/result.h"
+#include "spawn/plan.h"
+#include "spawn/wire.h"
 #include "sys/seccomp.h"
 
 namespace tp::runtime::container {
 
-enum class OpKind : uint8_t {
-  kWaitSync,      // block until the parent wrote maps/cgroups (one byte) on the sync pipe
-  kBecomeRoot,    // setresgid(0), setgroups(0), setresuid(0) inside the new user ns
-  kUnshare,       // unshare(flags)
-  kSethostname,   // a
-  kLoopbackUp,    // ioctl(SIOCSIFFLAGS, lo, IFF_UP)
-  kMount,         // mount(a=source, b=target, c=fstype, flags, d=data)
-  kMkdir,         // mkdir(a, mode), EEXIST is fine
-  kTouch,         // create empty file a (mount point for a file bind), EEXIST is fine
-  kSymlink,       // symlink(a=target, b=linkpath)
-  kChdir,         // chdir(a)
-  kPivotRoot,     // pivot_root(".", ".")
-  kUmountDetach,  // umount2(a, MNT_DETACH)
-  kWriteFile,     // open(a, O_WRONLY) and write the string b (sysctls of the sandbox's namespaces)
-  kSetRlimit,     // prlimit64(0, resource=mode, {flags, flags}): soft = hard = flags
-  kMoveMount,  // move_mount(fd, "", AT_FDCWD, a, MOVE_MOUNT_F_EMPTY_PATH): attach a detached mount
-  kSchedIdle,  // sched_setscheduler(0, SCHED_IDLE): inherited by every process of the sandbox
-  kSetIds,     // setresgid(mode), setgroups(0), setresuid(flags): drop to an unprivileged id
-};
-
-struct Op {
-  OpKind kind;
-  bool ignore_missing = false;  // ENOENT is not an error (optional masks)
-  uint32_t mode = 0;
-  unsigned long flags = 0;
-  const char* a = nullptr;
-  const char* b = nullptr;
-  const char* c = nullptr;
-  const char* d = nullptr;
-  uint32_t step = 0;  // index into ChildPlan::steps
-  int fd = -1;        // kMoveMount: the detached mount (an fd the child inherited)
-};
-
-// What the child writes on the error pipe when a step fails.
-struct ChildFailure {
-  int32_t step;
-  int32_t err;
-};
+using spawn::ChildFailure;
+using spawn::Op;
+using spawn::OpKind;
 
 struct ChildPlan {
   std::vector<Op> ops;
@@ -69,10 +39,11 @@ struct ChildPlan {
   std::vector<Op> limits;
   std::vector<std::string> steps;   // descriptions, indexed by Op::step and the exec steps below
   std::deque<std::string> strings;  // storage for the op strings (stable addresses)
-  std::vector<char*> argv, envp;    // NULL-terminated
+  std::vector<const char*> argv, envp;  // without the terminating NULL
   const sys::SeccompProgram* seccomp = nullptr;
-  // fds (numbers in the parent's table, inherited by the child)
-  int sync_rd = -1, sync_wr = -1, err_rd = -1, err_wr = -1, agent_child = -1, exe_fd = -1;
+  // fds (numbers in the daemon's table, sent to the spawner with the request)
+  int agent_child = -1;
+  int exe_fd = -1;        // the agent to exec; -1: the child continues as the spawner's binary
   int cgroup_fd = -1;     // the sandbox's delegated cgroup directory, placed at fd 4 (-1: none)
   int agent_listen = -1;  // live restore: the agent's listening socket, placed at fd 5 (-1: none)
   int log_fd = -1;        // stdout and stderr of the program (-1: /dev/null, like stdin)
@@ -103,11 +74,38 @@ struct ChildPlan {
               unsigned long flags = 0);
   // Appends the fixed step descriptions of the exec sequence; call last.
   void finish();
+  // The spawner's request for this plan: descriptors become slots of the request
+  // (the caller adds the error pipe, the namespaces and the id maps).
+  spawn::Request to_request() const;
+  // The child's view of this plan for a clone the daemon makes itself (CLONE_VM: the
+  // child uses the daemon's descriptor numbers and memory until it execs, so exe_fd
+  // must be set). `sync_rd` and `err_wr` are the child's ends of its sync socket and
+  // error pipe, `sync_wr` and `err_rd` the daemon's (the child closes its copies).
+  // Points into this plan and into `*args` (argv and envp, NULL-terminated): keep both.
+  spawn::ExecPlan in_process(int sync_rd, int sync_wr, int err_rd, int err_wr,
+                             std::vector<char*>* args) const;
 };
+
+// Entry point for clone(CLONE_VM) with a spawn::ExecPlan* from ChildPlan::in_process():
+// runs the plan and execs. Never returns.
+int run_in_clone(void* exec_plan);
+
+// Waits on the error pipe (`err_rd`) until the child exec'd or finished its setup
+// (EOF: nothing to report) or reported a failed step: that step's description
+// (`unnamed` for an unknown step), `prefix` first, as an Error.
+std::optional<Error> read_child_failure(int err_rd, const ChildPlan& plan,
+                                        const std::string& prefix, const char* unnamed);
 
 // Inputs for the standard sandbox recipe.
 struct RootRecipe {
-  std::string id;       // hostname
+  std::string id;  // hostname
+  // The sandbox's cgroups: the files the child writes "0" to, to move itself in
+  // (v1: each hierarchy's tasks file, which moves only the writer without the global
+  // threadgroup lock a pid write takes; v2: cgroup.procs), in the order the daemon's
+  // setup message (spawn/plan.h, kRecvSetup) carries them; paths for messages.
+  std::vector<std::string> cgroup_entries;
+  // The setup message also carries the delegated cgroup directory / the listening socket.
+  bool setup_cgroup_dir = false, setup_listen = false;
   std::string mnt_dir;  // empty host dir the sandbox tmpfs is mounted on (inside the child's ns)
   std::vector<std::string> lowers;  // overlay lower dirs, top first
   // When not empty (one per lower): detached idmapped mounts of the lowers
@@ -163,14 +161,5 @@ extern const char* const kMaskedProcFiles[];
 extern const int kPtyMax;  // devpts max= of each sandbox
 extern const char* const kMaskedProcDirs[];
 extern const char* const kReadOnlyProcDirs[];
-
-// Entry point for clone(); `arg` is a ChildPlan*. Never returns on success (exec).
-int run_child(void* arg);
-
-// Waits on the error pipe (`err_rd`, the read end of ChildPlan::err_wr) until the
-// child exec'd (EOF: nothing to report) or reported a failed step: that step's
-// description (`unnamed` for an unknown step), `prefix` first, as an Error.
-std::optional<Error> read_child_failure(int err_rd, const ChildPlan& plan,
-                                        const std::string& prefix, const char* unnamed);
 
 }  // namespace tp::runtime::container

@@ -2,6 +2,7 @@
 
 #include <dlfcn.h>
 #include <fcntl.h>
+#include <linux/magic.h>
 #include <poll.h>
 #include <sched.h>
 #include <signal.h>
@@ -11,6 +12,7 @@
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <sys/statvfs.h>
 #include <sys/syscall.h>
 #include <sys/sysmacros.h>
@@ -36,6 +38,8 @@
 #include "common/log.h"
 #include "image/host_image.h"
 #include "runtime/container/child_plan.h"
+#include "runtime/container/run_state.h"
+#include "runtime/container/spawner_client.h"
 #include "runtime/sandbox_state.h"
 #include "sys/cgroup.h"
 #include "sys/clone_support.h"
@@ -52,8 +56,6 @@ namespace {
 using container::ChildPlan;
 using sys::UniqueFd;
 
-constexpr size_t kChildStack = 256 << 10;
-
 #if defined(__has_feature)
 #if __has_feature(thread_sanitizer)
 #define TP_TSAN_BUILD 1
@@ -69,8 +71,10 @@ const CloneFn libc_clone = reinterpret_cast<CloneFn>(::dlsym(RTLD_NEXT, "clone")
 #else
 #define TP_CLONE ::clone
 #endif
-constexpr int kCloneFlags = CLONE_VM | CLONE_PIDFD | CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID |
-                            CLONE_NEWUTS | CLONE_NEWIPC | CLONE_NEWNET | SIGCHLD;
+// The namespaces of a sandbox's init (the cgroup namespace it unshares itself, once
+// it is in its cgroups).
+constexpr uint64_t kNamespaces =
+    CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWUTS | CLONE_NEWIPC | CLONE_NEWNET;
 
 // Everything the backend and its instances share; read-only after construction.
 struct Shared {
@@ -84,60 +88,27 @@ struct Shared {
   std::vector<std::pair<std::string, unsigned long>> host_binds;
   std::string mnt_dir;
   container::RootRecipe common;  // what every sandbox's recipe shares (prepared dirs, /proc masks)
-  int dumpable = 1;              // the daemon's PR_GET_DUMPABLE at start
-  std::string run_dir;  // <data_dir>/containers/run, root-only: per-sandbox agent socket and state
+  // Starts every sandbox's init (spawner_client.h); from opts.spawner_path.
+  std::unique_ptr<container::Spawner> spawner;
+  UniqueFd spawner_exe;
+  bool agent_is_spawner = false;  // agent_exe is the spawner's binary: the child needs no exec
+  // Live restore: each sandbox's agent socket and init identity (run_state.h), in
+  // opts.run_dir or <data_dir>/containers/run; root-only.
+  std::unique_ptr<container::RunState> runs;
   // User namespaces that map the storage ids to a sandbox range, by range base
   // (see IdmapCache below).
   std::unique_ptr<class IdmapCache> idmaps;
 };
-
-// Live restore. Each sandbox has <run_dir>/<id>/ (0700, root) holding
-// agent.sock, the agent's listening socket (bound here, its fd passed to the
-// agent: the sandbox cannot reach the path), and `state`: the init's host pid
-// and its start time (field 22 of /proc/<pid>/stat), so that a later daemon
-// run adopts the right process and not one that reused the pid.
-std::string sandbox_run_dir(const Shared& sh, const std::string& id) {
-  return sh.run_dir + "/" + id;
-}
-
-void remove_run_dir(const std::string& dir) {
-  for (const char* f : {"/agent.sock", "/state", "/state.tmp"}) (void)::unlink((dir + f).c_str());
-  if (::rmdir(dir.c_str()) != 0 && errno != ENOENT)
-    spdlog::warn("rmdir({}): {}", dir, std::strerror(errno));
-}
-
-// Makes <run_dir>/<id>/ afresh with a listening agent.sock in it; the fd.
-Result<UniqueFd> make_agent_socket(const std::string& dir) {
-  remove_run_dir(dir);  // a stale one of an earlier sandbox with this id
-  if (::mkdir(dir.c_str(), 0700) != 0) return sys_fail("mkdir(" + dir + ")");
-  std::string path = dir + "/agent.sock";
-  sockaddr_un sa{};
-  sa.sun_family = AF_UNIX;
-  UniqueFd dir_fd;
-  if (path.size() >= sizeof(sa.sun_path)) {
-    // A deep data_dir: bind through the directory's fd (clients do the same).
-    dir_fd.reset(::open(dir.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
-    if (!dir_fd) return sys_fail("open(" + dir + ", O_PATH)");
-    path = "/proc/self/fd/" + std::to_string(dir_fd.get()) + "/agent.sock";
-  }
-  std::memcpy(sa.sun_path, path.data(), path.size());
-  UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  if (!fd) return sys_fail("socket(AF_UNIX) for " + path);
-  if (::bind(fd.get(), reinterpret_cast<const sockaddr*>(&sa), sizeof(sa)) != 0)
-    return sys_fail("bind(" + path + ")");
-  if (::listen(fd.get(), 4) != 0) return sys_fail("listen(" + path + ")");
-  return fd;
-}
 
 class ContainerInstance final : public SandboxInstance {
  public:
   ContainerInstance(std::shared_ptr<const Shared> sh, std::string id, sys::Pidfd proc,
                     UniqueFd agent)
       : sh_(std::move(sh)), id_(std::move(id)), proc_(std::move(proc)), agent_(std::move(agent)) {}
-  // Live restore: the run dir exists (create, adopt); `adopted`: a previous
+  // Live restore: the agent's socket (create, adopt); `adopted`: a previous
   // daemon run created it, so its init is not our child.
-  void set_restore(bool has_run_dir, bool adopted) {
-    has_run_dir_ = has_run_dir;
+  void set_restore(std::string address, bool adopted) {
+    address_ = std::move(address);
     adopted_ = adopted;
   }
   ~ContainerInstance() override {
@@ -163,9 +134,7 @@ class ContainerInstance final : public SandboxInstance {
     return sh_->cgroups->oom_kills(id_);
   }
 
-  std::string agent_address() const override {
-    return has_run_dir_ && !destroyed_ ? sandbox_run_dir(*sh_, id_) + "/agent.sock" : std::string();
-  }
+  std::string agent_address() const override { return destroyed_ ? std::string() : address_; }
 
   Result<void> freeze() override {
     if (destroyed_) return fail(Code::kConflict, "sandbox " + id_ + " is destroyed");
@@ -207,11 +176,19 @@ class ContainerInstance final : public SandboxInstance {
     // PID 1 dying makes the kernel kill the whole pid namespace.
     TP_TRY(proc_.signal(SIGKILL));
     // v1: a command cgroup the agent froze for a kill (and was killed before
-    // thawing) would keep its tasks, and so PID 1's exit, from completing.
+    // thawing) would keep its tasks, and so PID 1's exit, from completing. Waited
+    // for on the pidfd (it wakes at the exit, not at the next poll interval); the
+    // command cgroups are thawed only when PID 1 did not go at once.
     const bool v1 = sh_->cgroups->layout().version == sys::CgroupVersion::kV1;
-    for (int i = 0; v1 && i < 2000 && !proc_.exited(); ++i) {
+    auto wait_exit = [&](int ms) {
+      pollfd pfd{proc_.fd(), POLLIN, 0};
+      while (::poll(&pfd, 1, ms) < 0 && errno == EINTR) {
+      }
+    };
+    if (v1) wait_exit(5);
+    for (int i = 0; v1 && i < 220 && !proc_.exited(); ++i) {  // ~2 s, then reap() blocks
       sh_->cgroups->thaw_subtree(id_);
-      if (!proc_.exited()) ::usleep(i < 20 ? 100 : 1000);
+      wait_exit(i < 20 ? 1 : 10);
     }
     if (adopted_) {
       // Not our child (its parent is whoever took it when the daemon that
@@ -242,7 +219,7 @@ class ContainerInstance final : public SandboxInstance {
       return rm;
     }
     proc_.close();
-    if (has_run_dir_) remove_run_dir(sandbox_run_dir(*sh_, id_));
+    if (!address_.empty()) sh_->runs->remove(id_);
     destroyed_ = true;
     TP_SB_DEBUG(id_, "destroyed");
     return {};
@@ -254,35 +231,9 @@ class ContainerInstance final : public SandboxInstance {
   sys::Pidfd proc_;
   UniqueFd agent_;
   bool destroyed_ = false;
-  bool has_run_dir_ = false;
+  std::string address_;  // the agent's listening socket; "" = none
   bool adopted_ = false;
   bool frozen_ = false;
-};
-
-// Runs the enclosed code with this thread's effective uid switched to `uid`.
-// The real and saved uids stay 0, so the permitted capabilities survive and
-// become effective again on restore.
-class ThreadEuid {
- public:
-  // `dumpable`: the process's dumpable flag to restore (read once at start: with
-  // concurrent creations a value read here could be another thread's switch).
-  ThreadEuid(uid_t uid, int dumpable) : dumpable_(dumpable) {
-    // A raw syscall: glibc's setresuid() would switch every thread of the daemon.
-    rc_ = sys::raw::call(SYS_setresuid, -1, uid, -1);
-  }
-  ~ThreadEuid() {
-    // A thread left unprivileged would fail every later privileged call: a broken invariant.
-    if (rc_ == 0 && sys::raw::call(SYS_setresuid, -1, 0, -1) != 0) std::abort();
-    // An euid change makes the process non-dumpable; keep the daemon as it was.
-    if (dumpable_ >= 0) ::prctl(PR_SET_DUMPABLE, dumpable_, 0, 0, 0);
-  }
-  ThreadEuid(const ThreadEuid&) = delete;
-  ThreadEuid& operator=(const ThreadEuid&) = delete;
-  long result() const { return rc_; }
-
- private:
-  int dumpable_;
-  long rc_ = -1;
 };
 
 // Idmapped layers. Image files are stored once, owned by ContainerOptions::uid_base
@@ -440,6 +391,30 @@ class IdmapCache {
   std::unordered_map<uint32_t, std::list<Entry>::iterator> by_base_;
 };
 
+// The daemon's setup message on the agent socket (spawn/plan.h, kRecvSetup).
+Result<void> send_setup(int sock, const std::vector<int>& fds) {
+  if (fds.size() > spawn::kMaxSetupFds)
+    return fail(Code::kInternal, "setup message: too many descriptors");
+  char control[CMSG_SPACE(spawn::kMaxSetupFds * sizeof(int))] = {};
+  iovec iov{const_cast<char*>(spawn::kSetupMagic), sizeof spawn::kSetupMagic};
+  msghdr mh{};
+  mh.msg_iov = &iov;
+  mh.msg_iovlen = 1;
+  mh.msg_control = control;
+  mh.msg_controllen = CMSG_SPACE(fds.size() * sizeof(int));
+  cmsghdr* cm = CMSG_FIRSTHDR(&mh);
+  cm->cmsg_level = SOL_SOCKET;
+  cm->cmsg_type = SCM_RIGHTS;
+  cm->cmsg_len = CMSG_LEN(fds.size() * sizeof(int));
+  std::memcpy(CMSG_DATA(cm), fds.data(), fds.size() * sizeof(int));
+  ssize_t n;
+  do n = ::sendmsg(sock, &mh, MSG_NOSIGNAL);
+  while (n < 0 && errno == EINTR);
+  if (n != static_cast<ssize_t>(sizeof spawn::kSetupMagic))
+    return sys_fail("sendmsg(agent socket, setup message)", n < 0 ? errno : EIO);
+  return {};
+}
+
 class ContainerBackend final : public Backend {
  public:
   explicit ContainerBackend(std::shared_ptr<Shared> sh) : sh_(std::move(sh)) {}
@@ -461,13 +436,9 @@ class ContainerBackend final : public Backend {
   std::vector<std::string> cleanup_orphans(const std::vector<std::string>& keep) override {
     std::set<std::string> keep_set(keep.begin(), keep.end());
     std::vector<std::string> cleaned;
-    // Run dirs of sandboxes not kept (their cgroups, if any, go below).
-    if (auto runs = sys::real_sys().list_dirs(sh_->run_dir)) {
-      for (const auto& id : *runs) {
-        if (keep_set.contains(id)) continue;
-        remove_run_dir(sandbox_run_dir(*sh_, id));
-      }
-    }
+    // Run state of sandboxes not kept (their cgroups, if any, go below).
+    for (const auto& id : sh_->runs->ids())
+      if (!keep_set.contains(id)) sh_->runs->remove(id);
     for (const auto& id : sh_->cgroups->list()) {
       if (keep_set.contains(id)) continue;
       auto k = sh_->cgroups->kill_all(id);
@@ -553,73 +524,104 @@ Result<std::unique_ptr<SandboxInstance>> ContainerBackend::create_impl(const San
     }
   }
 
-  ChildPlan plan;
-  container::build_root_ops(recipe, &plan);
-  // Set by the child itself: the parent's prlimit() would need CAP_SYS_RESOURCE
-  // now that the child's euid (the sandbox's root) differs from ours.
-  plan.set_rlimit(RLIMIT_NOFILE, "RLIMIT_NOFILE", spec.nofile);
-  plan.set_rlimit(RLIMIT_CORE, "RLIMIT_CORE", 0);
-  if (spec.best_effort) plan.sched_idle();
-  plan.finish();
-  plan.seccomp = spec.nested_isolation ? sh_->seccomp_nested.get() : sh_->seccomp.get();
-  plan.exe_fd = sh_->agent_exe.get();
-  for (const char* a : {"tp-agent", "--fd", "3"})
-    plan.argv.push_back(const_cast<char*>(plan.keep(a)));
-  // The agent's cgroup fd (see below); the child places it at fd 4.
-  const std::string cg_dir = sh_->cgroups->delegated_dir(spec.id);
-  if (!cg_dir.empty())
-    for (const char* a : {"--cgroup-fd", "4"}) plan.argv.push_back(const_cast<char*>(plan.keep(a)));
-  // Live restore: the agent's listening socket, fd 5 in the agent.
-  for (const char* a : {"--listen-fd", "5"}) plan.argv.push_back(const_cast<char*>(plan.keep(a)));
-  plan.argv.push_back(nullptr);
-  std::map<std::string, std::string> env = spec.env;
-  env.try_emplace("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin");
-  env.try_emplace("HOME", "/root");
-  for (const auto& [k, v] : env) plan.envp.push_back(const_cast<char*>(plan.keep(k + "=" + v)));
-  plan.envp.push_back(nullptr);
-
   // Owners, released in reverse on any failure.
   int sv[2];
   if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0)
     return sys_fail("socketpair(AF_UNIX, SOCK_STREAM)");
   UniqueFd agent_host(sv[0]), agent_child(sv[1]);
-  int p[2];
-  if (::pipe2(p, O_CLOEXEC) != 0) return sys_fail("pipe2(sync)");
-  UniqueFd sync_rd(p[0]), sync_wr(p[1]);
-  if (::pipe2(p, O_CLOEXEC) != 0) return sys_fail("pipe2(error)");
-  UniqueFd err_rd(p[0]), err_wr(p[1]);
-  plan.sync_rd = sync_rd.get();
-  plan.sync_wr = sync_wr.get();
-  plan.err_rd = err_rd.get();
-  plan.err_wr = err_wr.get();
+
+  // The plan goes to the spawner first; what the daemon makes meanwhile (cgroups,
+  // the agent's listening socket) follows on the agent socket (kRecvSetup), so that
+  // the daemon's share and the clone overlap.
+  const std::string cg_dir = sh_->cgroups->delegated_dir(spec.id);
+  recipe.cgroup_entries = sh_->cgroups->entry_files(spec.id);
+  recipe.setup_cgroup_dir = !cg_dir.empty();
+  recipe.setup_listen = true;
+  ChildPlan plan;
+  container::build_root_ops(recipe, &plan);
+  // Set by the child itself: the spawner's prlimit() would need CAP_SYS_RESOURCE
+  // over a process whose euid (the sandbox's root) differs from its own.
+  plan.set_rlimit(RLIMIT_NOFILE, "RLIMIT_NOFILE", spec.nofile);
+  plan.set_rlimit(RLIMIT_CORE, "RLIMIT_CORE", 0);
+  if (spec.best_effort) plan.sched_idle();
+  plan.finish();
+  plan.seccomp = spec.nested_isolation ? sh_->seccomp_nested.get() : sh_->seccomp.get();
+  // The agent is the spawner's own binary (the child goes on as it, no exec) unless
+  // the backend was given another one.
+  plan.exe_fd = sh_->agent_is_spawner ? -1 : sh_->agent_exe.get();
+  for (const char* a : {"tp-agent", "--fd", "3"}) plan.argv.push_back(plan.keep(a));
+  // The agent's cgroup fd; the child places it at fd 4.
+  if (!cg_dir.empty())
+    for (const char* a : {"--cgroup-fd", "4"}) plan.argv.push_back(plan.keep(a));
+  // Live restore: the agent's listening socket, fd 5 in the agent.
+  for (const char* a : {"--listen-fd", "5"}) plan.argv.push_back(plan.keep(a));
+  // Its own oom_score_adj, opened by the spawner, fd 6 (commands are born above it).
+  if (sh_->agent_is_spawner)
+    for (const char* a : {"--oom-fd", "6"}) plan.argv.push_back(plan.keep(a));
+  std::map<std::string, std::string> env = spec.env;
+  env.try_emplace("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin");
+  env.try_emplace("HOME", "/root");
+  for (const auto& [k, v] : env) plan.envp.push_back(plan.keep(k + "=" + v));
   plan.agent_child = agent_child.get();
-  // Live restore: <run_dir>/<id>/agent.sock, bound here, before the clone,
-  // where the sandbox cannot reach it; the agent gets the fd.
-  const std::string run_dir = sandbox_run_dir(*sh_, spec.id);
-  auto listen_made = make_agent_socket(run_dir);
+
+  spawn::Request req = plan.to_request();
+  req.clone_flags = kNamespaces;
+  // The user namespace is owned by the sandbox's root, `base`: the kernel charges a
+  // namespace's per-user counters (inotify instances and watches, POSIX mqueue
+  // bytes, pending signals, processes) to its owner in the parent namespace too;
+  // owned by host root, every sandbox drew on host root's budget (one sandbox
+  // holding 128 inotify instances left systemd and the daemon with none).
+  req.owner_uid = base;
+  req.uid_map = req.gid_map = sys::id_map_text(base);
+  if (sh_->agent_is_spawner) req.flags |= spawn::kRequestOomFd;
+  auto started = sh_->spawner->send(std::move(req));
+  // The spawner has its own copies now (or none will be needed).
+  agent_child.reset();
+  lower_fds.clear();
+  if (!started) return std::unexpected(started.error());
+  // From here on a failure must collect the child (if the spawner made one): the
+  // closed agent socket tells it to give up, finish() reaps it.
+  auto give_up = [&](Error err) -> Result<std::unique_ptr<SandboxInstance>> {
+    agent_host.reset();
+    if (auto child = started->finish(plan.steps)) {
+      (void)child->signal(SIGKILL);
+      (void)child->reap();
+    }
+    return std::unexpected(std::move(err));
+  };
+
+  // Live restore: <run_dir>/<id>.sock, bound here, where the sandbox cannot
+  // reach it; the agent gets the fd.
+  const container::RunState& runs = *sh_->runs;
+  auto listen_made = runs.make_socket(spec.id);
   if (!listen_made) {
-    remove_run_dir(run_dir);
-    return std::unexpected(listen_made.error());
+    runs.remove(spec.id);
+    return give_up(listen_made.error());
   }
   UniqueFd listen_sock = std::move(*listen_made);
-  plan.agent_listen = listen_sock.get();
-  struct RunDirOwner {
-    const std::string& dir;
+  struct RunStateOwner {
+    const container::RunState& runs;
+    const std::string& id;
     bool owned = true;
-    ~RunDirOwner() {
-      if (owned) remove_run_dir(dir);
+    ~RunStateOwner() {
+      if (owned) runs.remove(id);
     }
-  } run_dir_owner{run_dir};
+  } run_state_owner{runs, spec.id};
 
   // The limits are written while the child sets up its root (below): it runs only
   // our setup code and the idle agent until create() returns.
-  TP_TRY(sh_->cgroups->make_dirs(spec.id));
+  if (auto m = sh_->cgroups->make_dirs(spec.id); !m) return give_up(m.error());
   bool cgroup_owned = true;
   auto drop_cgroup = [&] {
     if (!cgroup_owned) return;
     (void)sh_->cgroups->kill_all(spec.id);
     if (auto r = sh_->cgroups->remove(spec.id); !r)
       TP_SB_ERROR(spec.id, "unwind: {}", r.error().message());
+  };
+  auto fail_all = [&](Error err) {
+    auto r = give_up(std::move(err));
+    drop_cgroup();
+    return r;
   };
   // Delegation: the sandbox's root (`base`) owns its cgroup directory (v2;
   // v1: the freezer one) and the files a delegatee writes, so that its agent
@@ -645,114 +647,46 @@ Result<std::unique_ptr<SandboxInstance>> ContainerBackend::create_impl(const San
       cg_fd.reset(::open(cg_dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
       if (!cg_fd) d = sys_fail("open(" + cg_dir + ", O_DIRECTORY)");
     }
-    if (!d) {
-      drop_cgroup();
-      return std::unexpected(d.error());
-    }
-    plan.cgroup_fd = cg_fd.get();
+    if (!d) return fail_all(d.error());
   }
-
-  void* stack = ::mmap(nullptr, kChildStack, PROT_READ | PROT_WRITE,
-                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK | MAP_NORESERVE, -1, 0);
-  if (stack == MAP_FAILED) {
-    drop_cgroup();
-    return sys_fail("mmap(child stack)");
+  // The child moves itself into its cgroups through these (opened as root here: the
+  // kernel checks the opener, and the child is not root on the host).
+  std::vector<int> setup_fds;
+  std::vector<UniqueFd> entry_fds;
+  for (const auto& path : recipe.cgroup_entries) {
+    UniqueFd fd(::open(path.c_str(), O_WRONLY | O_CLOEXEC));
+    if (!fd) return fail_all(sys_fail("open(" + path + ", O_WRONLY)").error());
+    setup_fds.push_back(fd.get());
+    entry_fds.push_back(std::move(fd));
   }
-  struct StackOwner {
-    void* p;
-    ~StackOwner() { ::munmap(p, kChildStack); }
-  } stack_owner{stack};
-
-  // v1: the child is born in its cgroups, because this thread enters them
-  // for the clone (much cheaper than attaching the child afterwards: cgroup.h).
-  std::vector<std::string> own_cgroups;
-  const bool born_in_cgroup = sh_->cgroups->can_enter_thread();
-  if (born_in_cgroup) {
-    auto e = sh_->cgroups->enter_thread(spec.id);
-    if (!e) {
-      drop_cgroup();
-      return std::unexpected(e.error());
-    }
-    own_cgroups = std::move(*e);
-  }
-  int pidfd = -1;
-  pid_t pid;
-  int clone_errno = 0;
-  {
-    sys::SignalBlock block;
-    // The kernel charges a user namespace's per-user counters (inotify instances
-    // and watches, POSIX mqueue bytes, pending signals, processes) to the owner
-    // of the namespace in the parent namespace too, and the owner is the
-    // creator's euid. Created as root, every sandbox drew on host root's budget:
-    // one sandbox holding 128 inotify instances left systemd and the daemon with
-    // none. So the namespace is created as `base`, the host uid that is root
-    // inside anyway; with a range per sandbox, each sandbox's counters are its own.
-    ThreadEuid as_sandbox_root(base, sh_->dumpable);
-    if (as_sandbox_root.result() != 0) {
-      pid = -1;
-      clone_errno = static_cast<int>(-as_sandbox_root.result());
-    } else {
-      pid = TP_CLONE(container::run_child, static_cast<char*>(stack) + kChildStack, kCloneFlags,
-                     &plan, &pidfd);
-      if (pid < 0) clone_errno = errno;
-    }
-  }
-  if (born_in_cgroup) {
-    // A daemon thread left in a sandbox's cgroup would be frozen and killed with that
-    // sandbox (tests/integration/test_lifecycle.py): a broken invariant, stop here.
-    if (auto l = sh_->cgroups->leave_thread(own_cgroups); !l) {
-      spdlog::critical("cannot move a daemon thread out of sandbox cgroup {}: {}", spec.id,
-                       l.error().message());
-      std::abort();
-    }
-  }
-  if (pid < 0) {
-    int e = clone_errno;
-    drop_cgroup();
-    return sys_fail("clone(CLONE_VM|CLONE_NEWUSER|NEWNS|NEWPID|NEWUTS|NEWIPC|NEWNET)", e);
-  }
-  sys::Pidfd proc(pidfd, pid);
-  // The child has its own copies; ours must go so that EOFs reach the right side.
-  sync_rd.reset();
-  err_wr.reset();
-  agent_child.reset();
+  if (cg_fd) setup_fds.push_back(cg_fd.get());
+  setup_fds.push_back(listen_sock.get());
+  if (auto s = send_setup(agent_host.get(), setup_fds); !s) return fail_all(s.error());
+  entry_fds.clear();
   cg_fd.reset();
-  lower_fds.clear();
+  listen_sock.reset();  // the agent has its own
 
+  // Meanwhile the child joins its cgroups and builds its root.
+  auto limits = sh_->cgroups->write_limits(
+      spec.id, {spec.memory_bytes, spec.cpus, spec.pids_max, spec.best_effort});
+  // Live restore: who the init is, recorded on its agent's socket while it still
+  // sets up (an error here unwinds below, once the start is over).
+  Result<void> recorded = fail(Code::kInternal, "no pid");
+  if (pid_t early = started->wait_pid(); early > 0) recorded = runs.record(spec.id, early);
+  auto child = started->finish(plan.steps);
+  if (!child) {
+    drop_cgroup();
+    return std::unexpected(child.error());
+  }
+  sys::Pidfd proc = std::move(*child);
+  const pid_t pid = proc.pid();
   auto abort_child = [&](Error err) -> Result<std::unique_ptr<SandboxInstance>> {
-    sync_wr.reset();  // child blocked on the sync pipe exits on EOF
     (void)proc.signal(SIGKILL);
     (void)proc.reap();
     drop_cgroup();
     return std::unexpected(std::move(err));
   };
-
-  if (auto r = sys::write_id_maps(pid, base); !r) return abort_child(r.error());
-  // The agent is not the OOM victim: the sandbox's memory limit kills its commands (which
-  // start at oom_score_adj 500, src/agent/command.cpp), not the process that reports on
-  // them. Lowering a score needs CAP_SYS_RESOURCE, which some hosts' root lacks: the
-  // agent then stays at 0, still below every command. The sandbox cannot raise the
-  // agent's score (the /proc files of its pid 1 are masked). -999, not -1000: the
-  // write also sets the lowest score the agent's children may choose, and a command
-  // at -1000 would leave the OOM killer no victim.
-  if (auto r =
-          sys::real_sys().write_file("/proc/" + std::to_string(pid) + "/oom_score_adj", "-999");
-      !r && r.error().sys_errno != EACCES && r.error().sys_errno != EPERM)
-    return abort_child(r.error());
-  if (!born_in_cgroup) {
-    if (auto r = sh_->cgroups->attach(spec.id, pid); !r) return abort_child(r.error());
-  }
-  char go = 1;
-  if (::write(sync_wr.get(), &go, 1) != 1) return abort_child(sys_fail("write(sync pipe)").error());
-  sync_wr.reset();
-  if (auto r = sh_->cgroups->write_limits(
-          spec.id, {spec.memory_bytes, spec.cpus, spec.pids_max, spec.best_effort});
-      !r)
-    return abort_child(r.error());
-
-  // EOF = the exec succeeded (the pipe is CLOEXEC); a record = the step that failed.
-  if (auto failed = container::read_child_failure(err_rd.get(), plan, "", "sandbox setup"))
-    return abort_child(*failed);
+  if (!limits) return abort_child(limits.error());
   // EOF also comes when the child died without a word (killed, e.g. by the OOM killer).
   if (proc.exited()) {
     siginfo_t si{};
@@ -763,25 +697,24 @@ Result<std::unique_ptr<SandboxInstance>> ContainerBackend::create_impl(const San
                                  std::string(si.si_code == CLD_EXITED ? "status " : "signal ") +
                                  std::to_string(si.si_status) + ")"});
   }
-  // Live restore: the state file next to the agent's socket.
-  listen_sock.reset();  // the agent has its own
-  if (auto r = write_state(run_dir, pid); !r) return abort_child(r.error());
-  run_dir_owner.owned = false;
+  if (!recorded) recorded = runs.record(spec.id, pid);
+  if (!recorded) return abort_child(recorded.error());
+  run_state_owner.owned = false;
   cgroup_owned = false;
   TP_SB_DEBUG(spec.id, "started, pid {}, host uids {}..{}", pid, base, base + sys::kIdMapCount - 1);
   auto inst =
       std::make_unique<ContainerInstance>(sh_, spec.id, std::move(proc), std::move(agent_host));
-  inst->set_restore(true, false);
+  inst->set_restore(runs.socket_path(spec.id), false);
   return inst;
 }
 
 Result<std::unique_ptr<SandboxInstance>> ContainerBackend::adopt_impl(const SandboxSpec& spec) {
   if (!valid_sandbox_name(spec.id))
     return fail(Code::kInvalidArgument, "invalid sandbox id '" + spec.id + "'");
-  const std::string dir = sandbox_run_dir(*sh_, spec.id);
-  auto st = read_state(dir);
+  // Either layout: adopt() does not care which version made the sandbox.
+  auto st = sh_->runs->find(spec.id);
   if (!st) return std::unexpected(st.error());
-  auto opened = open_saved(*st);
+  auto opened = open_saved(SavedState{st->pid, st->start});
   if (!opened)
     return fail(Code::kNotFound,
                 "init of sandbox " + spec.id + " (pid " + std::to_string(st->pid) + ") is gone");
@@ -791,9 +724,6 @@ Result<std::unique_ptr<SandboxInstance>> ContainerBackend::adopt_impl(const Sand
     if (::stat(d.c_str(), &cs) != 0 || !S_ISDIR(cs.st_mode))
       return fail(Code::kNotFound, "cgroup " + d + " of sandbox " + spec.id + " is missing");
   }
-  struct stat ss {};
-  if (::lstat((dir + "/agent.sock").c_str(), &ss) != 0 || !S_ISSOCK(ss.st_mode))
-    return fail(Code::kNotFound, "agent socket of sandbox " + spec.id + " is missing");
   // Paused when the previous daemon left it: its agent must run to be reached
   // again (the node pauses it again if its job's lease still says so).
   if (auto frozen = sys::is_frozen(sys::real_sys(), *sh_->cgroups, spec.id); frozen && *frozen) {
@@ -802,7 +732,7 @@ Result<std::unique_ptr<SandboxInstance>> ContainerBackend::adopt_impl(const Sand
   }
   TP_SB_INFO(spec.id, "adopted, pid {}", st->pid);
   auto inst = std::make_unique<ContainerInstance>(sh_, spec.id, std::move(proc), UniqueFd());
-  inst->set_restore(true, true);
+  inst->set_restore(st->socket, true);
   return inst;
 }
 
@@ -905,6 +835,15 @@ Result<void> check_traversable(const std::string& path) {
 
 }  // namespace
 
+std::string default_run_dir(const std::string& cgroup_name) {
+  struct statfs fs {};
+  if (::statfs("/run", &fs) != 0 || fs.f_type != TMPFS_MAGIC) return {};
+  if (::mkdir("/run/tidepool", 0755) != 0 && errno != EEXIST) return {};
+  struct stat st {};
+  if (::lstat("/run/tidepool", &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != 0) return {};
+  return "/run/tidepool/" + cgroup_name;
+}
+
 Result<std::unique_ptr<Backend>> make_container_backend(const ContainerOptions& opts) {
   if (opts.data_dir.empty() || opts.data_dir[0] != '/')
     return fail(Code::kInvalidArgument, "data_dir must be an absolute path");
@@ -912,7 +851,6 @@ Result<std::unique_ptr<Backend>> make_container_backend(const ContainerOptions& 
   auto sh = std::make_shared<Shared>();
   sh->opts = opts;
   sh->idmaps = std::make_unique<IdmapCache>(opts.uid_base);
-  sh->dumpable = ::prctl(PR_GET_DUMPABLE, 0, 0, 0, 0);
   while (sh->opts.data_dir.size() > 1 && sh->opts.data_dir.back() == '/')
     sh->opts.data_dir.pop_back();
   const std::string& dd = sh->opts.data_dir;
@@ -923,8 +861,17 @@ Result<std::unique_ptr<Backend>> make_container_backend(const ContainerOptions& 
     if (::mkdir(d.c_str(), 0755) != 0 && errno != EEXIST) return sys_fail("mkdir(" + d + ")");
   }
   // Root only: the agents' sockets are the daemon's way in, not the sandboxes'.
-  sh->run_dir = dd + "/containers/run";
-  TP_TRY(ensure_node(sh->run_dir, S_IFDIR, 0700, 0));
+  std::string run_dir = opts.run_dir.empty() ? dd + "/containers/run" : opts.run_dir;
+  while (run_dir.size() > 1 && run_dir.back() == '/') run_dir.pop_back();
+  if (run_dir.empty() || run_dir[0] != '/')
+    return fail(Code::kInvalidArgument, "run_dir must be an absolute path");
+  TP_TRY(ensure_node(run_dir, S_IFDIR, 0700, 0));
+  // Sandboxes of a run that used the data dir's run dir are still found there.
+  std::vector<std::string> earlier;
+  if (const std::string old = dd + "/containers/run";
+      old != run_dir && ::access(old.c_str(), F_OK) == 0)
+    earlier.push_back(old);
+  sh->runs = std::make_unique<container::RunState>(run_dir, std::move(earlier));
 
   sh->agent_exe.reset(::open(opts.agent_path.c_str(), O_PATH | O_CLOEXEC));
   if (!sh->agent_exe) return sys_fail("open(" + opts.agent_path + ", O_PATH)");
@@ -933,6 +880,12 @@ Result<std::unique_ptr<Backend>> make_container_backend(const ContainerOptions& 
   if (!S_ISREG(st.st_mode) || (st.st_mode & S_IXOTH) == 0)
     return fail(Code::kInvalidArgument,
                 "agent " + opts.agent_path + " must be a regular file executable by others");
+  const std::string& spawner_path = opts.spawner_path.empty() ? opts.agent_path : opts.spawner_path;
+  sh->spawner_exe.reset(::open(spawner_path.c_str(), O_PATH | O_CLOEXEC));
+  if (!sh->spawner_exe) return sys_fail("open(" + spawner_path + ", O_PATH)");
+  struct stat sst {};
+  if (::fstat(sh->spawner_exe.get(), &sst) != 0) return sys_fail("fstat(" + spawner_path + ")");
+  sh->agent_is_spawner = sst.st_dev == st.st_dev && sst.st_ino == st.st_ino;
 
   sh->common.mnt_dir = sh->mnt_dir;
   TP_TRY(prepare_shared_dirs(dd + "/containers", &sh->common));
@@ -968,6 +921,11 @@ Result<std::unique_ptr<Backend>> make_container_backend(const ContainerOptions& 
   auto nested = sys::build_sandbox_filter({.allow_mounts = true});
   if (!nested) return std::unexpected(nested.error());
   sh->seccomp_nested = std::move(*nested);
+
+  auto spawner = container::Spawner::start(sh->spawner_exe.get(), spawner_path,
+                                           std::chrono::milliseconds(opts.spawner_timeout_ms));
+  if (!spawner) return std::unexpected(spawner.error());
+  sh->spawner = std::move(*spawner);
 
   auto host = image::ensure_host_image(dd, opts.uid_base);
   if (!host) return std::unexpected(host.error());

@@ -3,12 +3,19 @@
 // an overlayfs root over read-only layers, seccomp, no_new_privs.
 //
 // How a sandbox starts: the daemon never forks. create() precomputes every
-// string, the id maps and the seccomp program, then clone(CLONE_VM | new
-// namespaces) runs a child on its own mmap'd stack that makes only raw
-// syscalls (src/sys/raw_syscall.h). The child waits on a pipe while the parent
-// writes uid_map/gid_map (sandbox root = the first id of the sandbox's own
-// 65536-id host range, SandboxSpec::uid_base; see "Ids" below) and
-// attaches it to its cgroups; then it sets its rlimits and the per-sandbox
+// string, the id maps and the seccomp program into a plan (child_plan.h) and
+// sends it to the spawner (spawner_client.h, src/spawn/spawner.h), a
+// single-threaded tp-agent started once per backend, root in the daemon's
+// namespaces. The spawner clones the sandbox's init with CLONE_PARENT (so it is
+// the daemon's child, reaped through its pidfd) and the new namespaces, with its
+// own effective uid switched to the sandbox's root for the clone (the user
+// namespace's owner: see below). The child reports its pid, reads the daemon's
+// setup message from the agent socket (the cgroups and the agent's listening socket,
+// made while the spawner cloned), moves itself into its cgroups (writing "0" to
+// files the daemon opened) and waits on a pipe while the
+// spawner writes uid_map/gid_map (sandbox root = the first id of the sandbox's own
+// 65536-id host range, SandboxSpec::uid_base; see "Ids" below); the daemon writes
+// the cgroup limits meanwhile. Then the child sets the per-sandbox
 // limits of its user namespace (/proc/sys/user: inotify quota, no nested user
 // namespaces) and builds the root inside
 // its own mount namespace, so nothing is ever mounted on the host and every
@@ -28,17 +35,21 @@
 //   bound); /tmp as a tmpfs of spec.tmp_bytes; pivot_root; old root detached.
 // NOTE: the writable layer (and /tmp, /dev/shm) lives in memory and is charged
 // to the sandbox's memory cgroup. Writes beyond disk_bytes fail with ENOSPC.
-// The agent binary is opened O_PATH once by the backend and exec'd with
-// execveat(AT_EMPTY_PATH) after pivot_root, so it is not inside the sandbox's
-// tree and cannot be overwritten from inside. It runs as PID 1 with argv
-// `tp-agent --fd 3 --cgroup-fd 4 --listen-fd 5`, fd 3 being its end of a
+// The agent is not inside the sandbox's tree and cannot be overwritten from
+// inside: when it is the spawner's own binary the child, once its root is built,
+// closes every descriptor but its own, loads seccomp and simply goes on as the
+// agent (no exec: the binary's libc start-up was paid once, by the spawner);
+// another agent_path (tests' stand-in agents) is opened O_PATH by the backend
+// and exec'd with execveat(AT_EMPTY_PATH). It runs as PID 1 with argv
+// `tp-agent --fd 3 --cgroup-fd 4 --listen-fd 5 --oom-fd 6` (fd 6: its own
+// oom_score_adj, opened by the spawner; only for the spawner's own binary), fd 3 being its end of a
 // socketpair (agent_fd() is ours), fd 5 a unix socket listening at
-// <data_dir>/containers/run/<id>/agent.sock (a root-only directory, also
-// holding the init's pid and start time for adopt()) where a restarted daemon
-// connects again (agent_address()), stdin/stdout/stderr on /dev/null, environment = spec.env plus
-// PATH and HOME defaults. Setup failures in the child come back through a CLOEXEC pipe as (step,
-// errno), so create() returns e.g. "mount(overlay, .../root, lowerdir=...): ..." after unwinding
-// everything. Cgroup delegation: the sandbox's cgroup directory (v2; v1: the freezer one,
+// <run_dir>/<id>.sock (a root-only directory, ContainerOptions::run_dir; the
+// socket's xattr holds the init's pid and start time for adopt(): run_state.h) where a restarted
+// daemon connects again (agent_address()), stdin/stdout/stderr on /dev/null, environment = spec.env
+// plus PATH and HOME defaults. Setup failures in the child come back through a CLOEXEC pipe as
+// (step, errno), so create() returns e.g. "mount(overlay, .../root, lowerdir=...): ..." after
+// unwinding everything. Cgroup delegation: the sandbox's cgroup directory (v2; v1: the freezer one,
 // CgroupManager::delegated_dir) and the files a delegatee writes are chowned to
 // the sandbox's root, and the agent gets an O_DIRECTORY fd of it as fd 4 with
 // `--cgroup-fd 4`: it makes one cgroup per command there (src/agent/
@@ -46,11 +57,15 @@
 // denied by seccomp), so only the agent reaches it. destroy() removes those
 // sub-cgroups with the sandbox's, thawing (v1) any its agent left frozen.
 //
-// The clone runs with the calling thread's effective uid switched to the
-// sandbox's root (raw setresuid, this thread only), so the user namespace is
-// owned by it: the kernel charges a namespace's per-user counters (inotify,
-// fanotify, mqueue, pending signals, processes) to its owner up the tree, and a
-// root-owned namespace would let a sandbox drain host root's budgets.
+// The clone runs with the spawner's effective uid switched to the sandbox's
+// root, so the user namespace is owned by it: the kernel charges a namespace's
+// per-user counters (inotify, fanotify, mqueue, pending signals, processes) to
+// its owner up the tree, and a root-owned namespace would let a sandbox drain
+// host root's budgets. The spawner refuses any request whose clone would not
+// make a new user namespace owned by an id other than host root.
+// The child joins its cgroups itself, just after the clone: what the kernel
+// allocates in the clone (the namespaces, the task) is charged to the daemon's
+// cgroups, not the sandbox's; everything the sandbox does after is the sandbox's.
 //
 // Ids. Each sandbox gets its own host range (the node allocates it:
 // node/uid_ranges.h), so that per-user kernel limits (pipe buffer pages,
@@ -79,8 +94,8 @@
 // Thread rules: create() and cleanup_orphans() may run concurrently from any
 // threads (the backend's state is read-only after construction). A
 // ContainerInstance is used by one owner at a time. The daemon must not set
-// SIGCHLD to SIG_IGN nor reap with waitpid(-1): sandboxes are reaped through
-// their pidfds.
+// SIGCHLD to SIG_IGN nor reap with waitpid(-1): sandboxes (and the spawner)
+// are its children, reaped through their pidfds.
 #pragma once
 
 #include <cstdint>
@@ -96,6 +111,16 @@ namespace tp::runtime {
 struct ContainerOptions {
   std::string data_dir;    // e.g. /var/lib/tidepool; we create containers/ and images/host/ in it
   std::string agent_path;  // host path of the static tp-agent binary (build/bin/tp-agent)
+  // The tp-agent binary run as the spawner (spawner_client.h); empty: agent_path.
+  // When it is the agent binary itself, a sandbox's init goes on as the agent
+  // without an exec; otherwise (tests with a stand-in agent) it execs agent_path.
+  std::string spawner_path;
+  // Live restore's run dir: each sandbox's agent socket and init (run_state.h).
+  // Root-only; made if missing (not its parents). Empty: <data_dir>/containers/run.
+  std::string run_dir;
+  // How long the spawner may take for its share of a start (clone, id maps) before
+  // it counts as wedged: it is killed and replaced, and that create fails.
+  unsigned spawner_timeout_ms = 10000;
   std::string cgroup_name =
       "tidepool";  // parent cgroup: <ctrl mount>/tidepool/<id> (v1) or <v2root>/tidepool/<id>
   // Owner of image files on disk (layers, the host skeleton): host id
@@ -111,6 +136,12 @@ struct ContainerOptions {
   // Layer digest -> lower directory (the image store); unset = only the `host` image.
   std::shared_ptr<image::LayerResolver> layers;
 };
+
+// The run dir a daemon uses by default: /run/tidepool/<cgroup_name> when /run is a
+// tmpfs (each sandbox's socket is then made and removed in memory, not on the data
+// dir's file system), else "" (<data_dir>/containers/run). Makes /run/tidepool
+// (root, 0755) when it picks it.
+std::string default_run_dir(const std::string& cgroup_name);
 
 // Checks the host (cgroup layout, agent binary, data_dir permissions), builds
 // the `host` image skeleton if needed and compiles the seccomp filter.

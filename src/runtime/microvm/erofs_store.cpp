@@ -86,9 +86,7 @@ Result<void> ErofsStore::build(const std::string& layer_dir, const std::string& 
   plan.finish();
   const std::string out = tmp + "/" + name;
   for (const std::string& a : {std::string("mkfs.erofs"), std::string("--quiet"), out, layer_dir})
-    plan.argv.push_back(const_cast<char*>(plan.keep(a)));
-  plan.argv.push_back(nullptr);
-  plan.envp.push_back(nullptr);
+    plan.argv.push_back(plan.keep(a));
   plan.exe_fd = exe.get();
   plan.agent_child = null_fd.get();
   // Storage ids back to 0..65535, as the guest should see them.

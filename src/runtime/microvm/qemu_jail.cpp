@@ -7,6 +7,7 @@
 #include <sys/mman.h>
 #include <sys/mount.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <sys/syscall.h>
@@ -117,14 +118,15 @@ Result<sys::Pidfd> run_plan(ChildPlan& plan, int flags,
                             const std::function<Result<void>(pid_t)>& setup,
                             const std::string& what) {
   int p[2];
-  if (::pipe2(p, O_CLOEXEC) != 0) return sys_fail("pipe2(sync)");
+  // A socket, not a pipe: the child's release may carry descriptors (spawn/plan.h, kWaitSync).
+  if (::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, p) != 0)
+    return sys_fail("socketpair(sync)");
   UniqueFd sync_rd(p[0]), sync_wr(p[1]);
   if (::pipe2(p, O_CLOEXEC) != 0) return sys_fail("pipe2(error)");
   UniqueFd err_rd(p[0]), err_wr(p[1]);
-  plan.sync_rd = sync_rd.get();
-  plan.sync_wr = sync_wr.get();
-  plan.err_rd = err_rd.get();
-  plan.err_wr = err_wr.get();
+  std::vector<char*> args;
+  const spawn::ExecPlan exec_plan =
+      plan.in_process(sync_rd.get(), sync_wr.get(), err_rd.get(), err_wr.get(), &args);
   // The child runs on it until it exec'd, which is before this function returns.
   void* stack = ::mmap(nullptr, kStack, PROT_READ | PROT_WRITE,
                        MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK | MAP_NORESERVE, -1, 0);
@@ -138,8 +140,9 @@ Result<sys::Pidfd> run_plan(ChildPlan& plan, int flags,
   int clone_errno = 0;
   {
     sys::SignalBlock block;
-    pid = jail_clone(container::run_child, static_cast<char*>(stack) + kStack,
-                     CLONE_VM | CLONE_PIDFD | SIGCHLD | flags, &plan, &pidfd);
+    pid = jail_clone(container::run_in_clone, static_cast<char*>(stack) + kStack,
+                     CLONE_VM | CLONE_PIDFD | SIGCHLD | flags,
+                     const_cast<spawn::ExecPlan*>(&exec_plan), &pidfd);
     if (pid < 0) clone_errno = errno;
   }
   if (pid < 0) return sys_fail(what + ": clone", clone_errno);
@@ -147,7 +150,7 @@ Result<sys::Pidfd> run_plan(ChildPlan& plan, int flags,
   sync_rd.reset();
   err_wr.reset();
   auto abort_child = [&](Error e) -> Result<sys::Pidfd> {
-    sync_wr.reset();  // a child waiting on the sync pipe exits on EOF
+    sync_wr.reset();  // a child waiting on the sync socket exits on EOF
     (void)proc.signal(SIGKILL);
     (void)proc.reap();
     return std::unexpected(std::move(e));
@@ -156,7 +159,8 @@ Result<sys::Pidfd> run_plan(ChildPlan& plan, int flags,
     if (auto r = setup(pid); !r) return abort_child(r.error());
   }
   char go = 1;
-  if (::write(sync_wr.get(), &go, 1) != 1) return abort_child(sys_fail("write(sync pipe)").error());
+  if (::send(sync_wr.get(), &go, 1, MSG_NOSIGNAL) != 1)
+    return abort_child(sys_fail("send(sync socket)").error());
   sync_wr.reset();
   // EOF: the exec happened (the pipe is CLOEXEC); a record: the step that failed.
   if (auto failed = container::read_child_failure(err_rd.get(), plan, what + ": ", "setup"))
@@ -183,10 +187,8 @@ Result<sys::Pidfd> spawn_jailed(const JailSpec& s, sys::CgroupManager& cgroups) 
   plan.set_rlimit(RLIMIT_FSIZE, "RLIMIT_FSIZE", s.fsize_limit);
   plan.set_rlimit(RLIMIT_NOFILE, "RLIMIT_NOFILE", 4096);
   plan.finish();
-  for (const auto& a : s.argv) plan.argv.push_back(const_cast<char*>(plan.keep(a)));
-  plan.argv.push_back(nullptr);
-  plan.envp.push_back(const_cast<char*>(plan.keep("PATH=/usr/bin")));
-  plan.envp.push_back(nullptr);
+  for (const auto& a : s.argv) plan.argv.push_back(plan.keep(a));
+  plan.envp.push_back(plan.keep("PATH=/usr/bin"));
   plan.exe_fd = s.qemu_exe;
   UniqueFd null_fd(::open("/dev/null", O_RDWR | O_CLOEXEC));
   if (!null_fd) return sys_fail("open(/dev/null)");

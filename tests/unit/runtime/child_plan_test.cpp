@@ -22,6 +22,8 @@ ChildPlan make_plan(std::vector<std::string> lowers,
   r.dev_locked = MS_RELATIME;
   r.empty_dir = "/d/containers/empty";
   r.prep_locked = MS_RELATIME;
+  r.cgroup_entries = {"/cg/memory/tp/n0-abc/tasks", "/cg/pids/tp/n0-abc/tasks"};
+  r.setup_cgroup_dir = r.setup_listen = true;
   for (int i = 0; kMaskedProcFiles[i]; ++i) r.masked_proc_files.emplace_back(kMaskedProcFiles[i]);
   for (int i = 0; kMaskedProcDirs[i]; ++i) r.masked_proc_dirs.emplace_back(kMaskedProcDirs[i]);
   ChildPlan p;
@@ -39,8 +41,19 @@ int index_of(const ChildPlan& p, const std::string& desc_prefix) {
 TEST(ChildPlanTest, OrderOfTheRecipe) {
   auto p = make_plan({"/img/rootfs"}, {{"/usr", MS_RELATIME}});
   ASSERT_FALSE(p.ops.empty());
-  EXPECT_EQ(p.ops[0].kind, OpKind::kWaitSync);  // nothing before the parent wrote maps and cgroups
-  EXPECT_EQ(p.ops[1].kind, OpKind::kBecomeRoot);
+  // First the pid (nothing may block before it), then into the cgroups, then nothing
+  // before the spawner wrote the id maps.
+  EXPECT_EQ(p.ops[0].kind, OpKind::kHello);
+  EXPECT_EQ(p.ops[1].kind, OpKind::kRecvSetup);
+  EXPECT_EQ(p.ops[1].mode, 2u);
+  EXPECT_EQ(p.ops[1].flags, spawn::kSetupCgroupDir | spawn::kSetupListen);
+  // A failed write of entry i is step + 1 + i.
+  EXPECT_EQ(p.steps[p.ops[1].step + 1], "write(/cg/memory/tp/n0-abc/tasks, \"0\")");
+  EXPECT_EQ(p.steps[p.ops[1].step + 2], "write(/cg/pids/tp/n0-abc/tasks, \"0\")");
+  EXPECT_EQ(p.ops[2].kind, OpKind::kWaitSync);
+  EXPECT_EQ(p.ops[3].kind, OpKind::kBecomeRoot);
+  // The cgroup namespace is made once the child is in its cgroups.
+  EXPECT_GT(index_of(p, "unshare(CLONE_NEWCGROUP)"), 3);
   int priv = index_of(p, "mount(none, /, none, MS_REC|MS_PRIVATE");
   int tmpfs = index_of(p, "mount(tmpfs, /d/containers/mnt, tmpfs");
   int ovl = index_of(p,
@@ -71,11 +84,15 @@ TEST(ChildPlanTest, SensitiveProcEntriesAreMaskedAndOptional) {
     ASSERT_GE(i, 0) << f;
     EXPECT_TRUE(p.ops[static_cast<size_t>(i)].ignore_missing);
   }
-  int acpi = index_of(
-      p, "mount(/d/containers/empty, /d/containers/mnt/root/proc/acpi, none, MS_BIND|MS_REC)");
-  ASSERT_GE(acpi, 0);
-  EXPECT_EQ(p.ops[static_cast<size_t>(acpi + 1)].flags,
-            MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC | MS_RELATIME);
+  // Masked directories: one bind each of the root-owned empty directory.
+  for (const char* d : {"acpi", "bus", "fs", "irq"}) {
+    int i = index_of(p, std::string("mount(/d/containers/empty, /d/containers/mnt/root/proc/") + d +
+                            ", none, MS_BIND)");
+    ASSERT_GE(i, 0) << d;
+    EXPECT_TRUE(p.ops[static_cast<size_t>(i)].ignore_missing);
+    EXPECT_NE(p.ops[static_cast<size_t>(i + 1)].flags & MS_REMOUNT, MS_REMOUNT) << d;
+  }
+  EXPECT_EQ(index_of(p, "mount(/d/containers/mnt/root/proc/bus"), -1);
   int sys = index_of(p, "mount(/d/containers/mnt/root/proc/sys, /d/containers/mnt/root/proc/sys");
   ASSERT_GE(sys, 0);
   EXPECT_TRUE(p.ops[static_cast<size_t>(sys + 1)].flags & MS_RDONLY);

@@ -6,14 +6,18 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <sys/wait.h>
+#include <sys/xattr.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <future>
@@ -25,7 +29,11 @@
 #include "common/ids.h"
 #include "image/image_store.h"
 #include "protocol/wire.h"
+#include "runtime/container/run_state.h"
+#include "runtime/container/spawner_client.h"
+#include "runtime/sandbox_state.h"
 #include "sys/cgroup.h"
+#include "sys/fd.h"
 
 namespace tp::runtime {
 namespace {
@@ -46,6 +54,12 @@ std::string fake_agent_path() {
   }
   return (fs::read_symlink("/proc/self/exe").parent_path().parent_path() / "payloads/fake_agent")
       .string();
+}
+
+// The spawner: the real tp-agent of this build (the fake agent is exec'd by its children).
+std::string spawner_path() {
+  if (const char* b = getenv("TP_BIN_DIR")) return std::string(b) + "/tp-agent";
+  return (fs::read_symlink("/proc/self/exe").parent_path() / "tp-agent").string();
 }
 
 int count_fds() {
@@ -139,6 +153,7 @@ class ContainerBackendTest : public ::testing::Test {
     chmod(dir_.c_str(), 0755);
     opts_.data_dir = dir_;
     opts_.agent_path = fake_agent_path();
+    opts_.spawner_path = spawner_path();
     opts_.cgroup_name = "tp-test-" + ids::random_hex(4);
     layers_ = std::make_shared<FakeLayers>();
     opts_.layers = layers_;
@@ -471,6 +486,57 @@ TEST_F(ContainerBackendTest, MemoryAndPidLimitsHold) {
   ASSERT_TRUE(sb.destroy());
 }
 
+// What other tiers ask of a container sandbox reaches it through the spawner's plan: a
+// best-effort sandbox (its init and so all of its processes under SCHED_IDLE, the lowest
+// CPU weight) and one with nested isolation (the function tier's workers: the mount API
+// open to its root, its memory and pids cgroups delegated), against a default sandbox.
+TEST_F(ContainerBackendTest, BestEffortAndNestedIsolationReachTheSandbox) {
+  const std::string mount_in_own_ns = "unshare -m sh -c 'mount -t tmpfs none /tmp'";
+  auto plain = backend_->create(spec());
+  ASSERT_TRUE(plain) << plain.error().message();
+  ASSERT_TRUE(wait_ready((*plain)->agent_fd()));
+  EXPECT_EQ(sched_getscheduler((*plain)->pid()), SCHED_OTHER);
+  EXPECT_NE(status_of(**plain, mount_in_own_ns), 0);  // seccomp refuses mount(2)
+  ASSERT_TRUE((*plain)->destroy());
+
+  auto s = spec();
+  s.best_effort = true;
+  s.nested_isolation = true;
+  auto r = backend_->create(s);
+  ASSERT_TRUE(r) << r.error().message();
+  auto& sb = **r;
+  ASSERT_TRUE(wait_ready(sb.agent_fd()));
+  EXPECT_EQ(sched_getscheduler(sb.pid()), SCHED_IDLE);
+  EXPECT_EQ(status_of(sb, "test \"$(cut -d' ' -f41 /proc/self/stat)\" = 5"), 0)
+      << "a command is not SCHED_IDLE (policy 5) too";
+  EXPECT_EQ(status_of(sb, mount_in_own_ns), 0);
+  const bool v2 = cg_->layout().version == sys::CgroupVersion::kV2;
+  for (const auto& d : cg_->limit_dirs(s.id)) {
+    struct stat st {};
+    ASSERT_EQ(stat(d.c_str(), &st), 0) << d;
+    EXPECT_EQ(st.st_uid, opts_.uid_base) << d;
+  }
+  // The lowest CPU weight: an idle cpu cgroup where the kernel has them (5.15+; its
+  // weight is then the kernel's own lowest), else v1 cpu.shares 2, v2 cpu.weight 1
+  // (where the controller is on).
+  int weights = 0;
+  for (const auto& d : cg_->dirs(s.id)) {
+    for (const auto& [file, lowest] :
+         {std::pair{"/cpu.idle", "1\n"}, {"/cpu.shares", "2\n"}, {"/cpu.weight", "1\n"}}) {
+      if (!fs::exists(d + file)) continue;
+      EXPECT_EQ(slurp(d + file), lowest) << d;
+      ++weights;
+      break;
+    }
+  }
+  if (!v2) {
+    EXPECT_EQ(weights, 1);
+  }
+  const pid_t pid = sb.pid();
+  ASSERT_TRUE(sb.destroy());
+  expect_gone(s.id, pid);
+}
+
 TEST_F(ContainerBackendTest, InvalidSpecsAreRefusedBeforeAnything) {
   auto bad_id = spec("../etc");
   auto r = backend_->create(bad_id);
@@ -512,7 +578,7 @@ TEST_F(ContainerBackendTest, UnknownLayerDigestIsNotFoundBeforeAnything) {
   EXPECT_EQ(r.error().code, Code::kNotFound);
   EXPECT_NE(r.error().message().find(unknown), std::string::npos) << r.error().message();
   for (const auto& d : cg_->dirs(s.id)) EXPECT_FALSE(fs::exists(d));
-  EXPECT_FALSE(fs::exists(dir_ + "/containers/run/" + s.id));
+  EXPECT_FALSE(fs::exists(dir_ + "/containers/run/" + s.id + ".sock"));
   EXPECT_EQ(count_fds(), fds_before_);
   // A stored digest whose directory vanished: also not found, also nothing left.
   s.layers = {layers_->add(dir_ + "/no-such-layer")};
@@ -627,6 +693,155 @@ TEST_F(ContainerBackendTest, ConcurrentCreatesFromSeveralThreads) {
   for (auto& v : made) v.clear();  // destructors destroy
   for (auto& [id, pid] : ids) expect_gone(id, pid);
   EXPECT_EQ(count_fds(), fds_before_);
+}
+
+// The spawners this process started (one per backend), by their name.
+std::vector<pid_t> my_spawners() {
+  std::vector<pid_t> out;
+  for (const auto& e : fs::directory_iterator("/proc")) {
+    const std::string name = e.path().filename();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::string st = slurp(e.path().string() + "/stat");
+    auto open = st.find('('), close = st.rfind(')');
+    if (open == std::string::npos || close == std::string::npos) continue;
+    std::istringstream rest(st.substr(close + 2));
+    std::string state;
+    pid_t ppid = 0;
+    rest >> state >> ppid;
+    if (st.substr(open + 1, close - open - 1) == "tp-spawner" && ppid == getpid() && state != "Z")
+      out.push_back(std::stoi(name));
+  }
+  return out;
+}
+
+std::vector<std::string> fd_targets_of(pid_t pid) {
+  std::vector<std::string> out;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator("/proc/" + std::to_string(pid) + "/fd", ec))
+    out.push_back(e.path().filename().string() + " " + fs::read_symlink(e.path(), ec).string());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+TEST_F(ContainerBackendTest, SpawnerDeathIsRepairedAndItsSandboxesLiveOn) {
+  auto a = backend_->create(spec());
+  ASSERT_TRUE(a) << a.error().message();
+  ASSERT_TRUE(wait_ready((*a)->agent_fd()));
+  auto sp = my_spawners();
+  ASSERT_EQ(sp.size(), 1u);
+  ASSERT_EQ(kill(sp[0], SIGKILL), 0);
+  // The sandbox is our child (CLONE_PARENT), not the spawner's: it does not notice.
+  for (int i = 0; i < 200 && my_spawners() == sp; ++i) usleep(10000);
+  EXPECT_EQ(status_of(**a, "true"), 0);
+  EXPECT_TRUE((*a)->alive());
+  // The next create finds the spawner gone and starts another.
+  auto b = backend_->create(spec());
+  ASSERT_TRUE(b) << b.error().message();
+  ASSERT_TRUE(wait_ready((*b)->agent_fd()));
+  EXPECT_EQ(status_of(**b, "true"), 0);
+  auto now = my_spawners();
+  ASSERT_EQ(now.size(), 1u);
+  EXPECT_NE(now[0], sp[0]);
+  ASSERT_TRUE((*a)->destroy());
+  ASSERT_TRUE((*b)->destroy());
+  a->reset();
+  b->reset();
+  EXPECT_EQ(count_fds(), fds_before_);  // the dead spawner's socket and pidfd went with it
+}
+
+TEST_F(ContainerBackendTest, WedgedSpawnerIsReplacedAndTheCreateLeavesNothing) {
+  ContainerOptions o = opts_;
+  o.spawner_timeout_ms = 300;
+  backend_.reset();
+  auto b = make_container_backend(o);
+  ASSERT_TRUE(b) << b.error().message();
+  backend_ = std::move(*b);
+  auto sp = my_spawners();
+  ASSERT_EQ(sp.size(), 1u);
+  ASSERT_EQ(kill(sp[0], SIGSTOP), 0);
+  auto s = spec();
+  auto r = backend_->create(s);
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error().code, Code::kUnavailable) << r.error().message();
+  EXPECT_NE(r.error().message().find("spawner"), std::string::npos) << r.error().message();
+  for (const auto& d : cg_->dirs(s.id)) EXPECT_FALSE(fs::exists(d)) << d;
+  EXPECT_FALSE(fs::exists(dir_ + "/containers/run/" + s.id + ".sock"));
+  // The stopped one was killed; a new one serves.
+  auto ok = backend_->create(spec());
+  ASSERT_TRUE(ok) << ok.error().message();
+  ASSERT_TRUE(wait_ready((*ok)->agent_fd()));
+  auto now = my_spawners();
+  ASSERT_EQ(now.size(), 1u);
+  EXPECT_NE(now[0], sp[0]);
+  // Killed (a zombie until the next create or the backend's end reaps it).
+  std::string st = slurp("/proc/" + std::to_string(sp[0]) + "/stat");
+  EXPECT_TRUE(st.empty() || st.substr(st.rfind(')') + 2, 1) == "Z") << st;
+  ok->reset();
+  backend_.reset();
+  EXPECT_EQ(kill(sp[0], 0), -1);  // reaped by now
+}
+
+TEST_F(ContainerBackendTest, SandboxInitGetsOnlyItsOwnDescriptors) {
+  // Descriptors of the daemon without CLOEXEC, as a careless library would leave them.
+  int leak[2];
+  ASSERT_EQ(pipe(leak), 0);
+  auto r = backend_->create(spec());
+  ASSERT_TRUE(r) << r.error().message();
+  ASSERT_TRUE(wait_ready((*r)->agent_fd()));
+  // The (fake) agent was exec'd with 0..2 on /dev/null, 3 its socket, 4 its cgroup, 5 its
+  // listening socket: nothing of the daemon's, of the spawner's or of the setup.
+  auto fds = fd_targets_of((*r)->pid());
+  ASSERT_EQ(fds.size(), 6u) << ::testing::PrintToString(fds);
+  for (const auto& f : fds) EXPECT_EQ(f.find("pipe:"), std::string::npos) << f;
+  EXPECT_EQ(fds[0], "0 /dev/null");
+  EXPECT_EQ(fds[3].rfind("3 socket:", 0), 0u) << fds[3];
+  EXPECT_EQ(fds[5].rfind("5 socket:", 0), 0u) << fds[5];
+  // Between starts the spawner holds its stdio and its socket only.
+  auto sp = my_spawners();
+  ASSERT_EQ(sp.size(), 1u);
+  auto spfds = fd_targets_of(sp[0]);
+  ASSERT_EQ(spfds.size(), 4u) << ::testing::PrintToString(spfds);
+  EXPECT_EQ(spfds[3].rfind("3 socket:", 0), 0u) << spfds[3];
+  close(leak[0]);
+  close(leak[1]);
+}
+
+TEST(SpawnerTest, RefusesAMalformedPlanAndServesOn) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root";
+  sys::UniqueFd exe(open(spawner_path().c_str(), O_PATH | O_CLOEXEC));
+  ASSERT_TRUE(exe);
+  auto s = container::Spawner::start(exe.get(), spawner_path(), std::chrono::milliseconds(5000));
+  ASSERT_TRUE(s) << s.error().message();
+  const pid_t pid = (*s)->pid();
+  ASSERT_GT(pid, 0);
+  int sv[2];
+  ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+  auto attempt = [&](uint64_t flags, uint32_t owner) {
+    spawn::Request req;
+    req.agent_slot = req.slot(sv[1]);
+    req.ops = {spawn::Op{spawn::OpKind::kHello}};
+    req.argv = {"tp-agent"};
+    req.clone_flags = flags;
+    req.owner_uid = owner;
+    req.uid_map = req.gid_map = "0 100000 65536\n";
+    auto st = (*s)->send(std::move(req));
+    EXPECT_TRUE(st) << st.error().message();
+    return st ? st->finish({"hello"}) : Result<sys::Pidfd>(std::unexpected(st.error()));
+  };
+  // No user namespace: as root in the host's namespaces it would be host root. Refused.
+  auto r = attempt(CLONE_NEWNS | CLONE_NEWPID, 100000);
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error().code, Code::kInvalidArgument) << r.error().message();
+  EXPECT_NE(r.error().message().find("refused"), std::string::npos) << r.error().message();
+  // A user namespace owned by host root: refused too.
+  r = attempt(CLONE_NEWUSER | CLONE_NEWNS, 0);
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error().code, Code::kInvalidArgument);
+  // The same spawner, still serving.
+  EXPECT_EQ((*s)->pid(), pid);
+  EXPECT_EQ((*s)->started(), 1u);
+  close(sv[0]);
+  close(sv[1]);
 }
 
 TEST_F(ContainerBackendTest, CleanupOrphansKillsAllButKept) {
@@ -796,15 +1011,19 @@ TEST_F(ContainerBackendTest, RunDirIsRootOnlyAndDestroyRemovesIt) {
   auto& sb = **r;
   ASSERT_TRUE(wait_ready(sb.agent_fd()));
   std::string addr = sb.agent_address();
-  ASSERT_EQ(addr, dir_ + "/containers/run/" + sb.id() + "/agent.sock");
+  ASSERT_EQ(addr, dir_ + "/containers/run/" + sb.id() + ".sock");
   struct stat st {};
   ASSERT_EQ(stat((dir_ + "/containers/run").c_str(), &st), 0);
   EXPECT_EQ(st.st_mode & 07777, 0700u);
   EXPECT_EQ(st.st_uid, 0u);
   ASSERT_EQ(stat(addr.c_str(), &st), 0);
   EXPECT_TRUE(S_ISSOCK(st.st_mode));
-  std::string state = slurp(dir_ + "/containers/run/" + sb.id() + "/state");
-  EXPECT_NE(state.find("pid " + std::to_string(sb.pid()) + "\n"), std::string::npos) << state;
+  // The init it serves is recorded on the socket itself: one inode per sandbox.
+  char state[128] = {};
+  ASSERT_GT(getxattr(addr.c_str(), "trusted.tidepool.init", state, sizeof state - 1), 0);
+  EXPECT_NE(std::string(state).find("pid " + std::to_string(sb.pid()) + "\n"), std::string::npos)
+      << state;
+  EXPECT_EQ(std::distance(fs::directory_iterator(dir_ + "/containers/run"), {}), 1);
   // The agent got it as fd 5 (after its cgroup directory at fd 4; the fake agent
   // ignores both) and nothing else.
   const std::string fds = "/proc/" + std::to_string(sb.pid()) + "/fd/";
@@ -815,7 +1034,8 @@ TEST_F(ContainerBackendTest, RunDirIsRootOnlyAndDestroyRemovesIt) {
   pid_t pid = sb.pid();
   ASSERT_TRUE(sb.destroy());
   expect_gone(id, pid);
-  EXPECT_FALSE(fs::exists(dir_ + "/containers/run/" + id));
+  EXPECT_FALSE(fs::exists(addr));
+  EXPECT_EQ(std::distance(fs::directory_iterator(dir_ + "/containers/run"), {}), 0);
   EXPECT_EQ(sb.agent_address(), "");
 }
 
@@ -839,20 +1059,66 @@ TEST_F(ContainerBackendTest, ReleasedSandboxIsAdoptedByANewBackend) {
   EXPECT_EQ((*a)->agent_fd(), -1);
   EXPECT_EQ((*a)->pid(), pid);
   EXPECT_TRUE((*a)->alive());
-  EXPECT_EQ((*a)->agent_address(), dir_ + "/containers/run/" + s.id + "/agent.sock");
+  EXPECT_EQ((*a)->agent_address(), dir_ + "/containers/run/" + s.id + ".sock");
   auto u = (*a)->usage();
   ASSERT_TRUE(u) << u.error().message();
   EXPECT_GT(u->pids, 0u);
   // cleanup_orphans keeps what is kept.
   EXPECT_TRUE(backend_->cleanup_orphans({s.id}).empty());
-  EXPECT_TRUE(fs::exists(dir_ + "/containers/run/" + s.id + "/state"));
+  EXPECT_TRUE(fs::exists(dir_ + "/containers/run/" + s.id + ".sock"));
   ASSERT_TRUE((*a)->destroy());
   expect_gone(s.id, pid);
-  EXPECT_FALSE(fs::exists(dir_ + "/containers/run/" + s.id));
+  EXPECT_FALSE(fs::exists(dir_ + "/containers/run/" + s.id + ".sock"));
   // Gone now: nothing to adopt.
   auto again = backend_->adopt(s);
   ASSERT_FALSE(again);
   EXPECT_EQ(again.error().code, Code::kNotFound);
+}
+
+// Sandboxes made before the run dir's layout changed (<id>/agent.sock and <id>/state,
+// in the data dir) are adopted and cleaned up all the same, also by a backend whose
+// run dir is elsewhere.
+TEST_F(ContainerBackendTest, SandboxOfTheEarlierRunDirLayoutIsAdopted) {
+  SandboxSpec s = spec();
+  auto r = backend_->create(s);
+  ASSERT_TRUE(r) << r.error().message();
+  ASSERT_TRUE(wait_ready((*r)->agent_fd()));
+  pid_t pid = (*r)->pid();
+  (*r)->release();
+  r->reset();
+  backend_.reset();
+  // What an earlier version left: its directory, the socket in it, the state file.
+  const std::string run = dir_ + "/containers/run", legacy = run + "/" + s.id;
+  ASSERT_EQ(mkdir(legacy.c_str(), 0700), 0);
+  ASSERT_EQ(rename((run + "/" + s.id + ".sock").c_str(), (legacy + "/agent.sock").c_str()), 0);
+  std::ofstream(legacy + "/state")
+      << "pid " << pid << "\nstarttime " << proc_start_time(pid) << "\n";
+  ContainerOptions o = opts_;
+  o.run_dir = dir_ + "/run-elsewhere";
+  auto b = make_container_backend(o);
+  ASSERT_TRUE(b) << b.error().message();
+  backend_ = std::move(*b);
+  auto a = backend_->adopt(s);
+  ASSERT_TRUE(a) << a.error().message();
+  EXPECT_EQ((*a)->pid(), pid);
+  EXPECT_EQ((*a)->agent_address(), legacy + "/agent.sock");
+  // A new session through the old socket: the agent still listens on it.
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_un sa{};
+  sa.sun_family = AF_UNIX;
+  std::strncpy(sa.sun_path, (legacy + "/agent.sock").c_str(), sizeof sa.sun_path - 1);
+  ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa), 0) << strerror(errno);
+  close(fd);
+  EXPECT_TRUE(backend_->cleanup_orphans({s.id}).empty());
+  EXPECT_TRUE(fs::exists(legacy + "/state"));
+  // New sandboxes go to the configured run dir.
+  auto n = backend_->create(spec());
+  ASSERT_TRUE(n) << n.error().message();
+  EXPECT_EQ((*n)->agent_address(), o.run_dir + "/" + (*n)->id() + ".sock");
+  ASSERT_TRUE((*n)->destroy());
+  ASSERT_TRUE((*a)->destroy());
+  expect_gone(s.id, pid);
+  EXPECT_FALSE(fs::exists(legacy));
 }
 
 TEST_F(ContainerBackendTest, AdoptRefusesAReusedPidAndCleanupRemovesRunDirs) {
@@ -861,12 +1127,10 @@ TEST_F(ContainerBackendTest, AdoptRefusesAReusedPidAndCleanupRemovesRunDirs) {
   ASSERT_TRUE(r) << r.error().message();
   ASSERT_TRUE(wait_ready((*r)->agent_fd()));
   pid_t pid = (*r)->pid();
-  const std::string run = dir_ + "/containers/run/" + s.id;
+  const std::string run = dir_ + "/containers/run/" + s.id + ".sock";
   // Same pid, other start time: another process than the one recorded.
-  {
-    std::ofstream f(run + "/state");
-    f << "pid " << pid << "\nstarttime 1\n";
-  }
+  const std::string forged = "pid " + std::to_string(pid) + "\nstarttime 1\n";
+  ASSERT_EQ(setxattr(run.c_str(), "trusted.tidepool.init", forged.data(), forged.size(), 0), 0);
   auto a = backend_->adopt(s);
   ASSERT_FALSE(a);
   EXPECT_EQ(a.error().code, Code::kNotFound);
@@ -1009,7 +1273,7 @@ TEST(ContainerRealAgentTest, AdoptedSandboxKeepsItsCommandsAndServesANewSession)
     close(fd);
     EXPECT_EQ(kill(pid, 0), -1);
     EXPECT_TRUE(cg.list().empty());
-    EXPECT_FALSE(std::filesystem::exists(dir + "/containers/run/" + s.id));
+    EXPECT_FALSE(std::filesystem::exists(dir + "/containers/run/" + s.id + ".sock"));
     a->reset();
   }
   for (const auto& d : cg.dirs("x")) rmdir(std::filesystem::path(d).parent_path().c_str());

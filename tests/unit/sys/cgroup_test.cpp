@@ -326,7 +326,10 @@ TEST_F(CgroupV1Test, RemoveTakesCommandCgroupsFirst) {
   const std::string fz = "/sys/fs/cgroup/freezer/tidepool/sb1";
   ASSERT_TRUE(f_.mkdir(fz + "/c3", 0755));
   ASSERT_TRUE(f_.mkdir(fz + "/c3/deeper", 0755));
+  f_.listings = 0;
   ASSERT_TRUE(m_.remove("sb1"));
+  // Only the hierarchy with sub-cgroups was listed (its three levels), none of the others.
+  EXPECT_EQ(f_.listings, 3);
   EXPECT_FALSE(f_.dirs.contains(fz + "/c3"));
   EXPECT_FALSE(f_.dirs.contains(fz));
   EXPECT_TRUE(m_.list().empty());

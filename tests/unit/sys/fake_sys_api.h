@@ -22,6 +22,7 @@ class FakeSysApi : public SysApi {
   std::vector<std::pair<pid_t, int>> kills;
   std::map<std::string, int> fail_write;  // path -> errno
   std::set<std::string> busy_dirs;        // rmdir -> EBUSY once, then succeeds
+  int listings = 0;                       // list_dirs calls
   // Called on kill(); lets a test emulate processes leaving a cgroup.
   std::function<void(pid_t)> on_kill;
 
@@ -65,6 +66,7 @@ class FakeSysApi : public SysApi {
     return dirs.contains(path) || files.contains(path);
   }
   Result<std::vector<std::string>> list_dirs(const std::string& path) override {
+    ++listings;
     if (!dirs.contains(path)) return sys_fail("opendir(" + path + ")", ENOENT);
     std::vector<std::string> out;
     for (const auto& d : dirs)
