@@ -225,20 +225,29 @@ TEST_F(AgentClientTest, AttachAcknowledgesTheReplayedBacklog) {
   o.listen = true;
   start(o);
   const std::string progress = host_path("/progress");
+  const std::string go = host_path("/go");
   uint32_t pid = 0;
   node::ExecHandlers h;
   h.on_started = [&](uint32_t p) {
     pid = p;
-    client_->close();  // nothing after this is acknowledged
+    client_->close();
   };
   h.on_done = [](Result<node::ExecResult>) {};
+  // The output starts once this client is closed: close() is posted to the client's
+  // strand, so output read with kStarted would still be handled, and acknowledged or
+  // not depending on whether the ack got out before the socket closed.
   client_->exec(
-      sh("for i in 1 2 3 4 5 6 7 8; do head -c 65536 /dev/zero; echo $i > " + progress + "; done"),
+      sh("while [ ! -e " + go + " ]; do sleep 0.01; done; " +
+         "for i in 1 2 3 4 5 6 7 8; do head -c 65536 /dev/zero; echo $i > " + progress + "; done"),
       std::move(h));
   ASSERT_TRUE(run_until([&] { return pid != 0; }));
   io_.restart();
   io_.run();
   agent_->close_fd();
+  // Nothing is acknowledged from here until the second client attaches.
+  int go_fd = ::open(go.c_str(), O_CREAT | O_WRONLY | O_CLOEXEC, 0644);
+  ASSERT_GE(go_fd, 0);
+  ::close(go_fd);
   // Piece 5 written means the agent read 4 (its pipe holds one): 256 KiB held, at the cap.
   auto pieces = [&] {
     FILE* f = std::fopen(progress.c_str(), "r");
