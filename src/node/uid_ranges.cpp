@@ -2,6 +2,7 @@
 
 #include <dirent.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <fstream>
 
@@ -46,12 +47,14 @@ bool UidRanges::overlaps_held(uint32_t base) const {
 
 Result<uint32_t> UidRanges::allocate(const std::string& owner) {
   std::lock_guard lk(mu_);
-  for (uint32_t k = 0; k < count_; ++k) {
+  for (uint32_t k = low_; k < count_; ++k) {
     const uint32_t base = first_ + k * kSize;
     if (overlaps_held(base)) continue;
     held_.emplace(base, owner);
+    low_ = k + 1;
     return base;
   }
+  low_ = count_;
   return fail(Code::kUnavailable, "no free uid range: all " + std::to_string(count_) +
                                       " sandbox uid ranges are in use (--uid-ranges)");
 }
@@ -74,7 +77,11 @@ Result<void> UidRanges::hold(uint32_t base, const std::string& owner) {
 void UidRanges::release(uint32_t base, const std::string& owner) {
   std::lock_guard lk(mu_);
   auto it = held_.find(base);
-  if (it != held_.end() && it->second == owner) held_.erase(it);
+  if (it == held_.end() || it->second != owner) return;
+  held_.erase(it);
+  // The lowest grid range this one overlapped may be free now (an off-grid base
+  // overlaps the range it starts in and the next).
+  low_ = std::min(low_, base <= first_ ? 0u : (base - first_) / kSize);
 }
 
 std::optional<std::string> UidRanges::holder(uint32_t base) {

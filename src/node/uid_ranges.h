@@ -75,6 +75,10 @@ class UidRanges {
   const uint32_t first_;
   const uint32_t count_;
   std::map<uint32_t, std::string> held_;  // base -> owner
+  // Every range below index low_ is held (or overlapped by a hold): allocate()
+  // starts there, so that handing out the next range does not walk past every held
+  // one (thousands of live sandboxes). A release lowers it.
+  uint32_t low_ = 0;
 };
 
 // Host uids (real, effective, saved or filesystem) of running processes that
