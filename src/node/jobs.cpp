@@ -121,12 +121,8 @@ Result<JobView> JobManager::get(const std::string& id) {
     v.job = **r;
   }
   if (v.job.state != "ended") {
-    for (const auto& s : sandboxes_of(id, "")) {
-      v.use.sandboxes++;
-      v.use.memory_mb += s.memory_mb;
-      v.use.cpus += s.cpus;
-      if (s.state == "paused") v.paused++;
-    }
+    v.use = svc_.job_use(id);
+    v.paused = v.use.paused;
   }
   return v;
 }
@@ -337,7 +333,8 @@ void JobManager::render(std::string* out) {
       "tidepool_jobs{{state=\"active\"}} {}\ntidepool_jobs{{state=\"lapsed\"}} {}\n",
       active, lapsed);
   *out +=
-      "# HELP tidepool_job_sandboxes Sandboxes a live job holds (creating, running, paused).\n"
+      "# HELP tidepool_job_sandboxes Sandboxes a live job holds (from their create until they are "
+      "removed).\n"
       "# TYPE tidepool_job_sandboxes gauge\n";
   std::string mem =
       "# HELP tidepool_job_memory_mb Memory limits a live job's sandboxes hold, in MiB.\n"
@@ -346,11 +343,7 @@ void JobManager::render(std::string* out) {
       "# HELP tidepool_job_quota A live job's quotas (0 = none).\n"
       "# TYPE tidepool_job_quota gauge\n";
   for (const auto& j : jobs) {
-    JobUse use;
-    for (const auto& s : sandboxes_of(j.id, "")) {
-      use.sandboxes++;
-      use.memory_mb += s.memory_mb;
-    }
+    JobUse use = svc_.job_use(j.id);
     *out += fmt::format("tidepool_job_sandboxes{{job=\"{}\"}} {}\n", j.id, use.sandboxes);
     mem += fmt::format("tidepool_job_memory_mb{{job=\"{}\"}} {}\n", j.id, use.memory_mb);
     quota += fmt::format("tidepool_job_quota{{job=\"{}\",quota=\"sandboxes\"}} {}\n", j.id,

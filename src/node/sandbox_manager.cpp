@@ -1019,8 +1019,14 @@ JobUse SandboxManager::job_use_locked(const std::string& job) {
     u.sandboxes++;
     u.memory_mb += sb->rec.memory_mb;
     u.cpus += sb->rec.cpus;
+    if (sb->rec.state == "paused") u.paused++;
   }
   return u;
+}
+
+JobUse SandboxManager::job_use(const std::string& job) {
+  std::lock_guard lk(mu_);
+  return job_use_locked(job);
 }
 
 std::shared_ptr<Sandbox> SandboxManager::find_live(const std::string& id) {
@@ -1264,23 +1270,7 @@ Result<std::vector<SandboxRecord>> SandboxManager::list(const ListFilter& f) {
   q.live_only = !ended_too;
   q.job = f.job;
   q.step = f.step;
-  // Snapshot the live ones first: a sandbox that ends between the two reads is
-  // then reported by its stored final record, not by a stale live one.
-  std::vector<SandboxRecord> live;
-  {
-    std::lock_guard lk(mu_);
-    for (auto& [id, sb] : live_) {
-      std::lock_guard lk2(sb->mu);
-      live.push_back(sb->rec);
-    }
-  }
-  auto recs = store_.list(q);
-  if (!recs) return std::unexpected(recs.error());
-  std::map<std::string, SandboxRecord> merged;
-  for (auto& r : *recs) merged[r.id] = std::move(r);
-  for (auto& r : live) {
-    auto it = merged.find(r.id);
-    if (it != merged.end() && it->second.ended_at_ms != 0) continue;  // ended since the snapshot
+  auto matches = [&](const SandboxRecord& r) {
     bool match = (state.empty() || r.state == state) && (ended_too || r.ended_at_ms == 0) &&
                  !r.pooled && (f.job.empty() || r.job == f.job) &&
                  (f.step.empty() || r.step == f.step);
@@ -1288,10 +1278,43 @@ Result<std::vector<SandboxRecord>> SandboxManager::list(const ListFilter& f) {
       auto l = r.labels.find(k);
       match = match && l != r.labels.end() && l->second == v;
     }
-    if (match)
-      merged[r.id] = std::move(r);
-    else if (it != merged.end())
-      merged.erase(it);
+    return match;
+  };
+  // Snapshot the live ones first: a sandbox that ends between the two reads is
+  // then reported by its stored final record, not by a stale live one. Only the
+  // matching ones are copied; of the others only the id is kept, to drop a stored
+  // record that no longer matches (its state changed since it was written). With
+  // a job, only that job's sandboxes are looked at: a sandbox's job never changes
+  // once set, so no other live one can have a stored record of that job.
+  std::vector<SandboxRecord> live;
+  std::vector<std::string> unmatched;
+  {
+    std::lock_guard lk(mu_);
+    auto look = [&](const std::shared_ptr<Sandbox>& sb) {
+      std::lock_guard lk2(sb->mu);
+      if (matches(sb->rec))
+        live.push_back(sb->rec);
+      else
+        unmatched.push_back(sb->rec.id);
+    };
+    if (f.job.empty()) {
+      for (const auto& [id, sb] : live_) look(sb);
+    } else if (auto j = by_job_.find(f.job); j != by_job_.end()) {
+      for (const auto& sb : j->second) look(sb);
+    }
+  }
+  auto recs = store_.list(q);
+  if (!recs) return std::unexpected(recs.error());
+  std::map<std::string, SandboxRecord> merged;
+  for (auto& r : *recs) merged[r.id] = std::move(r);
+  for (const auto& id : unmatched) {
+    auto it = merged.find(id);
+    if (it != merged.end() && it->second.ended_at_ms == 0) merged.erase(it);
+  }
+  for (auto& r : live) {
+    auto it = merged.find(r.id);
+    if (it != merged.end() && it->second.ended_at_ms != 0) continue;  // ended since the snapshot
+    merged[r.id] = std::move(r);
   }
   std::vector<SandboxRecord> out;
   for (auto& [id, r] : merged) out.push_back(std::move(r));

@@ -162,6 +162,7 @@ class SandboxManager : public Service {
   void set_admission(Admission a) override;
   std::vector<control::SandboxRecord> pooled() override;
   std::map<std::string, uint64_t> count_by_state() override;
+  JobUse job_use(const std::string& job) override;
   void after(std::chrono::milliseconds delay, std::function<void()> fn) override;
   const std::string& node_name() const override { return opts_.node_name; }
 

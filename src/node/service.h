@@ -66,6 +66,7 @@ struct JobUse {
   uint64_t sandboxes = 0;
   uint64_t memory_mb = 0;
   double cpus = 0;
+  uint64_t paused = 0;  // of those sandboxes
 };
 using Admission = std::function<Result<void>(const CreateParams& p, const JobUse& use)>;
 
@@ -181,6 +182,9 @@ class Service {
   virtual std::vector<control::SandboxRecord> pooled() = 0;
 
   virtual std::map<std::string, uint64_t> count_by_state() = 0;
+  // What a job's live sandboxes hold now (the ones still being created, and the
+  // ones being stopped, included), from the node's index by job: O(its sandboxes).
+  virtual JobUse job_use(const std::string& job) = 0;
   // Runs fn on the io threads after a delay.
   virtual void after(std::chrono::milliseconds delay, std::function<void()> fn) = 0;
   virtual const std::string& node_name() const = 0;
