@@ -742,17 +742,38 @@ Result<std::unique_ptr<StepSideFile>> StepLog::new_side(const std::string& scope
 
 void StepLog::append(const std::string& scope, StepRecord rec, std::string answer,
                      std::unique_ptr<StepSideFile> side, Done done) {
+  Pending p;
+  p.rec = std::move(rec);
+  p.answer = std::move(answer);
+  p.side = std::move(side);
+  p.done = std::move(done);
+  std::unique_lock lk(mu_);
+  p.log = log_id_locked(scope);
+  submit_locked(lk, std::move(p), true);
+}
+
+void StepLog::submit_locked(std::unique_lock<std::mutex>& lk, Pending p, bool may_inline) {
+  std::vector<Pending> batch;
+  pending_.push_back(std::move(p));
+  if (may_inline && opts_.inline_commit && !busy_ && !stop_ && pending_.size() == 1) {
+    busy_ = true;
+    batch.push_back(std::move(pending_.front()));
+    pending_.pop_front();
+  }
+  lk.unlock();
+  if (batch.empty()) {
+    cv_.notify_all();
+    return;
+  }
+  commit(batch);
+  bool more;
   {
     std::lock_guard lk(mu_);
-    Pending p;
-    p.log = log_id_locked(scope);
-    p.rec = std::move(rec);
-    p.answer = std::move(answer);
-    p.side = std::move(side);
-    p.done = std::move(done);
-    pending_.push_back(std::move(p));
+    busy_ = false;
+    more = !pending_.empty() || stop_ || sweep_waits_;
   }
-  cv_.notify_all();
+  // What queued meanwhile is the writer's (this thread does not stay on to commit it).
+  if (more) cv_.notify_all();
 }
 
 Result<void> StepLog::append_sync(const std::string& scope, StepRecord rec, std::string answer) {
@@ -776,18 +797,18 @@ void StepLog::append_event(const std::string& scope, std::string event, std::str
   p.rec.event = std::move(event);
   p.rec.detail = std::move(detail_json);
   p.rec.finished_us = now_us();
+  // Only an event someone waits for (the create's "created") is committed inline:
+  // the others come from hooks that may hold the caller's locks, and nobody waits.
+  const bool may_inline = static_cast<bool>(done) && !after_calls;
   p.done = std::move(done);
-  {
-    std::lock_guard lk(mu_);
-    p.log = log_id_locked(scope);
-    Log& l = *logs_[p.log];
-    if (after_calls && l.holds > 0 && !stop_) {
-      l.deferred.push_back(std::move(p));
-      return;
-    }
-    pending_.push_back(std::move(p));
+  std::unique_lock lk(mu_);
+  p.log = log_id_locked(scope);
+  Log& l = *logs_[p.log];
+  if (after_calls && l.holds > 0 && !stop_) {
+    l.deferred.push_back(std::move(p));
+    return;
   }
-  cv_.notify_all();
+  submit_locked(lk, std::move(p), may_inline);
 }
 
 void StepLog::hold(const std::string& scope) {
@@ -1068,23 +1089,35 @@ void StepLog::run() {
   auto next_sweep = std::chrono::steady_clock::now() + interval;
   std::unique_lock lk(mu_);
   for (;;) {
-    cv_.wait_until(lk, next_sweep, [&] { return stop_ || !pending_.empty(); });
+    // An inline commit (append on its caller's thread) that runs is waited for: one
+    // commit at a time keeps the queue's order.
+    cv_.wait_until(lk, next_sweep, [&] { return !busy_ && (stop_ || !pending_.empty()); });
+    if (busy_) {  // the sweep's time came during an inline commit: wait for its end
+      sweep_waits_ = true;
+      cv_.wait(lk, [&] { return !busy_; });
+      sweep_waits_ = false;
+      continue;
+    }
     if (!pending_.empty()) {
       std::vector<Pending> batch;
       while (!pending_.empty()) {
         batch.push_back(std::move(pending_.front()));
         pending_.pop_front();
       }
+      busy_ = true;
       lk.unlock();
       commit(batch);
       lk.lock();
+      busy_ = false;
       continue;  // commit everything queued before stopping
     }
     if (stop_) return;
     if (std::chrono::steady_clock::now() >= next_sweep) {
+      busy_ = true;  // no inline commit while the sweep removes logs
       lk.unlock();
       sweep();
       lk.lock();
+      busy_ = false;
       next_sweep = std::chrono::steady_clock::now() + interval;
     }
   }

@@ -13,9 +13,12 @@
 // Durability: a side file is written and fdatasync'ed (and its directory fsync'ed)
 // before the record naming it is appended; a record is appended and the log
 // fdatasync'ed before append()'s callback runs, i.e. before the caller sends the
-// answer. One writer thread does every append: the records that arrive while it syncs
-// are written and synced together (group commit), the logs of a batch at once (their
-// flushes merge in the block layer). A log grows in preallocated pieces
+// answer. One commit runs at a time: an append() that finds none running and nothing
+// queued commits its record on the caller's thread (no wake-up of another thread on
+// either side of the sync, which on a guest costs as much as the sync itself); the
+// records that arrive while a commit syncs are queued, and the writer thread writes
+// and syncs them together (group commit), the logs of a batch at once (their flushes
+// merge in the block layer). A log grows in preallocated pieces
 // (zeros written and synced once), so that an append overwrites allocated blocks and
 // its fdatasync need not commit a new file size; the zeros after the last record are
 // cut away when its sandbox ends, and at open.
@@ -45,7 +48,8 @@
 // open (records older than retention dropped). Time comes from Options::clock.
 //
 // Thread rules: every method is safe from any thread. Callbacks (append's done,
-// when_after's) run on the writer thread or the caller's and must not block for long.
+// when_after's) run on the writer thread, on the thread of an append() that commits
+// inline, or on the caller's, and must not block for long.
 #pragma once
 
 #include <chrono>
@@ -119,6 +123,9 @@ class StepLog {
     size_t prealloc = 64 << 10;
     // Request bodies up to this size are kept (replay input); larger ones only by digest.
     size_t max_request_body = 16 << 20;
+    // append() may commit on the caller's thread (see Durability above); false: the
+    // writer thread does every commit.
+    bool inline_commit = true;
   };
 
   // Reads every log under data_dir (recovering torn tails), deletes what retention
@@ -156,7 +163,8 @@ class StepLog {
   // was not kept (larger than the recorded maximum).
   Result<std::optional<std::string>> request_body(const std::string& scope, const StepRecord& rec);
   // Runs cb once when the log of `scope` has a record with seq > after, or is ended
-  // or removed: at once (on this thread) if it has, else on the writer thread.
+  // or removed: at once (on this thread) if it has, else on the thread that commits
+  // that record (the writer's or an inline append's).
   void when_after(const std::string& scope, uint64_t after, std::function<void()> cb);
   // Forgets every when_after callback; once it returns none runs (the owner of the
   // callbacks is going away).
@@ -168,13 +176,16 @@ class StepLog {
   // Appends rec durably; `answer` is the body when `side` is null (it goes inline or
   // into a new side file by size) and is handed back to `done` with the result. A
   // request body larger than inline_max goes to a side file. rec.seq is assigned.
+  // `done` may run before append() returns, on this thread (an inline commit: the
+  // caller must not hold a lock that done takes).
   using Done = std::function<void(Result<void>, std::string answer)>;
   void append(const std::string& scope, StepRecord rec, std::string answer,
               std::unique_ptr<StepSideFile> side, Done done);
   // Blocking append, for tests and tools.
   Result<void> append_sync(const std::string& scope, StepRecord rec, std::string answer);
   // Appends an event (kind 2) to a sandbox's log. after_calls: only once no call of the
-  // sandbox is held (see hold()), so that it follows every call being answered.
+  // sandbox is held (see hold()), so that it follows every call being answered. With
+  // a `done` and without after_calls it may be committed inline, as append().
   void append_event(const std::string& scope, std::string event, std::string detail_json,
                     bool after_calls, Done done = nullptr);
   // A call of `scope` is being answered: an after_calls event waits for its release,
@@ -206,11 +217,14 @@ class StepLog {
   Result<void> read_side(const std::string& dir, const std::string& name, uint64_t len,
                          std::string* out);
   void run();
+  // Queues p (mu_ held by lk, released on return) and, may_inline and no commit
+  // running, commits it on this thread.
+  void submit_locked(std::unique_lock<std::mutex>& lk, Pending p, bool may_inline);
   void commit(std::vector<Pending>& batch);
   void fire_waiters_locked(Log& l, std::vector<std::function<void()>>* out);
 
   const Options opts_;
-  std::mutex mu_;  // index_, logs_, scope_ids_, pending_, stop_
+  std::mutex mu_;  // index_, logs_, scope_ids_, pending_, stop_, busy_
   std::condition_variable cv_;
   std::unordered_map<std::string, StepLocation> index_;
   std::vector<std::unique_ptr<Log>> logs_;  // log id -> its state (id 0: node-wide)
@@ -218,8 +232,10 @@ class StepLog {
   std::deque<Pending> pending_;
   IsLive is_live_;
   bool stop_ = false;
+  bool busy_ = false;         // a commit (or the sweep) runs: at most one at a time, in queue order
+  bool sweep_waits_ = false;  // the writer waits for an inline commit to end
   uint64_t side_seq_ = 0;
-  // Owned by the writer thread (and load at open, before it starts).
+  // Owned by whoever commits (busy_), and by load at open, before the writer starts.
   std::unordered_map<uint32_t, std::unique_ptr<File>> files_;
   std::mutex files_mu_;  // files_ against sandbox_ended/sweep from other threads
   std::mutex fire_mu_;   // held while when_after callbacks run (drop_waiters waits for it)

@@ -5,8 +5,11 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <condition_variable>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
+#include <random>
 #include <thread>
 
 namespace tp::node {
@@ -24,9 +27,10 @@ class StepLogTest : public ::testing::Test {
   void TearDown() override { fs::remove_all(dir_); }
 
   std::unique_ptr<StepLog> open(std::chrono::seconds retention = std::chrono::hours(24),
-                                StepLog::IsLive live = nullptr) {
+                                StepLog::IsLive live = nullptr, bool inline_commit = true) {
     StepLog::Options o;
     o.data_dir = dir_;
+    o.inline_commit = inline_commit;
     o.retention = retention;
     o.inline_max = 1024;
     o.is_live = std::move(live);
@@ -277,6 +281,101 @@ TEST_F(StepLogTest, ConcurrentAppendsAllLand) {
       std::string want = (i % 5 == 0) ? std::string(3000, static_cast<char>('a' + t)) : k;
       EXPECT_EQ(answer_of(*l, k), want) << k;
     }
+}
+
+TEST_F(StepLogTest, AnIdleLogCommitsOnTheCallersThread) {
+  for (bool inline_commit : {true, false}) {
+    auto l = open(std::chrono::hours(24), nullptr, inline_commit);
+    std::mutex m;
+    std::condition_variable cv;
+    bool done = false;
+    std::thread::id ran_on;
+    l->append(kSb, rec("k"), "answer", nullptr, [&](Result<void> r, std::string answer) {
+      EXPECT_TRUE(r);
+      EXPECT_EQ(answer, "answer");
+      std::lock_guard lk(m);
+      ran_on = std::this_thread::get_id();
+      done = true;
+      cv.notify_all();
+    });
+    std::unique_lock lk(m);
+    if (inline_commit) {
+      // Durable and answered before append() returned, without the writer thread.
+      EXPECT_TRUE(done);
+      EXPECT_EQ(ran_on, std::this_thread::get_id());
+    } else {
+      cv.wait(lk, [&] { return done; });
+      EXPECT_NE(ran_on, std::this_thread::get_id());
+    }
+    lk.unlock();
+    EXPECT_EQ(answer_of(*l, "k"), "answer");
+    l.reset();
+    fs::remove_all(dir_ + "/sandboxes");
+  }
+}
+
+// Threads append without waiting (as the io threads do), with random pauses, and a done
+// callback sometimes appends again (a follower's or a waiter's reaction): whether a
+// record is committed inline or by the writer, each thread's records keep the order of
+// its calls, every seq is used once, and every done runs once.
+TEST_F(StepLogTest, InlineAndQueuedCommitsKeepEachCallersOrder) {
+  constexpr int kThreads = 4, kEach = 60;
+  for (bool inline_commit : {true, false}) {
+    for (unsigned seed = 1; seed <= 3; ++seed) {
+      auto l = open(std::chrono::hours(24), nullptr, inline_commit);
+      std::mutex m;
+      std::condition_variable cv;
+      int dones = 0, nested = 0;
+      auto finished = [&] {
+        std::lock_guard lk(m);
+        ++dones;
+        cv.notify_all();
+      };
+      std::vector<std::thread> ts;
+      for (int t = 0; t < kThreads; ++t)
+        ts.emplace_back([&, t] {
+          std::mt19937 rng(seed * 100 + static_cast<unsigned>(t));
+          for (int i = 0; i < kEach; ++i) {
+            std::string k = std::to_string(t) + "-" + std::to_string(i);
+            bool again = rng() % 10 == 0;
+            l->append(kSb, rec(k), k, nullptr, [&, k, again](Result<void> r, std::string) {
+              EXPECT_TRUE(r) << k;
+              if (again) {
+                {
+                  std::lock_guard lk(m);
+                  ++nested;
+                }
+                l->append("", rec("nested-" + k), "n", nullptr,
+                          [&](Result<void>, std::string) { finished(); });
+              }
+              finished();
+            });
+            if (rng() % 4 == 0) std::this_thread::sleep_for(std::chrono::microseconds(rng() % 300));
+          }
+        });
+      for (auto& t : ts) t.join();
+      {
+        std::unique_lock lk(m);
+        cv.wait(lk, [&] { return dones == kThreads * kEach + nested; });
+      }
+      auto all = l->list(kSb, 0, kThreads * kEach + 1, false);
+      ASSERT_TRUE(all);
+      ASSERT_EQ(all->size(), static_cast<size_t>(kThreads * kEach));
+      std::vector<int> next(kThreads, 0);
+      for (size_t i = 0; i < all->size(); ++i) {
+        const auto& r = (*all)[i];
+        EXPECT_EQ(r.seq, i + 1);
+        int t = std::stoi(r.key.substr(0, r.key.find('-')));
+        int n = std::stoi(r.key.substr(r.key.find('-') + 1));
+        EXPECT_EQ(n, next[static_cast<size_t>(t)]++)
+            << "inline " << inline_commit << " seed " << seed;
+      }
+      EXPECT_EQ(l->size(), static_cast<size_t>(kThreads * kEach + nested));
+      l.reset();
+      fs::remove_all(dir_ + "/sandboxes");
+      fs::remove_all(dir_ + "/steps");
+    }
+  }
 }
 
 TEST_F(StepLogTest, RetentionDeletesEndedSandboxLogsOnly) {
