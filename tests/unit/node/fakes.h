@@ -127,6 +127,11 @@ class FakeBackend : public runtime::Backend {
     std::lock_guard lk(mu);
     return live.count(id) > 0;
   }
+  // Under mu: another sandbox's destroy may change the set meanwhile.
+  bool is_frozen(const std::string& id) {
+    std::lock_guard lk(mu);
+    return frozen.count(id) > 0;
+  }
 
   std::mutex mu;
   std::condition_variable cv;

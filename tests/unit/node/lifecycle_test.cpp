@@ -314,7 +314,7 @@ TEST_F(LifecycleTest, ALapsedLeasePausesItsSandboxesAndGraceExpiryReclaimsThem) 
     ASSERT_TRUE(eventually([&] { return stored(id).state == "stopped"; })) << id;
     EXPECT_EQ(stored(id).end_reason, "lease_expired");
     EXPECT_FALSE(backend_->is_live(id));
-    EXPECT_FALSE(backend_->frozen.count(id));
+    EXPECT_FALSE(backend_->is_frozen(id));
   }
   EXPECT_EQ(jobs_->heartbeat(j->id).error().code, Code::kConflict);
 }

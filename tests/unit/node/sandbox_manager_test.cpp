@@ -736,7 +736,7 @@ TEST_F(ManagerTest, RandomInterleavingsEndConsistent) {
     EXPECT_EQ(mgr_->live_count(), 0u) << "seed " << seed;
     for (const auto& id : ids) {
       if (!backend_->released.count(id)) {
-        EXPECT_FALSE(backend_->frozen.count(id)) << "seed " << seed << " " << id << " still frozen";
+        EXPECT_FALSE(backend_->is_frozen(id)) << "seed " << seed << " " << id << " still frozen";
       }
     }
     if (HasFailure()) {
@@ -763,7 +763,7 @@ TEST_F(ManagerTest, PauseFreezesAndTheNextRequestResumes) {
   ASSERT_TRUE(p) << p.error().message();
   EXPECT_EQ(p->state, "paused");
   EXPECT_EQ(stored(id).state, "paused");
-  EXPECT_TRUE(backend_->frozen.count(id));
+  EXPECT_TRUE(backend_->is_frozen(id));
   // Pausing again answers the same record.
   auto again = record_future([&](auto cb) { mgr_->pause(id, cb); });
   EXPECT_EQ(get_or_fail(again)->state, "paused");
@@ -773,7 +773,7 @@ TEST_F(ManagerTest, PauseFreezesAndTheNextRequestResumes) {
   ExecCallbacks cb;
   cb.on_done = [](Result<ExecOutcome>) {};
   ASSERT_TRUE(mgr_->exec(id, ep, cb));
-  EXPECT_FALSE(backend_->frozen.count(id));
+  EXPECT_FALSE(backend_->is_frozen(id));
   EXPECT_EQ(mgr_->get(id)->state, "running");
   auto settled = record_future([&](auto cb) { mgr_->resume(id, cb); });  // after the record op
   EXPECT_EQ(get_or_fail(settled)->state, "running");
@@ -788,7 +788,7 @@ TEST_F(ManagerTest, PauseFreezesAndTheNextRequestResumes) {
   ASSERT_TRUE(dr);
   EXPECT_EQ(dr->state, "stopped");
   EXPECT_FALSE(backend_->is_live(id));
-  EXPECT_FALSE(backend_->frozen.count(id));
+  EXPECT_FALSE(backend_->is_frozen(id));
 }
 
 TEST_F(ManagerTest, PooledSandboxesAreHiddenAndHandedOutOnce) {
