@@ -126,6 +126,50 @@ def mount_setattr_recursive(path, attr_set):
            f"mount_setattr({path}, AT_RECURSIVE)")
 
 
+def setns(fd, nstype):
+    _check(_libc.setns(ctypes.c_int(fd), ctypes.c_int(nstype)), f"setns({fd}, {nstype:#x})")
+
+
+# What of a network namespace a call could change without privilege, and so leave for
+# the next call of its slot: its sockets of any family (sockstat's "sockets: used" counts
+# every socket of the namespace, also those in flight in a unix socket's queue: an
+# abstract name lives as long as its socket; "tw" counts TCP's TIME_WAIT) and the
+# counters of its IP stack (snmp, snmp6, netstat: a send without a route moves them).
+# The fields of sockstat that count for the whole host (orphans, allocated, memory) are
+# left out. Routes, addresses, devices (its loopback stays down), firewall rules and
+# sysctls need CAP_NET_ADMIN there, which no call has.
+_NET_FILES = ("/proc/self/net/sockstat", "/proc/self/net/snmp", "/proc/self/net/snmp6",
+              "/proc/self/net/netstat")
+_NET_GLOBAL = (b"orphan", b"alloc", b"mem")
+
+
+def net_fingerprint():
+    """The state of the current network namespace that _NET_FILES shows, as bytes: the
+    same before and after a call that left nothing in it."""
+    parts = []
+    for path in _NET_FILES:
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:  # e.g. a kernel without IPv6
+            parts.append(b"-")
+            continue
+        try:
+            data = os.read(fd, 1 << 16)
+            while True:
+                more = os.read(fd, 1 << 16)
+                if not more:
+                    break
+                data += more
+        finally:
+            os.close(fd)
+        if path.endswith("/sockstat"):
+            words = data.split()
+            data = b" ".join(w for i, w in enumerate(words)
+                             if w not in _NET_GLOBAL and (i == 0 or words[i - 1] not in _NET_GLOBAL))
+        parts.append(data)
+    return b"\0".join(parts)
+
+
 def prctl(op, arg):
     _check(_libc.prctl(ctypes.c_int(op), ctypes.c_ulong(arg), ctypes.c_ulong(0),
                        ctypes.c_ulong(0), ctypes.c_ulong(0)), f"prctl({op})")
@@ -212,6 +256,8 @@ def _child_setup(cfg, slot, flavor, cg_dirs):
     prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     for d in cg_dirs:  # first: everything this child ever starts is born in its cgroups
         write_file(d + "/" + cfg["_join"], "0")
+    setns(5, CLONE_NEWNET)  # its slot's network namespace (Zygote.spawn)
+    os.close(5)
     try:
         write_file("/proc/self/oom_score_adj", "1000")  # a call, not the zygote, is the OOM victim
     except OSError:
@@ -585,11 +631,11 @@ def child_main(cfg, slot, flavor, cg_dirs, fds):
     """A warm child: isolate, tell the zygote it is ready, serve exactly one call. It is
     pid 1 of the call's namespaces; a python program runs in it (forked from the
     preloaded interpreter), any other program as its child (pid 2), supervised."""
-    out_w, err_w, files_w, ctl = fds
+    out_w, err_w, files_w, ctl, net = fds
     try:
         null = os.open("/dev/null", os.O_RDONLY | os.O_CLOEXEC)
-        move_fds({0: null, 1: out_w, 2: err_w, 3: files_w, 4: ctl})
-        os.closerange(5, 1 << 20)  # the zygote's stdin/stdout, siblings' pipes, pidfds: all gone
+        move_fds({0: null, 1: out_w, 2: err_w, 3: files_w, 4: ctl, 5: net})
+        os.closerange(6, 1 << 20)  # the zygote's stdin/stdout, siblings' pipes, pidfds: all gone
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         _child_setup(cfg, slot, flavor, cg_dirs)
         prestarted = None
@@ -649,6 +695,11 @@ class Zygote:
         self.closer_pid = 0
         self.slot_limits = {}  # slot -> (memory, pids) last written
         self.slot_ooms = {}  # slot -> its memory cgroup's oom_kill count after its last call
+        # slot -> (fd, fingerprint) of the network namespace the slot's children use one
+        # after the other (docs/function-tier.md says why that is safe): checked after
+        # every call of the slot, made anew when the call left anything in it.
+        self.slot_net = {}
+        self.own_net = -1
 
     # -- output to the daemon
     def send(self, kind, call, data=b""):
@@ -793,7 +844,7 @@ class Zygote:
         err_r, err_w = os.pipe2(os.O_CLOEXEC)
         files_r, files_w = os.pipe2(os.O_CLOEXEC)
         ctl_p, ctl_c = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        flags = CLONE_NEWPID | CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS
+        flags = CLONE_NEWPID | CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWUTS
         try:
             pid = clone_isolated(flags)
         except OSError as e:
@@ -806,7 +857,7 @@ class Zygote:
             return False
         if pid == 0:
             child_main(self.cfg, slot, flavor, self.cg_dirs(slot),
-                       (out_w, err_w, files_w, ctl_c.fileno()))
+                       (out_w, err_w, files_w, ctl_c.fileno(), self.slot_net[slot][0]))
             os._exit(127)
         for fd in (out_w, err_w, files_w):
             os.close(fd)
@@ -1030,10 +1081,43 @@ class Zygote:
         # namespace can join the slot's cgroups: the slot is free again. (Checked anyway
         # when the child died before its call, which is rare.)
         if c.call is not None or self.cgroup_empty(c.slot):
+            self.check_net(c.slot)
             self.free_slots.append(c.slot)
         else:
             self.log("error", f"cgroup fncall-{c.slot} not empty after its child ended; slot retired")
         self.refill()
+
+    # -- the slots' network namespaces
+    def make_net(self):
+        """A new network namespace (loopback only, down) and its fingerprint: made in this
+        process, which then returns to its own."""
+        unshare(CLONE_NEWNET)
+        try:
+            fd = os.open("/proc/self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+            fp = net_fingerprint()
+        finally:
+            setns(self.own_net, CLONE_NEWNET)
+        return fd, fp
+
+    def setup_nets(self):
+        self.own_net = os.open("/proc/self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+        for slot in range(self.cfg["max_children"]):
+            self.slot_net[slot] = self.make_net()
+
+    def check_net(self, slot):
+        """After a child of `slot` ended (every process of its call is gone): its network
+        namespace serves the slot's next child only if the call left nothing there."""
+        fd, fp = self.slot_net[slot]
+        setns(fd, CLONE_NEWNET)
+        try:
+            now = net_fingerprint()
+        finally:
+            setns(self.own_net, CLONE_NEWNET)
+        if now != fp:
+            self.log("info", f"slot {slot}: its last call changed its network namespace; "
+                             "the slot gets a new one")
+            os.close(fd)
+            self.slot_net[slot] = self.make_net()
 
     def start_closer(self):
         """A small process that closes the namespace fds the zygote hands it: the last
@@ -1209,6 +1293,7 @@ def main():
     z = Zygote(cfg)
     z.start_closer()  # forked while the zygote is still small
     z.setup_cgroups()
+    z.setup_nets()
     preload(cfg.get("preload", []))
     gc.collect()
     gc.freeze()  # the children's collector never touches (and copies) the zygote's objects
