@@ -201,8 +201,16 @@ def write_file(path, data):
 
 
 def read_file(path):
-    with open(path, "rb") as f:
-        return f.read().decode()
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        data = os.read(fd, 1 << 16)
+        while True:
+            more = os.read(fd, 1 << 16)
+            if not more:
+                return data.decode()
+            data += more
+    finally:
+        os.close(fd)
 
 
 def write_all(fd, data):
@@ -700,6 +708,8 @@ class Zygote:
         # every call of the slot, made anew when the call left anything in it.
         self.slot_net = {}
         self.own_net = -1
+        self.cg_made = set()  # slots whose cgroups exist
+        self.cg_paths = {}  # (slot, file) -> path (cg_path)
 
     # -- output to the daemon
     def send(self, kind, call, data=b""):
@@ -752,6 +762,9 @@ class Zygote:
         return [f"{root}/fncall-{slot}" for root in self.cg.values()]
 
     def cg_prepare(self, slot):
+        if slot in self.cg_made:
+            return
+        self.cg_made.add(slot)
         for d in self.cg_dirs(slot):
             try:
                 os.mkdir(d, 0o755)
@@ -760,22 +773,28 @@ class Zygote:
             except FileExistsError:
                 pass
 
+    def cg_path(self, slot, file):
+        """The path of a slot's cgroup file, in whichever of its hierarchies has it ("":
+        none). Looked up once: a slot's cgroups live as long as the zygote."""
+        p = self.cg_paths.get((slot, file))
+        if p is None:
+            p = next((f"{d}/{file}" for d in self.cg_dirs(slot) if os.path.exists(f"{d}/{file}")), "")
+            self.cg_paths[(slot, file)] = p
+        return p
+
     def cg_write(self, slot, file, value):
-        for d in self.cg_dirs(slot):
-            p = f"{d}/{file}"
-            if os.path.exists(p):
-                write_file(p, str(value))
-                return True
-        return False
+        p = self.cg_path(slot, file)
+        if not p:
+            return False
+        write_file(p, str(value))
+        return True
 
     def cg_read(self, slot, file):
-        for d in self.cg_dirs(slot):
-            p = f"{d}/{file}"
-            try:
-                return read_file(p)
-            except OSError:
-                continue
-        return ""
+        p = self.cg_path(slot, file)
+        try:
+            return read_file(p) if p else ""
+        except OSError:
+            return ""
 
     def oom_kills(self, slot):
         text = self.cg_read(slot, "memory.oom_control") or self.cg_read(slot, "memory.events")
