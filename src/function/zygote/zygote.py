@@ -12,8 +12,10 @@
 #   child's pipes to stdout. The zygote itself reads only frame headers and the call's
 #   limits (the "meta" JSON). So no later child can find an earlier call's data in the
 #   memory it inherits.
-# - Each call runs in a child cloned ahead of time ("warm") with its own pid, mount,
-#   network, ipc and uts namespaces: pid 1 of its own pid namespace (so killing it kills
+# - Each call runs in a child cloned ahead of time ("warm", by the forker: a copy of the
+#   zygote made once its modules are loaded) with its own pid, mount, ipc and uts
+#   namespaces and its slot's network namespace (checked after every call to hold
+#   nothing of it, else replaced): pid 1 of its own pid namespace (so killing it kills
 #   everything the call started), a read-only view of the sandbox's root, fresh tmpfs on
 #   /tmp (the call's scratch, size-limited) and /dev/shm, its own /proc and devpts, no
 #   network interface up, a memory and a pids cgroup of its own, a uid of its own with no
@@ -41,6 +43,7 @@ _libc = ctypes.PyDLL(None, use_errno=True)
 _api = ctypes.pythonapi
 
 CLONE_NEWNS = 0x00020000
+CLONE_PARENT = 0x00008000
 CLONE_NEWCGROUP = 0x02000000
 CLONE_NEWUTS = 0x04000000
 CLONE_NEWIPC = 0x08000000
@@ -701,6 +704,8 @@ class Zygote:
         self.cg = {}  # controller -> mount point
         self.closer = None
         self.closer_pid = 0
+        self.forker = None
+        self.forker_pid = 0
         self.slot_limits = {}  # slot -> (memory, pids) last written
         self.slot_ooms = {}  # slot -> its memory cgroup's oom_kill count after its last call
         # slot -> (fd, fingerprint) of the network namespace the slot's children use one
@@ -863,9 +868,9 @@ class Zygote:
         err_r, err_w = os.pipe2(os.O_CLOEXEC)
         files_r, files_w = os.pipe2(os.O_CLOEXEC)
         ctl_p, ctl_c = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        flags = CLONE_NEWPID | CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWUTS
         try:
-            pid = clone_isolated(flags)
+            pid = self.fork_child(slot, flavor,
+                                  (out_w, err_w, files_w, ctl_c.fileno(), self.slot_net[slot][0]))
         except OSError as e:
             for fd in (out_r, out_w, err_r, err_w, files_r, files_w):
                 os.close(fd)
@@ -874,10 +879,6 @@ class Zygote:
             self.free_slots.append(slot)
             self.log("error", f"clone of a warm child failed: {e}")
             return False
-        if pid == 0:
-            child_main(self.cfg, slot, flavor, self.cg_dirs(slot),
-                       (out_w, err_w, files_w, ctl_c.fileno(), self.slot_net[slot][0]))
-            os._exit(127)
         for fd in (out_w, err_w, files_w):
             os.close(fd)
         ctl_c.close()
@@ -1138,6 +1139,71 @@ class Zygote:
             os.close(fd)
             self.slot_net[slot] = self.make_net()
 
+    # -- the forker
+    def start_forker(self):
+        """Starts the process that clones the warm children: a copy of the zygote made once
+        its modules are loaded, which does nothing else. The zygote's own work (its event
+        loop writes to its heap all the time) then neither copies pages it shares with
+        live children (every fork shares all of them again) nor ends up in the children's
+        address space. The forker clones with CLONE_PARENT, so every child is still the
+        zygote's: its pidfd, wait4 and rusage work as for a child of its own."""
+        a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        pid = os.fork()
+        if pid == 0:
+            try:
+                prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+                null = os.open("/dev/null", os.O_RDWR | os.O_CLOEXEC)
+                move_fds({0: null, 1: null, 3: b.fileno()})
+                os.closerange(4, 1 << 20)  # the zygote's stdin/stdout, the closer's socket
+                self.forker_main(socket.socket(fileno=3))
+            except BaseException as e:  # noqa: BLE001
+                try:
+                    os.write(2, f"tidepool: zygote forker: {type(e).__name__}: {e}\n".encode())
+                except OSError:
+                    pass
+            finally:
+                os._exit(0)
+        b.close()
+        self.forker = a
+        self.forker_pid = pid
+
+    def forker_main(self, sock):
+        """In the forker: serves clone requests ("SLOT FLAVOR" with the child's five fds, see
+        child_main) until the zygote closes its end; answers the pid, or -errno."""
+        flags = CLONE_PARENT | CLONE_NEWPID | CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWUTS
+        while True:
+            msg, fds, _, _ = socket.recv_fds(sock, 256, 5)
+            if not msg:
+                return
+            if len(fds) != 5:
+                raise RuntimeError(f"clone request with {len(fds)} descriptors")
+            slot, flavor = msg.decode().split(" ", 1)
+            slot = int(slot)
+            try:
+                pid = clone_isolated(flags)
+            except OSError as e:
+                pid = -(e.errno or 1)
+            if pid == 0:
+                child_main(self.cfg, slot, flavor, self.cg_dirs(slot), tuple(fds))
+                os._exit(127)
+            for fd in fds:
+                os.close(fd)
+            sock.send(b"%d" % pid)
+
+    def fork_child(self, slot, flavor, fds):
+        """A new warm child of this process for `slot`, cloned by the forker; its pid."""
+        try:
+            socket.send_fds(self.forker, [b"%d %s" % (slot, flavor.encode())], list(fds))
+            answer = self.forker.recv(32)
+        except OSError as e:
+            raise SystemExit(f"zygote: its forker is gone ({e})")
+        if not answer:
+            raise SystemExit("zygote: its forker is gone")
+        pid = int(answer)
+        if pid < 0:
+            raise OSError(-pid, f"clone: {os.strerror(-pid)}")
+        return pid
+
     def start_closer(self):
         """A small process that closes the namespace fds the zygote hands it: the last
         reference to a call's mount namespace goes there, and so does the teardown of its
@@ -1254,6 +1320,13 @@ class Zygote:
                 self.refill()
 
     def shutdown(self):
+        if self.forker is not None:  # it clones no more; EOF ends it
+            self.forker.close()
+            self.forker = None
+            try:
+                os.waitpid(self.forker_pid, 0)
+            except ChildProcessError:
+                pass
         for c in list(self.children.values()):
             self.kill(c)
         for c in list(self.children.values()):
@@ -1317,6 +1390,7 @@ def main():
     gc.collect()
     gc.freeze()  # the children's collector never touches (and copies) the zygote's objects
     check_no_shared_writable()
+    z.start_forker()  # last: the children are copies of the zygote as it is now
     try:
         z.run()
     finally:
