@@ -668,6 +668,30 @@ def child_main(cfg, slot, flavor, cg_dirs, fds):
 # The zygote.
 
 
+def start_helper(name, body):
+    """Forks a helper of the zygote that runs body(socket) with nothing else open (stdin and
+    stdout on /dev/null, its end of a SOCK_SEQPACKET pair on fd 3) and dies with the
+    zygote. Returns (the zygote's end, pid)."""
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    pid = os.fork()
+    if pid == 0:
+        try:
+            prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+            null = os.open("/dev/null", os.O_RDWR | os.O_CLOEXEC)
+            move_fds({0: null, 1: null, 3: b.fileno()})
+            os.closerange(4, 1 << 20)  # the zygote's stdin/stdout, other helpers' sockets
+            body(socket.socket(fileno=3))
+        except BaseException as e:  # noqa: BLE001
+            try:
+                os.write(2, f"tidepool: zygote {name}: {type(e).__name__}: {e}\n".encode())
+            except OSError:
+                pass
+        finally:
+            os._exit(0)
+    b.close()
+    return a, pid
+
+
 class Child:
     __slots__ = ("pid", "slot", "flavor", "pidfd", "ctl", "out", "err", "files", "state",
                  "call", "deadline", "start", "sent", "files_sent", "limits", "timed_out",
@@ -1147,25 +1171,7 @@ class Zygote:
         live children (every fork shares all of them again) nor ends up in the children's
         address space. The forker clones with CLONE_PARENT, so every child is still the
         zygote's: its pidfd, wait4 and rusage work as for a child of its own."""
-        a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        pid = os.fork()
-        if pid == 0:
-            try:
-                prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-                null = os.open("/dev/null", os.O_RDWR | os.O_CLOEXEC)
-                move_fds({0: null, 1: null, 3: b.fileno()})
-                os.closerange(4, 1 << 20)  # the zygote's stdin/stdout, the closer's socket
-                self.forker_main(socket.socket(fileno=3))
-            except BaseException as e:  # noqa: BLE001
-                try:
-                    os.write(2, f"tidepool: zygote forker: {type(e).__name__}: {e}\n".encode())
-                except OSError:
-                    pass
-            finally:
-                os._exit(0)
-        b.close()
-        self.forker = a
-        self.forker_pid = pid
+        self.forker, self.forker_pid = start_helper("forker", self.forker_main)
 
     def forker_main(self, sock):
         """In the forker: serves clone requests ("SLOT FLAVOR" with the child's five fds, see
@@ -1208,26 +1214,15 @@ class Zygote:
         """A small process that closes the namespace fds the zygote hands it: the last
         reference to a call's mount namespace goes there, and so does the teardown of its
         mounts (an RCU grace period or two), in parallel with the zygote's next call."""
-        a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        pid = os.fork()
-        if pid == 0:
-            try:
-                prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-                null = os.open("/dev/null", os.O_RDWR | os.O_CLOEXEC)
-                move_fds({0: null, 1: null, 3: b.fileno()})
-                os.closerange(4, 1 << 20)
-                s3 = socket.socket(fileno=3)
-                while True:
-                    msg, fds, _, _ = socket.recv_fds(s3, 1, 64)
-                    for fd in fds:
-                        os.close(fd)
-                    if not msg:
-                        break
-            finally:
-                os._exit(0)
-        b.close()
-        self.closer = a
-        self.closer_pid = pid
+        def close_all(sock):
+            while True:
+                msg, fds, _, _ = socket.recv_fds(sock, 1, 64)
+                for fd in fds:
+                    os.close(fd)
+                if not msg:
+                    return
+
+        self.closer, self.closer_pid = start_helper("closer", close_all)
 
     def release_ns(self, c):
         if c.nsfd < 0:

@@ -34,16 +34,21 @@ TEST(SeccompTest, BuildsAStableProgram) {
   EXPECT_EQ(BPF_CLASS((*p)->insns.back().code), BPF_RET);
 }
 
-// errno of umount2 on a path that is not a mount point, in a child under `p`.
-int umount_errno_under(const SeccompProgram& p) {
+// errno of `call` (0 when it succeeds) in a child under `p`.
+int errno_under(const SeccompProgram& p, int (*call)()) {
   pid_t pid = fork();
   if (pid == 0) {
     if (load_filter_raw(p) != 0) _exit(255);
-    _exit(::umount2("/proc/self", 0) == 0 ? 0 : errno);
+    _exit(call() == 0 ? 0 : errno);
   }
   int st = 0;
   if (waitpid(pid, &st, 0) != pid || !WIFEXITED(st)) return -1;
   return WEXITSTATUS(st);
+}
+
+// umount2 on a path that is not a mount point.
+int umount_errno_under(const SeccompProgram& p) {
+  return errno_under(p, [] { return ::umount2("/proc/self", 0); });
 }
 
 TEST(SeccompTest, MountCallsAreRefusedUnlessAllowed) {
@@ -56,16 +61,9 @@ TEST(SeccompTest, MountCallsAreRefusedUnlessAllowed) {
   EXPECT_TRUE(e == EINVAL || (e == EPERM && geteuid() != 0)) << e;
 }
 
-// errno of setns on a descriptor that is no namespace, in a child under `p`.
+// setns on a descriptor that is no namespace.
 int setns_errno_under(const SeccompProgram& p) {
-  pid_t pid = fork();
-  if (pid == 0) {
-    if (load_filter_raw(p) != 0) _exit(255);
-    _exit(::setns(0, 0) == 0 ? 0 : errno);
-  }
-  int st = 0;
-  if (waitpid(pid, &st, 0) != pid || !WIFEXITED(st)) return -1;
-  return WEXITSTATUS(st);
+  return errno_under(p, [] { return ::setns(0, 0); });
 }
 
 TEST(SeccompTest, SetnsIsRefusedUnlessAllowed) {
