@@ -217,7 +217,7 @@ int main(int argc, char** argv) {
   double seconds = 5, sandbox_seconds = 5;
   int rounds = 2;
   std::vector<int> clients = {1, 2, 8};
-  bool as_json = false, skip_sandbox = false;
+  bool as_json = false, skip_sandbox = false, skip_host = false, skip_batch = false;
   app.add_option("--url", url_text, "tidepoold URL")->capture_default_str();
   app.add_option("--seconds", seconds, "seconds per row, client count and round")
       ->capture_default_str();
@@ -226,6 +226,8 @@ int main(int argc, char** argv) {
   app.add_option("--rounds", rounds, "rounds (rows interleaved per round)")->capture_default_str();
   app.add_option("--clients", clients, "client counts")->capture_default_str();
   app.add_flag("--skip-sandbox", skip_sandbox, "leave out the fresh-sandbox row");
+  app.add_flag("--skip-host", skip_host, "leave out the host python3 row");
+  app.add_flag("--skip-batch", skip_batch, "leave out the C++ batch calls");
   app.add_flag("--json", as_json, "print JSON");
   CLI11_PARSE(app, argc, argv);
   auto url = Url::parse(url_text);
@@ -250,7 +252,8 @@ int main(int argc, char** argv) {
     Op op;
     double secs;
   };
-  std::vector<Row> rows = {{"function", fn_print1, seconds}, {"host_python", host_print1, seconds}};
+  std::vector<Row> rows = {{"function", fn_print1, seconds}};
+  if (!skip_host) rows.push_back({"host_python", host_print1, seconds});
   if (!skip_sandbox) rows.push_back({"sandbox", sandbox_print1, sandbox_seconds});
   std::map<std::string, std::map<int, Sample>> acc;
   for (int r = 0; r < rounds; ++r)
@@ -276,8 +279,10 @@ int main(int argc, char** argv) {
   // A comment unique to this run makes the program new to the daemon's compile cache.
   std::string source = std::string(kSolution) + "// fn_bench " +
                        std::to_string(Clock::now().time_since_epoch().count()) + "\n";
-  out["batch_cold"] = batch_once(*url, source);
-  out["batch_warm"] = batch_once(*url, source);
+  if (!skip_batch) {
+    out["batch_cold"] = batch_once(*url, source);
+    out["batch_warm"] = batch_once(*url, source);
+  }
   out["rounds"] = rounds;
   out["seconds"] = seconds;
   if (as_json) {
@@ -295,6 +300,6 @@ int main(int argc, char** argv) {
                   num("server_p99_ms"), num("per_second"));
     }
   for (const char* k : {"batch_cold", "batch_warm"})
-    std::printf("%s: %s\n", k, json::serialize(out.at(k)).c_str());
+    if (out.contains(k)) std::printf("%s: %s\n", k, json::serialize(out.at(k)).c_str());
   return 0;
 }

@@ -107,7 +107,6 @@ Result<std::unique_ptr<SeccompProgram>> build_sandbox_filter(const FilterOptions
       "ioperm",
       "vm86",
       "vm86old",
-      "setns",
       // io_uring: a large kernel attack surface whose operations are not seen by
       // this filter (docker's default profile blocks it too).
       "io_uring_setup",
@@ -144,6 +143,8 @@ Result<std::unique_ptr<SeccompProgram>> build_sandbox_filter(const FilterOptions
   };
   for (const char* name : kDenied)
     if (auto r = deny(name); !r) return std::unexpected(r.error());
+  if (!opts.allow_setns)
+    if (auto r = deny("setns"); !r) return std::unexpected(r.error());
   if (!opts.allow_mounts)
     for (const char* name : kMountCalls)
       if (auto r = deny(name); !r) return std::unexpected(r.error());

@@ -34,6 +34,10 @@ struct SeccompProgram {
 struct FilterOptions {
   // Leave the mount API allowed: image builds mount in the namespaces they own.
   bool allow_mounts = false;
+  // Leave setns allowed: a function worker moves its calls' children into network
+  // namespaces it made. The kernel lets a process enter only namespaces over whose
+  // user namespace it has CAP_SYS_ADMIN: a sandbox's root reaches its own ones only.
+  bool allow_setns = false;
 };
 
 // The filter for sandbox processes (and, with allow_mounts, for image builds).

@@ -166,6 +166,71 @@ print(libc.shmget(0x7071, 0, 0o666), ctypes.get_errno())
     assert shmid == "-1" and errno == "2"  # ENOENT: the first call's segment is gone with its namespace
 
 
+LEAVE_NETWORK_STATE = """
+import os, socket
+a = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+a.bind(b"\\0tp-left")                      # an abstract name
+a.listen(1)
+t = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+t.bind(("0.0.0.0", 7777))
+t.listen(1)
+u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+u.bind(("0.0.0.0", 7778))
+# Sockets in flight in their own queue: alive after the call until the kernel's unix
+# garbage collector finds them.
+p, q = socket.socketpair()
+socket.send_fds(p, [b"x"], [p.fileno(), q.fileno(), a.fileno(), t.fileno()])
+for fam, addr in ((socket.AF_INET, ("10.255.0.1", 9)), (socket.AF_INET6, ("fd00::1", 9))):
+    try:
+        socket.socket(fam, socket.SOCK_DGRAM).sendto(b"x", addr)   # moves the IP counters
+    except OSError:
+        pass
+print("left")
+"""
+
+LOOK_AT_NETWORK = """
+import json, os, socket
+res = {"ino": os.stat("/proc/self/ns/net").st_ino,
+       "unix": open("/proc/net/unix").read().splitlines()[1:],
+       "sockets": open("/proc/net/sockstat").read().splitlines()[0]}
+snmp = open("/proc/net/snmp").read().splitlines()
+res["no_routes"] = dict(zip(snmp[0].split()[1:], snmp[1].split()[1:]))["OutNoRoutes"]
+res["no_routes6"] = [l.split()[1] for l in open("/proc/net/snmp6") if l.startswith("Ip6OutNoRoutes")]
+binds = {}
+for name, fam, kind, addr in (("abstract", socket.AF_UNIX, socket.SOCK_STREAM, b"\\0tp-left"),
+                              ("tcp", socket.AF_INET, socket.SOCK_STREAM, ("0.0.0.0", 7777)),
+                              ("udp", socket.AF_INET, socket.SOCK_DGRAM, ("0.0.0.0", 7778))):
+    s = socket.socket(fam, kind)
+    try:
+        s.bind(addr)
+        binds[name] = "free"
+    except OSError as e:
+        binds[name] = e.errno
+    s.close()
+res["binds"] = binds
+print(json.dumps(res))
+"""
+
+
+def test_network_namespace_of_a_slot_shows_nothing_of_its_last_call(fn_clean, daemon):
+    """A slot's children share one network namespace in turn, so it must show nothing of
+    the calls before: not their sockets (abstract, listening, bound, in flight), not the
+    counters they moved. A call that left something gets its slot a new namespace."""
+    since = daemon.log_size()
+    for _ in range(3):
+        assert py(fn_clean, LEAVE_NETWORK_STATE) == "left\n"
+    seen = [json.loads(py(fn_clean, LOOK_AT_NETWORK)) for _ in range(40)]
+    for s in seen:
+        assert s["unix"] == [] and s["sockets"] == "sockets: used 0", s
+        assert s["no_routes"] == "0" and s["no_routes6"] in ([], ["0"]), s
+        assert s["binds"] == {"abstract": "free", "tcp": "free", "udp": "free"}, s
+    # The calls that looked changed nothing: their namespaces served again (else this test
+    # would prove nothing of reuse), while the ones that left state were replaced.
+    inodes = [s["ino"] for s in seen]
+    assert len(set(inodes)) < len(inodes), inodes
+    assert "changed its network namespace" in daemon.log_tail(400, since)
+
+
 def test_hostile_call_cannot_touch_its_zygote(fn_clean):
     before = worker_ids(fn_clean)
     out = py(fn_clean, """

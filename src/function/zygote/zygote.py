@@ -12,8 +12,10 @@
 #   child's pipes to stdout. The zygote itself reads only frame headers and the call's
 #   limits (the "meta" JSON). So no later child can find an earlier call's data in the
 #   memory it inherits.
-# - Each call runs in a child cloned ahead of time ("warm") with its own pid, mount,
-#   network, ipc and uts namespaces: pid 1 of its own pid namespace (so killing it kills
+# - Each call runs in a child cloned ahead of time ("warm", by the forker: a copy of the
+#   zygote made once its modules are loaded) with its own pid, mount, ipc and uts
+#   namespaces and its slot's network namespace (checked after every call to hold
+#   nothing of it, else replaced): pid 1 of its own pid namespace (so killing it kills
 #   everything the call started), a read-only view of the sandbox's root, fresh tmpfs on
 #   /tmp (the call's scratch, size-limited) and /dev/shm, its own /proc and devpts, no
 #   network interface up, a memory and a pids cgroup of its own, a uid of its own with no
@@ -41,6 +43,7 @@ _libc = ctypes.PyDLL(None, use_errno=True)
 _api = ctypes.pythonapi
 
 CLONE_NEWNS = 0x00020000
+CLONE_PARENT = 0x00008000
 CLONE_NEWCGROUP = 0x02000000
 CLONE_NEWUTS = 0x04000000
 CLONE_NEWIPC = 0x08000000
@@ -126,6 +129,50 @@ def mount_setattr_recursive(path, attr_set):
            f"mount_setattr({path}, AT_RECURSIVE)")
 
 
+def setns(fd, nstype):
+    _check(_libc.setns(ctypes.c_int(fd), ctypes.c_int(nstype)), f"setns({fd}, {nstype:#x})")
+
+
+# What of a network namespace a call could change without privilege, and so leave for
+# the next call of its slot: its sockets of any family (sockstat's "sockets: used" counts
+# every socket of the namespace, also those in flight in a unix socket's queue: an
+# abstract name lives as long as its socket; "tw" counts TCP's TIME_WAIT) and the
+# counters of its IP stack (snmp, snmp6, netstat: a send without a route moves them).
+# The fields of sockstat that count for the whole host (orphans, allocated, memory) are
+# left out. Routes, addresses, devices (its loopback stays down), firewall rules and
+# sysctls need CAP_NET_ADMIN there, which no call has.
+_NET_FILES = ("/proc/self/net/sockstat", "/proc/self/net/snmp", "/proc/self/net/snmp6",
+              "/proc/self/net/netstat")
+_NET_GLOBAL = (b"orphan", b"alloc", b"mem")
+
+
+def net_fingerprint():
+    """The state of the current network namespace that _NET_FILES shows, as bytes: the
+    same before and after a call that left nothing in it."""
+    parts = []
+    for path in _NET_FILES:
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:  # e.g. a kernel without IPv6
+            parts.append(b"-")
+            continue
+        try:
+            data = os.read(fd, 1 << 16)
+            while True:
+                more = os.read(fd, 1 << 16)
+                if not more:
+                    break
+                data += more
+        finally:
+            os.close(fd)
+        if path.endswith("/sockstat"):
+            words = data.split()
+            data = b" ".join(w for i, w in enumerate(words)
+                             if w not in _NET_GLOBAL and (i == 0 or words[i - 1] not in _NET_GLOBAL))
+        parts.append(data)
+    return b"\0".join(parts)
+
+
 def prctl(op, arg):
     _check(_libc.prctl(ctypes.c_int(op), ctypes.c_ulong(arg), ctypes.c_ulong(0),
                        ctypes.c_ulong(0), ctypes.c_ulong(0)), f"prctl({op})")
@@ -157,8 +204,16 @@ def write_file(path, data):
 
 
 def read_file(path):
-    with open(path, "rb") as f:
-        return f.read().decode()
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        data = os.read(fd, 1 << 16)
+        while True:
+            more = os.read(fd, 1 << 16)
+            if not more:
+                return data.decode()
+            data += more
+    finally:
+        os.close(fd)
 
 
 def write_all(fd, data):
@@ -212,6 +267,8 @@ def _child_setup(cfg, slot, flavor, cg_dirs):
     prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     for d in cg_dirs:  # first: everything this child ever starts is born in its cgroups
         write_file(d + "/" + cfg["_join"], "0")
+    setns(5, CLONE_NEWNET)  # its slot's network namespace (Zygote.spawn)
+    os.close(5)
     try:
         write_file("/proc/self/oom_score_adj", "1000")  # a call, not the zygote, is the OOM victim
     except OSError:
@@ -585,11 +642,11 @@ def child_main(cfg, slot, flavor, cg_dirs, fds):
     """A warm child: isolate, tell the zygote it is ready, serve exactly one call. It is
     pid 1 of the call's namespaces; a python program runs in it (forked from the
     preloaded interpreter), any other program as its child (pid 2), supervised."""
-    out_w, err_w, files_w, ctl = fds
+    out_w, err_w, files_w, ctl, net = fds
     try:
         null = os.open("/dev/null", os.O_RDONLY | os.O_CLOEXEC)
-        move_fds({0: null, 1: out_w, 2: err_w, 3: files_w, 4: ctl})
-        os.closerange(5, 1 << 20)  # the zygote's stdin/stdout, siblings' pipes, pidfds: all gone
+        move_fds({0: null, 1: out_w, 2: err_w, 3: files_w, 4: ctl, 5: net})
+        os.closerange(6, 1 << 20)  # the zygote's stdin/stdout, siblings' pipes, pidfds: all gone
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         _child_setup(cfg, slot, flavor, cg_dirs)
         prestarted = None
@@ -609,6 +666,30 @@ def child_main(cfg, slot, flavor, cg_dirs, fds):
 
 # ---------------------------------------------------------------------------------------
 # The zygote.
+
+
+def start_helper(name, body):
+    """Forks a helper of the zygote that runs body(socket) with nothing else open (stdin and
+    stdout on /dev/null, its end of a SOCK_SEQPACKET pair on fd 3) and dies with the
+    zygote. Returns (the zygote's end, pid)."""
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    pid = os.fork()
+    if pid == 0:
+        try:
+            prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+            null = os.open("/dev/null", os.O_RDWR | os.O_CLOEXEC)
+            move_fds({0: null, 1: null, 3: b.fileno()})
+            os.closerange(4, 1 << 20)  # the zygote's stdin/stdout, other helpers' sockets
+            body(socket.socket(fileno=3))
+        except BaseException as e:  # noqa: BLE001
+            try:
+                os.write(2, f"tidepool: zygote {name}: {type(e).__name__}: {e}\n".encode())
+            except OSError:
+                pass
+        finally:
+            os._exit(0)
+    b.close()
+    return a, pid
 
 
 class Child:
@@ -647,8 +728,17 @@ class Zygote:
         self.cg = {}  # controller -> mount point
         self.closer = None
         self.closer_pid = 0
+        self.forker = None
+        self.forker_pid = 0
         self.slot_limits = {}  # slot -> (memory, pids) last written
         self.slot_ooms = {}  # slot -> its memory cgroup's oom_kill count after its last call
+        # slot -> (fd, fingerprint) of the network namespace the slot's children use one
+        # after the other (docs/function-tier.md says why that is safe): checked after
+        # every call of the slot, made anew when the call left anything in it.
+        self.slot_net = {}
+        self.own_net = -1
+        self.cg_made = set()  # slots whose cgroups exist
+        self.cg_paths = {}  # (slot, file) -> path (cg_path)
 
     # -- output to the daemon
     def send(self, kind, call, data=b""):
@@ -701,6 +791,9 @@ class Zygote:
         return [f"{root}/fncall-{slot}" for root in self.cg.values()]
 
     def cg_prepare(self, slot):
+        if slot in self.cg_made:
+            return
+        self.cg_made.add(slot)
         for d in self.cg_dirs(slot):
             try:
                 os.mkdir(d, 0o755)
@@ -709,22 +802,28 @@ class Zygote:
             except FileExistsError:
                 pass
 
+    def cg_path(self, slot, file):
+        """The path of a slot's cgroup file, in whichever of its hierarchies has it ("":
+        none). Looked up once: a slot's cgroups live as long as the zygote."""
+        p = self.cg_paths.get((slot, file))
+        if p is None:
+            p = next((f"{d}/{file}" for d in self.cg_dirs(slot) if os.path.exists(f"{d}/{file}")), "")
+            self.cg_paths[(slot, file)] = p
+        return p
+
     def cg_write(self, slot, file, value):
-        for d in self.cg_dirs(slot):
-            p = f"{d}/{file}"
-            if os.path.exists(p):
-                write_file(p, str(value))
-                return True
-        return False
+        p = self.cg_path(slot, file)
+        if not p:
+            return False
+        write_file(p, str(value))
+        return True
 
     def cg_read(self, slot, file):
-        for d in self.cg_dirs(slot):
-            p = f"{d}/{file}"
-            try:
-                return read_file(p)
-            except OSError:
-                continue
-        return ""
+        p = self.cg_path(slot, file)
+        try:
+            return read_file(p) if p else ""
+        except OSError:
+            return ""
 
     def oom_kills(self, slot):
         text = self.cg_read(slot, "memory.oom_control") or self.cg_read(slot, "memory.events")
@@ -793,9 +892,9 @@ class Zygote:
         err_r, err_w = os.pipe2(os.O_CLOEXEC)
         files_r, files_w = os.pipe2(os.O_CLOEXEC)
         ctl_p, ctl_c = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        flags = CLONE_NEWPID | CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS
         try:
-            pid = clone_isolated(flags)
+            pid = self.fork_child(slot, flavor,
+                                  (out_w, err_w, files_w, ctl_c.fileno(), self.slot_net[slot][0]))
         except OSError as e:
             for fd in (out_r, out_w, err_r, err_w, files_r, files_w):
                 os.close(fd)
@@ -804,10 +903,6 @@ class Zygote:
             self.free_slots.append(slot)
             self.log("error", f"clone of a warm child failed: {e}")
             return False
-        if pid == 0:
-            child_main(self.cfg, slot, flavor, self.cg_dirs(slot),
-                       (out_w, err_w, files_w, ctl_c.fileno()))
-            os._exit(127)
         for fd in (out_w, err_w, files_w):
             os.close(fd)
         ctl_c.close()
@@ -1030,35 +1125,104 @@ class Zygote:
         # namespace can join the slot's cgroups: the slot is free again. (Checked anyway
         # when the child died before its call, which is rare.)
         if c.call is not None or self.cgroup_empty(c.slot):
+            self.check_net(c.slot)
             self.free_slots.append(c.slot)
         else:
             self.log("error", f"cgroup fncall-{c.slot} not empty after its child ended; slot retired")
         self.refill()
 
+    # -- the slots' network namespaces
+    def make_net(self):
+        """A new network namespace (loopback only, down) and its fingerprint: made in this
+        process, which then returns to its own."""
+        unshare(CLONE_NEWNET)
+        try:
+            fd = os.open("/proc/self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+            fp = net_fingerprint()
+        finally:
+            setns(self.own_net, CLONE_NEWNET)
+        return fd, fp
+
+    def setup_nets(self):
+        self.own_net = os.open("/proc/self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+        for slot in range(self.cfg["max_children"]):
+            self.slot_net[slot] = self.make_net()
+
+    def check_net(self, slot):
+        """After a child of `slot` ended (every process of its call is gone): its network
+        namespace serves the slot's next child only if the call left nothing there."""
+        fd, fp = self.slot_net[slot]
+        setns(fd, CLONE_NEWNET)
+        try:
+            now = net_fingerprint()
+        finally:
+            setns(self.own_net, CLONE_NEWNET)
+        if now != fp:
+            self.log("info", f"slot {slot}: its last call changed its network namespace; "
+                             "the slot gets a new one")
+            os.close(fd)
+            self.slot_net[slot] = self.make_net()
+
+    # -- the forker
+    def start_forker(self):
+        """Starts the process that clones the warm children: a copy of the zygote made once
+        its modules are loaded, which does nothing else. The zygote's own work (its event
+        loop writes to its heap all the time) then neither copies pages it shares with
+        live children (every fork shares all of them again) nor ends up in the children's
+        address space. The forker clones with CLONE_PARENT, so every child is still the
+        zygote's: its pidfd, wait4 and rusage work as for a child of its own."""
+        self.forker, self.forker_pid = start_helper("forker", self.forker_main)
+
+    def forker_main(self, sock):
+        """In the forker: serves clone requests ("SLOT FLAVOR" with the child's five fds, see
+        child_main) until the zygote closes its end; answers the pid, or -errno."""
+        flags = CLONE_PARENT | CLONE_NEWPID | CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWUTS
+        while True:
+            msg, fds, _, _ = socket.recv_fds(sock, 256, 5)
+            if not msg:
+                return
+            if len(fds) != 5:
+                raise RuntimeError(f"clone request with {len(fds)} descriptors")
+            slot, flavor = msg.decode().split(" ", 1)
+            slot = int(slot)
+            try:
+                pid = clone_isolated(flags)
+            except OSError as e:
+                pid = -(e.errno or 1)
+            if pid == 0:
+                child_main(self.cfg, slot, flavor, self.cg_dirs(slot), tuple(fds))
+                os._exit(127)
+            for fd in fds:
+                os.close(fd)
+            sock.send(b"%d" % pid)
+
+    def fork_child(self, slot, flavor, fds):
+        """A new warm child of this process for `slot`, cloned by the forker; its pid."""
+        try:
+            socket.send_fds(self.forker, [b"%d %s" % (slot, flavor.encode())], list(fds))
+            answer = self.forker.recv(32)
+        except OSError as e:
+            raise SystemExit(f"zygote: its forker is gone ({e})")
+        if not answer:
+            raise SystemExit("zygote: its forker is gone")
+        pid = int(answer)
+        if pid < 0:
+            raise OSError(-pid, f"clone: {os.strerror(-pid)}")
+        return pid
+
     def start_closer(self):
         """A small process that closes the namespace fds the zygote hands it: the last
         reference to a call's mount namespace goes there, and so does the teardown of its
         mounts (an RCU grace period or two), in parallel with the zygote's next call."""
-        a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        pid = os.fork()
-        if pid == 0:
-            try:
-                prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-                null = os.open("/dev/null", os.O_RDWR | os.O_CLOEXEC)
-                move_fds({0: null, 1: null, 3: b.fileno()})
-                os.closerange(4, 1 << 20)
-                s3 = socket.socket(fileno=3)
-                while True:
-                    msg, fds, _, _ = socket.recv_fds(s3, 1, 64)
-                    for fd in fds:
-                        os.close(fd)
-                    if not msg:
-                        break
-            finally:
-                os._exit(0)
-        b.close()
-        self.closer = a
-        self.closer_pid = pid
+        def close_all(sock):
+            while True:
+                msg, fds, _, _ = socket.recv_fds(sock, 1, 64)
+                for fd in fds:
+                    os.close(fd)
+                if not msg:
+                    return
+
+        self.closer, self.closer_pid = start_helper("closer", close_all)
 
     def release_ns(self, c):
         if c.nsfd < 0:
@@ -1151,6 +1315,13 @@ class Zygote:
                 self.refill()
 
     def shutdown(self):
+        if self.forker is not None:  # it clones no more; EOF ends it
+            self.forker.close()
+            self.forker = None
+            try:
+                os.waitpid(self.forker_pid, 0)
+            except ChildProcessError:
+                pass
         for c in list(self.children.values()):
             self.kill(c)
         for c in list(self.children.values()):
@@ -1209,10 +1380,12 @@ def main():
     z = Zygote(cfg)
     z.start_closer()  # forked while the zygote is still small
     z.setup_cgroups()
+    z.setup_nets()
     preload(cfg.get("preload", []))
     gc.collect()
     gc.freeze()  # the children's collector never touches (and copies) the zygote's objects
     check_no_shared_writable()
+    z.start_forker()  # last: the children are copies of the zygote as it is now
     try:
         z.run()
     finally:

@@ -81,7 +81,7 @@ struct Shared {
   ContainerOptions opts;
   std::unique_ptr<sys::CgroupManager> cgroups;
   std::unique_ptr<sys::SeccompProgram> seccomp;
-  // SandboxSpec::nested_isolation: the same policy with the mount API allowed.
+  // SandboxSpec::nested_isolation: the same policy with the mount API and setns allowed.
   std::unique_ptr<sys::SeccompProgram> seccomp_nested;
   UniqueFd agent_exe;
   image::HostImage host;
@@ -918,7 +918,7 @@ Result<std::unique_ptr<Backend>> make_container_backend(const ContainerOptions& 
   auto seccomp = sys::build_sandbox_filter();
   if (!seccomp) return std::unexpected(seccomp.error());
   sh->seccomp = std::move(*seccomp);
-  auto nested = sys::build_sandbox_filter({.allow_mounts = true});
+  auto nested = sys::build_sandbox_filter({.allow_mounts = true, .allow_setns = true});
   if (!nested) return std::unexpected(nested.error());
   sh->seccomp_nested = std::move(*nested);
 

@@ -1,5 +1,6 @@
 #include <gtest/gtest.h>
 #include <linux/filter.h>
+#include <sched.h>
 #include <sys/mount.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -33,16 +34,21 @@ TEST(SeccompTest, BuildsAStableProgram) {
   EXPECT_EQ(BPF_CLASS((*p)->insns.back().code), BPF_RET);
 }
 
-// errno of umount2 on a path that is not a mount point, in a child under `p`.
-int umount_errno_under(const SeccompProgram& p) {
+// errno of `call` (0 when it succeeds) in a child under `p`.
+int errno_under(const SeccompProgram& p, int (*call)()) {
   pid_t pid = fork();
   if (pid == 0) {
     if (load_filter_raw(p) != 0) _exit(255);
-    _exit(::umount2("/proc/self", 0) == 0 ? 0 : errno);
+    _exit(call() == 0 ? 0 : errno);
   }
   int st = 0;
   if (waitpid(pid, &st, 0) != pid || !WIFEXITED(st)) return -1;
   return WEXITSTATUS(st);
+}
+
+// umount2 on a path that is not a mount point.
+int umount_errno_under(const SeccompProgram& p) {
+  return errno_under(p, [] { return ::umount2("/proc/self", 0); });
 }
 
 TEST(SeccompTest, MountCallsAreRefusedUnlessAllowed) {
@@ -53,6 +59,22 @@ TEST(SeccompTest, MountCallsAreRefusedUnlessAllowed) {
   // Reaches the kernel, which finds no mount there (or, without privilege, refuses).
   int e = umount_errno_under(**build);
   EXPECT_TRUE(e == EINVAL || (e == EPERM && geteuid() != 0)) << e;
+}
+
+// setns on a descriptor that is no namespace.
+int setns_errno_under(const SeccompProgram& p) {
+  return errno_under(p, [] { return ::setns(0, 0); });
+}
+
+TEST(SeccompTest, SetnsIsRefusedUnlessAllowed) {
+  auto sandbox = build_sandbox_filter();
+  auto mounts = build_sandbox_filter({.allow_mounts = true});
+  auto worker = build_sandbox_filter({.allow_mounts = true, .allow_setns = true});
+  ASSERT_TRUE(sandbox && mounts && worker);
+  EXPECT_EQ(setns_errno_under(**sandbox), EPERM);
+  EXPECT_EQ(setns_errno_under(**mounts), EPERM);
+  // Reaches the kernel, which finds no namespace behind stdin.
+  EXPECT_EQ(setns_errno_under(**worker), EINVAL);
 }
 
 }  // namespace
