@@ -3,9 +3,12 @@ directory) may leave behind, not only what belongs to known sandbox ids, because
 can strike between creating a sandbox's resources and recording its id."""
 from __future__ import annotations
 
+import ctypes
 import glob
 import os
+import socket
 import sqlite3
+import struct
 import time
 from typing import Dict, Iterable, List, Optional, Set
 
@@ -48,13 +51,52 @@ def data_dir_mounts(data_dir: str, exclude: Iterable[str] = ()) -> List[str]:
     return out
 
 
+# A namespace's inode number is reused once it is freed (a sandbox started meanwhile, by
+# this test or the other test worker, may get it), its cookie (SO_NETNS_COOKIE) never:
+# netns_of remembers the cookie of each namespace it saw, and netns_holders counts a
+# process only when its namespace has that cookie.
+_COOKIES: Dict[str, int] = {}
+_CLONE_NEWNET = 0x40000000
+_SO_NETNS_COOKIE = 71
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _netns_cookie(pid: int) -> Optional[int]:
+    """The cookie of `pid`'s network namespace, read by a child that enters it."""
+    try:
+        fd = os.open(f"/proc/{pid}/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    r, w = os.pipe()
+    child = os.fork()
+    if child == 0:
+        try:
+            os.close(r)
+            if _libc.setns(fd, _CLONE_NEWNET) == 0:
+                s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+                os.write(w, s.getsockopt(socket.SOL_SOCKET, _SO_NETNS_COOKIE, 8))
+        finally:
+            os._exit(0)
+    os.close(w)
+    os.close(fd)
+    data = os.read(r, 8)
+    os.close(r)
+    os.waitpid(child, 0)
+    return struct.unpack("=Q", data)[0] if len(data) == 8 else None
+
+
 def netns_of(pids: Iterable[int]) -> Set[str]:
     out = set()
     for p in pids:
         try:
-            out.add(os.readlink(f"/proc/{p}/ns/net"))
+            ns = os.readlink(f"/proc/{p}/ns/net")
         except OSError:
-            pass
+            continue
+        if ns not in out and ns not in _COOKIES:
+            cookie = _netns_cookie(p)
+            if cookie is not None:
+                _COOKIES[ns] = cookie
+        out.add(ns)
     return out
 
 
@@ -67,10 +109,14 @@ def netns_holders(namespaces: Set[str]) -> List[str]:
         if not d.isdigit():
             continue
         try:
-            if os.readlink(f"/proc/{d}/ns/net") in namespaces:
-                out.append(f"process {d}")
+            ns = os.readlink(f"/proc/{d}/ns/net")
         except OSError:
-            pass
+            continue
+        if ns not in namespaces:
+            continue
+        if ns in _COOKIES and _netns_cookie(int(d)) not in (None, _COOKIES[ns]):
+            continue  # a newer namespace that got the same inode number
+        out.append(f"process {d} ({_comm(d)})")
     inodes = {n.split("[")[1].rstrip("]") for n in namespaces}
     with open("/proc/self/mountinfo") as f:
         for line in f:
