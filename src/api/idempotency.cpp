@@ -205,19 +205,19 @@ class IdempotencyCache::Recorder : public Responder {
     auto* cache = &cache_;
     int status = rec_.status;
     std::string ct = rec_.content_type;
-    log_->append(scope_, std::move(rec_), std::move(body), std::move(side_),
-                 [cache, key = key_, inner = inner_, stream, status, ct = std::move(ct),
-                  held = std::move(held_)](Result<void> r, std::string answer) mutable {
-                   if (stream) {
-                     if (!held.empty()) inner->write_chunk(std::move(held));
-                     inner->end_stream();
-                   } else {
-                     inner->send(status, std::move(ct), std::move(answer));
-                   }
-                   if (!key.empty()) cache->finished(key, r);
-                 });
-    // Queued: a sandbox's "ended" event may follow it now.
-    if (!scope_.empty()) log_->release(scope_);
+    log_->append(
+        scope_, std::move(rec_), std::move(body), std::move(side_),
+        [cache, key = key_, inner = inner_, stream, status, ct = std::move(ct),
+         held = std::move(held_)](Result<void> r, std::string answer) mutable {
+          if (stream) {
+            if (!held.empty()) inner->write_chunk(std::move(held));
+            inner->end_stream();
+          } else {
+            inner->send(status, std::move(ct), std::move(answer));
+          }
+          if (!key.empty()) cache->finished(key, r);
+        },
+        /*release_hold=*/!scope_.empty());  // a sandbox's "ended" event may follow it now
   }
 
   IdempotencyCache& cache_;

@@ -3,14 +3,18 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <fmt/format.h>
+#include <linux/magic.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <limits>
 #include <set>
+#include <sstream>
 #include <unordered_set>
 
 #include "common/ids.h"
@@ -24,7 +28,52 @@ using namespace step_format;
 namespace {
 
 constexpr size_t kMaxPrealloc = 1 << 20;
+// A new log's first piece: one block, which holds a short-lived sandbox's whole log
+// (its created event, a few calls, its end), so that a sandbox that ends soon never
+// allocates, writes and at its end frees (with a discard, on such mounts) the 64 KiB
+// that a long-lived one grows by.
+constexpr uint64_t kFirstPiece = 4096;
 constexpr size_t kSyncThreads = 7;  // with the writer: 8 logs synced at once
+
+// True when an fdatasync of a file just created under `dir` also makes its name (and
+// the names of the directories made for it) durable, so that fsyncs of the directories
+// would only add a flush each. ext4 does: without a journal its fsync writes the new
+// entries' parents up the tree (ext4_sync_parent); with one, the create and the mkdir
+// are in the journal transaction the fsync commits. So does XFS (the fsync forces the
+// log up to the inode's create). tmpfs keeps nothing across a reboot anyway. Any other
+// file system (or one this cannot tell) gets the directory fsyncs.
+bool names_durable_with_file_sync(const std::string& dir) {
+  struct statfs sf {};
+  if (::statfs(dir.c_str(), &sf) != 0) return false;
+  if (sf.f_type == TMPFS_MAGIC || sf.f_type == XFS_SUPER_MAGIC) return true;
+  if (sf.f_type != EXT4_SUPER_MAGIC) return false;
+  // ext2 and ext3 share the magic: only the ext4 driver's mount counts.
+  std::error_code ec;
+  std::string real = fs::canonical(dir, ec).string();
+  if (ec) return false;
+  std::ifstream in("/proc/self/mountinfo");
+  std::string line, best_type;
+  size_t best = 0;
+  while (std::getline(in, line)) {
+    // id parent maj:min root mountpoint options... - fstype source superoptions
+    std::istringstream f(line);
+    std::string id, parent, dev, root, point;
+    f >> id >> parent >> dev >> root >> point;
+    auto dash = line.find(" - ");
+    if (dash == std::string::npos) continue;
+    std::istringstream rest(line.substr(dash + 3));
+    std::string type;
+    rest >> type;
+    bool under =
+        real == point || point == "/" ||
+        (real.starts_with(point) && real.size() > point.size() && real[point.size()] == '/');
+    if (under && point.size() >= best) {
+      best = point.size();
+      best_type = type;
+    }
+  }
+  return best_type == "ext4";
+}
 
 int64_t system_now_us() {
   return std::chrono::duration_cast<std::chrono::microseconds>(
@@ -127,6 +176,9 @@ struct StepLog::File {
   int fd = -1;
   uint64_t allocated = 0;  // the file's size: records, then preallocated zeros
   std::string dir, path;
+  // Made by this commit: its header is written but not synced; its name and its
+  // directory's name are synced after the records, in the same commit.
+  bool fresh = false;
   ~File() {
     if (fd >= 0) ::close(fd);
   }
@@ -204,6 +256,9 @@ struct StepLog::Pending {
   std::unique_ptr<StepSideFile> side;
   std::unique_ptr<StepSideFile> request_side;
   Done done;
+  // Written, but made durable by the log's next synced record (an event nobody's
+  // promise rests on: see append_event).
+  bool lazy = false;
 };
 
 struct StepLog::Log {
@@ -213,11 +268,12 @@ struct StepLog::Log {
   uint64_t next_seq = 1;
   std::vector<std::pair<uint64_t, uint64_t>> seqs;  // (seq, offset), ascending
   uint64_t side_bytes = 0;
-  uint64_t allocated = 0;  // the file's size when this writer last wrote it (0: unknown)
-  size_t grow = 0;         // next preallocated piece
-  bool ended = false;      // its "ended" event is in it
-  bool closed = false;     // its sandbox ended and everything queued before was written
-  bool unusable = false;   // a newer format (or unreadable): left alone, never written
+  uint64_t allocated = 0;       // the file's size when this writer last wrote it (0: unknown)
+  size_t grow = 0;              // next preallocated piece
+  bool ended = false;           // its "ended" event is in it
+  bool closed = false;          // its sandbox ended and everything queued before was written
+  bool unusable = false;        // a newer format (or unreadable): left alone, never written
+  bool names_unsynced = false;  // a new file written lazily: its directories not yet fsync'ed
   int holds = 0;
   std::vector<Pending> deferred;  // after_calls events (and trims) waiting for holds == 0
   std::vector<std::function<void()>> waiters;
@@ -260,6 +316,8 @@ Result<std::unique_ptr<StepLog>> StepLog::open(Options opts) {
   log->logs_.push_back(std::make_unique<Log>());
   log->scope_ids_[""] = 0;
   log->is_live_ = log->opts_.is_live;
+  log->sync_dirs_ = log->opts_.always_sync_dirs ||
+                    !names_durable_with_file_sync(log->opts_.data_dir + "/sandboxes");
   log->sweep();
   TP_TRY(log->load_all());
   log->writer_ = std::thread([p = log.get()] { p->run(); });
@@ -741,24 +799,39 @@ Result<std::unique_ptr<StepSideFile>> StepLog::new_side(const std::string& scope
 }
 
 void StepLog::append(const std::string& scope, StepRecord rec, std::string answer,
-                     std::unique_ptr<StepSideFile> side, Done done) {
-  Pending p;
+                     std::unique_ptr<StepSideFile> side, Done done, bool release_hold) {
+  std::vector<Pending> ps(1);
+  Pending& p = ps.front();
   p.rec = std::move(rec);
   p.answer = std::move(answer);
   p.side = std::move(side);
   p.done = std::move(done);
   std::unique_lock lk(mu_);
   p.log = log_id_locked(scope);
-  submit_locked(lk, std::move(p), true);
+  if (release_hold) {
+    // The events (and the trim) that waited for this call follow its record in the
+    // same commit: one sync for both, and no hand-off to the writer.
+    Log& l = *logs_[p.log];
+    if (l.holds > 0) l.holds--;
+    if (l.holds == 0) {
+      for (auto& d : l.deferred) ps.push_back(std::move(d));
+      l.deferred.clear();
+    }
+  }
+  submit_locked(lk, std::move(ps), true);
 }
 
-void StepLog::submit_locked(std::unique_lock<std::mutex>& lk, Pending p, bool may_inline) {
+void StepLog::submit_locked(std::unique_lock<std::mutex>& lk, std::vector<Pending> ps,
+                            bool may_inline) {
   std::vector<Pending> batch;
-  pending_.push_back(std::move(p));
-  if (may_inline && opts_.inline_commit && !busy_ && !stop_ && pending_.size() == 1) {
+  const bool idle = pending_.empty();
+  for (auto& p : ps) pending_.push_back(std::move(p));
+  if (may_inline && opts_.inline_commit && !busy_ && !stop_ && idle) {
     busy_ = true;
-    batch.push_back(std::move(pending_.front()));
-    pending_.pop_front();
+    while (!pending_.empty()) {
+      batch.push_back(std::move(pending_.front()));
+      pending_.pop_front();
+    }
   }
   lk.unlock();
   if (batch.empty()) {
@@ -791,8 +864,9 @@ Result<void> StepLog::append_sync(const std::string& scope, StepRecord rec, std:
 }
 
 void StepLog::append_event(const std::string& scope, std::string event, std::string detail_json,
-                           bool after_calls, Done done) {
+                           bool after_calls, Done done, bool lazy) {
   Pending p;
+  p.lazy = lazy;
   p.rec.kind = StepKind::kEvent;
   p.rec.event = std::move(event);
   p.rec.detail = std::move(detail_json);
@@ -808,7 +882,9 @@ void StepLog::append_event(const std::string& scope, std::string event, std::str
     l.deferred.push_back(std::move(p));
     return;
   }
-  submit_locked(lk, std::move(p), may_inline);
+  std::vector<Pending> ps;
+  ps.push_back(std::move(p));
+  submit_locked(lk, std::move(ps), may_inline);
 }
 
 void StepLog::hold(const std::string& scope) {
@@ -853,12 +929,11 @@ Result<StepLog::File*> StepLog::file_for(uint32_t log) {
       return f.get();
     }
   }
-  bool created_dir = false;
   // The sandbox manager removes a sandbox's directory when it ends, if it is empty by
   // then (rmdir): between our mkdir and open it may have, so make it again. Once the
   // log is in it, the directory stays.
   for (int attempt = 0; attempt < 3; ++attempt) {
-    TP_TRY(ensure_dir(f->dir, &created_dir));
+    TP_TRY(ensure_dir(f->dir, nullptr));
     f->fd = ::open(f->path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
     if (f->fd >= 0 || errno != ENOENT) break;
   }
@@ -867,14 +942,15 @@ Result<StepLog::File*> StepLog::file_for(uint32_t log) {
   if (::fstat(f->fd, &st) != 0) return sys_fail("stat " + f->path);
   f->allocated = static_cast<uint64_t>(st.st_size);
   if (end < kFileHeader || f->allocated < kFileHeader) {
-    // A new log (or one removed by retention since): a fresh file.
+    // A new log (or one removed by retention since): a fresh file. Its header goes to
+    // disk with its first records, in the commit's one fdatasync (a crash before that
+    // leaves a file shorter than a header, started afresh at open, or a header and
+    // zeros, cut).
     auto h = file_header();
     TP_TRY(pwrite_all(f->fd, h.data(), h.size(), 0));
     if (::ftruncate(f->fd, kFileHeader) != 0) return sys_fail("truncate " + f->path);
-    if (::fdatasync(f->fd) != 0) return sys_fail("fdatasync " + f->path);
     f->allocated = kFileHeader;
-    TP_TRY(sync_dir(f->dir));  // the new file's name
-    if (created_dir) TP_TRY(sync_dir(fs::path(f->dir).parent_path().string()));
+    f->fresh = true;
     std::lock_guard lk(mu_);
     Log& l = *logs_[log];
     l.end = kFileHeader;
@@ -955,6 +1031,7 @@ void StepLog::commit(std::vector<Pending>& batch) {
         if (err[k] && results[of[k]]) results[of[k]] = sys_fail("fdatasync side file", err[k]);
     }
     for (const auto& d : side_dirs) {
+      if (!sync_dirs_) break;  // their names went with their fdatasync
       auto r = sync_dir(d);
       if (!r)
         for (size_t i = 0; i < batch.size(); ++i)
@@ -968,6 +1045,8 @@ void StepLog::commit(std::vector<Pending>& batch) {
       File* f = nullptr;
       uint64_t start = 0, end = 0, seq = 0;
       size_t grow = 0;
+      bool sync = false;   // some record of it must be durable now (not all lazy)
+      bool names = false;  // a new file: its directories to fsync after it (sync_dirs_)
       std::vector<size_t> items;
       Result<void> synced;
     };
@@ -989,15 +1068,21 @@ void StepLog::commit(std::vector<Pending>& batch) {
         t.start = t.end = l.end;
         t.seq = l.next_seq;
         t.grow = l.grow ? l.grow : opts_.prealloc;
+        t.names = sync_dirs_ && (t.f->fresh || l.names_unsynced);
       }
+      if (!p.lazy) t.sync = true;
       p.rec.seq = t.seq;
       std::string bytes = encode(p.rec, !p.side, p.answer);
       if (t.end + bytes.size() > t.f->allocated && opts_.prealloc > 0) {
-        // Zeros, written once: later appends overwrite allocated blocks.
-        uint64_t want = std::max<uint64_t>(t.end + bytes.size(), t.f->allocated + t.grow);
+        // Zeros, written once: later appends overwrite allocated blocks. A new file
+        // starts with its first piece (rounded up to whole blocks), then grows by
+        // prealloc, doubling.
+        const uint64_t need = t.end + bytes.size();
+        uint64_t want = std::max<uint64_t>(need, t.f->allocated + t.grow);
+        if (t.f->fresh) want = (std::max<uint64_t>(need, kFirstPiece) + 4095) / 4096 * 4096;
         std::string zeros(static_cast<size_t>(want - t.f->allocated), '\0');
         if (pwrite_all(t.f->fd, zeros.data(), zeros.size(), t.f->allocated)) t.f->allocated = want;
-        t.grow = std::min(t.grow * 2, kMaxPrealloc);
+        if (!t.f->fresh) t.grow = std::min(t.grow * 2, kMaxPrealloc);
       }
       if (auto r = pwrite_all(t.f->fd, bytes.data(), bytes.size(), t.end); !r) {
         results[i] = r;
@@ -1010,13 +1095,24 @@ void StepLog::commit(std::vector<Pending>& batch) {
       t.items.push_back(i);
     }
     std::vector<int> fds;
-    for (auto& [log, t] : touched) fds.push_back(t.f->fd);
+    for (auto& [log, t] : touched)
+      if (t.sync) fds.push_back(t.f->fd);
     auto err = sync_pool_->sync(fds);
     size_t k = 0;
     for (auto& [log, t] : touched) {
-      if (err[k++] == 0) continue;
-      t.synced = sys_fail("fdatasync " + t.f->path, err[k - 1]);
-      // Nothing of the batch counts: the next append overwrites it.
+      if (!t.sync) continue;  // lazy records only: synced with the log's next record
+      if (err[k++] == 0) {
+        // A new file's name, then its new directory's, once its bytes are on disk.
+        if (t.names) {
+          t.synced = sync_dir(t.f->dir);
+          if (t.synced) t.synced = sync_dir(fs::path(t.f->dir).parent_path().string());
+        }
+        if (t.synced) continue;
+      } else {
+        t.synced = sys_fail("fdatasync " + t.f->path, err[k - 1]);
+      }
+      // Nothing of the batch counts: the next append overwrites it (a new file is made
+      // again, its names synced then).
       std::string zeros(static_cast<size_t>(t.end - t.start), '\0');
       (void)pwrite_all(t.f->fd, zeros.data(), zeros.size(), t.start);
       for (size_t i : t.items) results[i] = t.synced;
@@ -1024,8 +1120,21 @@ void StepLog::commit(std::vector<Pending>& batch) {
     {
       std::lock_guard lk(mu_);
       for (auto& [log, t] : touched) {
-        if (!t.synced) continue;
+        if (!t.synced) {
+          if (t.f->fresh) {
+            logs_[log]->end = 0;  // made afresh by the next commit
+            t.f->fresh = false;
+            ::close(t.f->fd);
+            t.f->fd = -1;
+          }
+          continue;
+        }
         Log& l = *logs_[log];
+        if (t.sync)
+          l.names_unsynced = false;
+        else if (t.names)
+          l.names_unsynced = true;
+        t.f->fresh = false;
         l.end = t.end;
         l.next_seq = t.seq;
         l.grow = t.grow;

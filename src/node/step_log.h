@@ -13,15 +13,19 @@
 // Durability: a side file is written and fdatasync'ed (and its directory fsync'ed)
 // before the record naming it is appended; a record is appended and the log
 // fdatasync'ed before append()'s callback runs, i.e. before the caller sends the
-// answer. One commit runs at a time: an append() that finds none running and nothing
+// answer. A new log's header goes with its first records, in that one fdatasync, and
+// its directories are fsync'ed after it (skipped on file systems whose file fsync
+// makes a new file's name durable: ext4, XFS, tmpfs; see Options::always_sync_dirs).
+// Lazy events (append_event) are written but ride on the log's next synced record.
+// One commit runs at a time: an append() that finds none running and nothing
 // queued commits its record on the caller's thread (no wake-up of another thread on
 // either side of the sync, which on a guest costs as much as the sync itself); the
 // records that arrive while a commit syncs are queued, and the writer thread writes
 // and syncs them together (group commit), the logs of a batch at once (their flushes
-// merge in the block layer). A log grows in preallocated pieces
-// (zeros written and synced once), so that an append overwrites allocated blocks and
-// its fdatasync need not commit a new file size; the zeros after the last record are
-// cut away when its sandbox ends, and at open.
+// merge in the block layer). A new log is one 4 KiB block; past it, a log grows in
+// preallocated pieces (zeros written and synced once), so that an append overwrites allocated
+// blocks and its fdatasync need not commit a new file size; the zeros after the last record are cut
+// away when its sandbox ends, and at open.
 //
 // Recovery (open): each log is read record by record. A final record cut short (a crash
 // mid-write: too few bytes for its header or its len, or a bad crc on a record followed
@@ -126,6 +130,9 @@ class StepLog {
     // append() may commit on the caller's thread (see Durability above); false: the
     // writer thread does every commit.
     bool inline_commit = true;
+    // fsync the directories of new files and side files even on a file system whose
+    // file fsync makes new names durable (ext4, XFS, tmpfs), where they are skipped.
+    bool always_sync_dirs = false;
   };
 
   // Reads every log under data_dir (recovering torn tails), deletes what retention
@@ -177,17 +184,23 @@ class StepLog {
   // into a new side file by size) and is handed back to `done` with the result. A
   // request body larger than inline_max goes to a side file. rec.seq is assigned.
   // `done` may run before append() returns, on this thread (an inline commit: the
-  // caller must not hold a lock that done takes).
+  // caller must not hold a lock that done takes). release_hold: also release() the
+  // caller's hold of `scope`; the events that waited for it are then committed with
+  // this record (one sync, on this thread when it commits inline).
   using Done = std::function<void(Result<void>, std::string answer)>;
   void append(const std::string& scope, StepRecord rec, std::string answer,
-              std::unique_ptr<StepSideFile> side, Done done);
+              std::unique_ptr<StepSideFile> side, Done done, bool release_hold = false);
   // Blocking append, for tests and tools.
   Result<void> append_sync(const std::string& scope, StepRecord rec, std::string answer);
   // Appends an event (kind 2) to a sandbox's log. after_calls: only once no call of the
   // sandbox is held (see hold()), so that it follows every call being answered. With
-  // a `done` and without after_calls it may be committed inline, as append().
+  // a `done` and without after_calls it may be committed inline, as append(). lazy:
+  // `done` runs once the event is written (a daemon that dies keeps it: it is in the
+  // page cache), and it is made durable by the log's next record that is not lazy, so
+  // that it costs no fdatasync of its own (a machine that loses power before that
+  // record loses it).
   void append_event(const std::string& scope, std::string event, std::string detail_json,
-                    bool after_calls, Done done = nullptr);
+                    bool after_calls, Done done = nullptr, bool lazy = false);
   // A call of `scope` is being answered: an after_calls event waits for its release,
   // which the caller makes once its record was handed to append().
   void hold(const std::string& scope);
@@ -217,9 +230,9 @@ class StepLog {
   Result<void> read_side(const std::string& dir, const std::string& name, uint64_t len,
                          std::string* out);
   void run();
-  // Queues p (mu_ held by lk, released on return) and, may_inline and no commit
-  // running, commits it on this thread.
-  void submit_locked(std::unique_lock<std::mutex>& lk, Pending p, bool may_inline);
+  // Queues ps in order (mu_ held by lk, released on return) and, may_inline, no commit
+  // running and nothing queued before, commits them on this thread.
+  void submit_locked(std::unique_lock<std::mutex>& lk, std::vector<Pending> ps, bool may_inline);
   void commit(std::vector<Pending>& batch);
   void fire_waiters_locked(Log& l, std::vector<std::function<void()>>* out);
 
@@ -234,6 +247,7 @@ class StepLog {
   bool stop_ = false;
   bool busy_ = false;         // a commit (or the sweep) runs: at most one at a time, in queue order
   bool sweep_waits_ = false;  // the writer waits for an inline commit to end
+  bool sync_dirs_ = true;     // set at open (Options::always_sync_dirs, the file system)
   uint64_t side_seq_ = 0;
   // Owned by whoever commits (busy_), and by load at open, before the writer starts.
   std::unordered_map<uint32_t, std::unique_ptr<File>> files_;

@@ -138,17 +138,21 @@ void TrajectoryEvents::attach(ManagerOptions& opts) {
   opts.on_created = [st = st_](const control::SandboxRecord& r) {
     StepLog* log = st->log.load();
     if (!log || !st->events) return;
-    // Durable before the create is answered: a replay finds what to recreate.
+    // In the log before the create is answered (so a replay finds what to recreate,
+    // and a reader of the log its first entry); durable with the sandbox's first call
+    // record (or its end), which is synced anyway: no fdatasync of its own.
     std::mutex m;
     std::condition_variable cv;
     bool done = false;
-    log->append_event(r.id, "created", created_detail(r), false,
-                      [&](Result<void> res, std::string) {
-                        if (!res) TP_SB_WARN(r.id, "trajectory log: {}", res.error().message());
-                        std::lock_guard lk(m);
-                        done = true;
-                        cv.notify_all();
-                      });
+    log->append_event(
+        r.id, "created", created_detail(r), false,
+        [&](Result<void> res, std::string) {
+          if (!res) TP_SB_WARN(r.id, "trajectory log: {}", res.error().message());
+          std::lock_guard lk(m);
+          done = true;
+          cv.notify_all();
+        },
+        /*lazy=*/true);
     std::unique_lock lk(m);
     cv.wait(lk, [&] { return done; });
   };

@@ -27,10 +27,12 @@ class StepLogTest : public ::testing::Test {
   void TearDown() override { fs::remove_all(dir_); }
 
   std::unique_ptr<StepLog> open(std::chrono::seconds retention = std::chrono::hours(24),
-                                StepLog::IsLive live = nullptr, bool inline_commit = true) {
+                                StepLog::IsLive live = nullptr, bool inline_commit = true,
+                                bool always_sync_dirs = false) {
     StepLog::Options o;
     o.data_dir = dir_;
     o.inline_commit = inline_commit;
+    o.always_sync_dirs = always_sync_dirs;
     o.retention = retention;
     o.inline_max = 1024;
     o.is_live = std::move(live);
@@ -622,6 +624,104 @@ TEST_F(StepLogTest, WhenAfterRunsAtOnceOrOnTheNextAppend) {
   l->drop_waiters();
   ASSERT_TRUE(l->append_sync(kSb, rec("c"), "4"));
   EXPECT_FALSE(ran);
+}
+
+TEST_F(StepLogTest, ANewLogStartsWithOneBlockThenGrowsByThePreallocatedPiece) {
+  auto l = open();
+  ASSERT_TRUE(l->append_sync(kSb, rec("a"), "one"));
+  // Header and record in one block: a short-lived sandbox allocates no more.
+  EXPECT_EQ(fs::file_size(log_path()), 4096u);
+  EXPECT_LT(l->info(kSb).bytes, 4096u);
+  // Past the block, the log grows by the preallocated piece (64 KiB), not by a block.
+  for (int i = 0; l->info(kSb).bytes <= 4096u; ++i)
+    ASSERT_TRUE(l->append_sync(kSb, rec("b" + std::to_string(i)), std::string(1000, 'x')));
+  ASSERT_TRUE(l->append_sync(kSb, rec("d"), std::string(1000, 'z')));
+  EXPECT_EQ(fs::file_size(log_path()), 4096u + (64u << 10));
+  EXPECT_EQ(answer_of(*l, "d"), std::string(1000, 'z'));
+  // Ending the sandbox gives the zeros back.
+  l->sandbox_ended(kSb);
+  l.reset();
+  auto again = open();
+  EXPECT_EQ(fs::file_size(log_path()), again->info(kSb).bytes);
+  EXPECT_EQ(answer_of(*again, "a"), "one");
+}
+
+TEST_F(StepLogTest, DirectoriesSyncedWhereAskedForKeepEveryRecord) {
+  {
+    auto l = open(std::chrono::hours(24), nullptr, true, /*always_sync_dirs=*/true);
+    ASSERT_TRUE(l->append_sync(kSb, rec("a"), "one"));
+    ASSERT_TRUE(l->append_sync(kSb, rec("big"), std::string(5000, 'b')));  // a side file
+    ASSERT_TRUE(l->append_sync("", rec("g"), "global"));
+  }
+  auto l = open();
+  EXPECT_EQ(answer_of(*l, "a"), "one");
+  EXPECT_EQ(answer_of(*l, "big"), std::string(5000, 'b'));
+  EXPECT_EQ(answer_of(*l, "g"), "global");
+}
+
+TEST_F(StepLogTest, ALazyEventIsInTheLogWhenItsDoneRunsAndTheNextRecordFollowsIt) {
+  for (bool sync_dirs : {false, true}) {
+    SCOPED_TRACE(sync_dirs ? "directories fsync'ed" : "directories not fsync'ed");
+    fs::remove_all(dir_ + "/sandboxes");
+    {
+      auto l = open(std::chrono::hours(24), nullptr, true, sync_dirs);
+      uint64_t seen = 0;
+      bool ran = false;
+      l->append_event(
+          kSb, "created", R"({"image":"x"})", false,
+          [&](Result<void> r, std::string) {
+            EXPECT_TRUE(r);
+            seen = l->info(kSb).last_seq;
+            ran = true;
+          },
+          /*lazy=*/true);
+      EXPECT_TRUE(ran);  // an idle log writes it on this thread
+      EXPECT_EQ(seen, 1u);
+      ASSERT_TRUE(l->append_sync(kSb, rec("a"), "one"));  // synced: the event with it
+      EXPECT_EQ(l->info(kSb).last_seq, 2u);
+    }
+    auto l = open();
+    auto recs = l->list(kSb, 0, 10, false);
+    ASSERT_TRUE(recs);
+    ASSERT_EQ(recs->size(), 2u);
+    EXPECT_EQ((*recs)[0].event, "created");
+    EXPECT_EQ((*recs)[1].key, "a");
+  }
+}
+
+TEST_F(StepLogTest, AnAppendThatReleasesItsHoldCommitsTheEventsThatWaitedWithIt) {
+  auto l = open();
+  ASSERT_TRUE(l->append_sync(kSb, rec("first"), "1"));
+  l->hold(kSb);  // a call being answered
+  l->append_event(kSb, "ended", R"({"end_reason":"deleted"})", /*after_calls=*/true);
+  l->sandbox_ended(kSb);
+  EXPECT_FALSE(l->info(kSb).ended);  // waits for the call
+  std::mutex m;
+  std::condition_variable cv;
+  bool done = false;
+  StepLogInfo seen;
+  l->append(
+      kSb, rec("delete"), "{}", nullptr,
+      [&](Result<void> r, std::string) {
+        EXPECT_TRUE(r);
+        auto i = l->info(kSb);  // when the call's answer may go: its event is in too
+        std::lock_guard lk(m);
+        seen = i;
+        done = true;
+        cv.notify_all();
+      },
+      /*release_hold=*/true);
+  std::unique_lock lk(m);
+  ASSERT_TRUE(cv.wait_for(lk, std::chrono::seconds(10), [&] { return done; }));
+  EXPECT_TRUE(seen.ended);
+  EXPECT_TRUE(seen.closed);
+  EXPECT_EQ(seen.last_seq, 3u);
+  auto recs = l->list(kSb, 0, 10, false);
+  ASSERT_TRUE(recs);
+  ASSERT_EQ(recs->size(), 3u);
+  EXPECT_EQ((*recs)[1].key, "delete");  // the call, then the event that waited for it
+  EXPECT_EQ((*recs)[2].event, "ended");
+  EXPECT_EQ(fs::file_size(log_path()), l->info(kSb).bytes);  // trimmed in that commit
 }
 
 TEST_F(StepLogTest, APreallocatedTailLeftByACrashIsNotATornRecord) {
