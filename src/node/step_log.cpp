@@ -34,6 +34,10 @@ constexpr size_t kMaxPrealloc = 1 << 20;
 // that a long-lived one grows by.
 constexpr uint64_t kFirstPiece = 4096;
 constexpr size_t kSyncThreads = 7;  // with the writer: 8 logs synced at once
+// Descriptors of the most recently written sandbox logs kept open between commits: an
+// exec loop does not pay an open and a close per record, and the daemon's descriptors
+// stay a constant, however many sandboxes there are.
+constexpr size_t kOpenLogs = 32;
 
 // True when an fdatasync of a file just created under `dir` also makes its name (and
 // the names of the directories made for it) durable, so that fsyncs of the directories
@@ -179,6 +183,7 @@ struct StepLog::File {
   // Made by this commit: its header is written but not synced; its name and its
   // directory's name are synced after the records, in the same commit.
   bool fresh = false;
+  uint64_t used = 0;  // commit count when last written (the least recent is closed first)
   ~File() {
     if (fd >= 0) ::close(fd);
   }
@@ -1163,10 +1168,17 @@ void StepLog::commit(std::vector<Pending>& batch) {
       }
       l.closed = true;
       fire_waiters_locked(l, &wake);
+      files_.erase(p.log);  // an ended sandbox's log is written once more at most
     }
-    // A sandbox's log is opened per batch: no descriptor stays open per sandbox
-    // (the open costs little next to the fdatasync).
-    std::erase_if(files_, [](auto& kv) { return kv.first != 0; });
+    ++commits_;
+    for (auto& [log, t] : touched) t.f->used = commits_;
+    while (files_.size() > kOpenLogs + 1) {  // + the node-wide log, which stays open
+      auto oldest = files_.end();
+      for (auto it = files_.begin(); it != files_.end(); ++it)
+        if (it->first != 0 && (oldest == files_.end() || it->second->used < oldest->second->used))
+          oldest = it;
+      files_.erase(oldest);
+    }
   }
   {
     std::lock_guard lk(mu_);

@@ -208,7 +208,7 @@ class StepLog {
 
   // ---- lifecycle
   // Starts the retention clock of the sandbox's log and trims its preallocated tail
-  // (no descriptor of a sandbox's log stays open); is_live tells the sweep which
+  // (and closes its descriptor); is_live tells the sweep which
   // sandboxes still run (without it every sandbox counts as ended).
   void sandbox_ended(const std::string& sandbox_id);
   void set_is_live(IsLive f);
@@ -250,7 +250,8 @@ class StepLog {
   bool sync_dirs_ = true;     // set at open (Options::always_sync_dirs, the file system)
   uint64_t side_seq_ = 0;
   // Owned by whoever commits (busy_), and by load at open, before the writer starts.
-  std::unordered_map<uint32_t, std::unique_ptr<File>> files_;
+  std::unordered_map<uint32_t, std::unique_ptr<File>> files_;  // at most kOpenLogs + 1
+  uint64_t commits_ = 0;
   std::mutex files_mu_;  // files_ against sandbox_ended/sweep from other threads
   std::mutex fire_mu_;   // held while when_after callbacks run (drop_waiters waits for it)
   void fire(std::vector<std::function<void()>>& wake);

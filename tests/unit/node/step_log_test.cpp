@@ -57,6 +57,11 @@ class StepLogTest : public ::testing::Test {
     r.finished_us = r.started_us + 1;
     return r;
   }
+  static std::string fmt_id(int i) {
+    char b[32];
+    std::snprintf(b, sizeof b, "n0-%012x", static_cast<unsigned>(i));
+    return b;
+  }
   std::string log_path() const { return dir_ + "/sandboxes/" + kSb + "/steps.log"; }
   std::string read_file(const std::string& p) {
     std::ifstream f(p, std::ios::binary);
@@ -687,6 +692,27 @@ TEST_F(StepLogTest, ALazyEventIsInTheLogWhenItsDoneRunsAndTheNextRecordFollowsIt
     EXPECT_EQ((*recs)[0].event, "created");
     EXPECT_EQ((*recs)[1].key, "a");
   }
+}
+
+TEST_F(StepLogTest, OpenDescriptorsStayBoundedHoweverManyLogsAreWritten) {
+  auto fds = [] { return std::distance(fs::directory_iterator("/proc/self/fd"), {}); };
+  auto l = open();
+  ASSERT_TRUE(l->append_sync("", rec("g"), "g"));
+  const auto before = fds();
+  auto id = [](int i) { return fmt_id(i); };
+  for (int i = 0; i < 100; ++i)
+    ASSERT_TRUE(l->append_sync(id(i), rec("k" + std::to_string(i)), "a"));
+  EXPECT_LE(fds(), before + 32);  // the recently written ones, not one per sandbox
+  // A log whose descriptor was closed is opened again and goes on where it was.
+  ASSERT_TRUE(l->append_sync(id(0), rec("again"), "b"));
+  EXPECT_EQ(l->info(id(0)).last_seq, 2u);
+  l->sandbox_ended(id(99));  // an ended sandbox's descriptor is closed
+  ASSERT_TRUE(l->append_sync(id(98), rec("after"), "c"));
+  l.reset();
+  auto again = open();
+  EXPECT_EQ(answer_of(*again, "again"), "b");
+  EXPECT_EQ(answer_of(*again, "k99"), "a");
+  EXPECT_EQ(again->info(id(0)).records, 2u);
 }
 
 TEST_F(StepLogTest, AnAppendThatReleasesItsHoldCommitsTheEventsThatWaitedWithIt) {
