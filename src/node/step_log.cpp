@@ -1154,6 +1154,8 @@ void StepLog::commit(std::vector<Pending>& batch) {
         fire_waiters_locked(l, &wake);
       }
     }
+    ++commits_;
+    for (auto& [log, t] : touched) t.f->used = commits_;  // (the trims below may close t.f)
     // Trims: a sandbox that ended gives back its preallocated tail; its followers may end.
     for (auto& p : batch) {
       if (p.op != Pending::Op::kTrim) continue;
@@ -1168,10 +1170,13 @@ void StepLog::commit(std::vector<Pending>& batch) {
       }
       l.closed = true;
       fire_waiters_locked(l, &wake);
-      files_.erase(p.log);  // an ended sandbox's log is written once more at most
     }
-    ++commits_;
-    for (auto& [log, t] : touched) t.f->used = commits_;
+    {
+      // An ended sandbox's log keeps no descriptor (what comes after its end, a
+      // background process's exit or a call refused, opens it again for a moment).
+      std::lock_guard lk(mu_);
+      std::erase_if(files_, [&](auto& kv) { return kv.first != 0 && logs_[kv.first]->closed; });
+    }
     while (files_.size() > kOpenLogs + 1) {  // + the node-wide log, which stays open
       auto oldest = files_.end();
       for (auto it = files_.begin(); it != files_.end(); ++it)
