@@ -226,6 +226,11 @@ def leak_check(request, daemon, _tracker):
     # Runs after the client fixtures closed their connections and killed their sandboxes.
     ids = _tracker.ids()
     problems: List[str] = []
+    if not daemon.alive():
+        # A test that stops the session daemon must start it again; one that failed or
+        # skipped half-way must not take every later test of this worker down with it.
+        problems.append(f"the test left tidepoold down (exit status {daemon.stop()})")
+        daemon.start()
     if ids and daemon.alive():
         with tidepool.Client(daemon.url, timeout=30) as c:
             for sid in ids:
