@@ -25,6 +25,7 @@ bool Sandbox::apply(Event e) {
 }
 
 void Sandbox::enqueue(Op op) {
+  ops_in_flight_.fetch_add(1);
   {
     std::lock_guard lk(qmu_);
     queue_.push_back(std::move(op));
@@ -49,6 +50,7 @@ void Sandbox::drain() {
     // 0: op running, 1: Done called while it ran, 2: op returned first.
     auto phase = std::make_shared<std::atomic<int>>(0);
     op([self = shared_from_this(), phase] {
+      ops_in_flight_.fetch_sub(1);
       if (phase->exchange(1) == 2) self->drain();
     });
     if (phase->exchange(2) == 0) return;  // Done comes later and drains then

@@ -75,6 +75,10 @@ class Sandbox : public std::enable_shared_from_this<Sandbox> {
   // calls the previous Done, which may hold `mu` or `freeze_mu`: an op posts its
   // work elsewhere rather than taking those locks inline.
   void enqueue(Op op);
+  // Ops enqueued on any sandbox of this process whose Done has not run yet: zero when
+  // no op can still post work to its manager (tests wait for it before destroying one
+  // while their io threads run).
+  static int64_t ops_in_flight() { return ops_in_flight_.load(); }
 
   // Applies `e` (caller holds mu): false, changing nothing, if not allowed.
   bool apply(Event e);
@@ -114,6 +118,7 @@ class Sandbox : public std::enable_shared_from_this<Sandbox> {
   std::mutex qmu_;
   std::deque<Op> queue_;
   bool busy_ = false;
+  static inline std::atomic<int64_t> ops_in_flight_{0};
 };
 
 }  // namespace tp::node
