@@ -44,6 +44,9 @@
 // Thread rules: every method may be called from any thread. Callbacks run on
 // the io_context's threads. Blocking work (clone, destroy, store writes of a
 // transition) runs on an internal thread pool, never on the io threads.
+// Destroy the manager after the io_context's threads have stopped (the daemon
+// joins them first) or once Sandbox::ops_in_flight() is back to what it was:
+// the tail of an op on an io thread may still post to the internal pool.
 #pragma once
 
 #include <boost/asio/io_context.hpp>
