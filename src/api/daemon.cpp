@@ -18,7 +18,9 @@
 #include <cstring>
 #include <filesystem>
 #include <iostream>
+#include <memory>
 #include <thread>
+#include <vector>
 
 #include "api/auth.h"
 #include "api/function_setup.h"
@@ -153,7 +155,9 @@ int daemon_main(int argc, char** argv) {
   app.add_option("--run-dir", run_dir,
                  "directory of the agents' sockets (live restore); default: /run/tidepool/<name> "
                  "when /run is a tmpfs, else <data-dir>/containers/run");
-  app.add_option("--io-threads", io_threads, "HTTP and agent I/O threads")
+  app.add_option("--io-threads", io_threads,
+                 "I/O threads: one runs the agents' sessions and the node's timers, and the HTTP "
+                 "connections are spread over all of them, each connection on one thread")
       ->capture_default_str()
       ->check(CLI::Range(1u, 64u));
   app.add_option("--image-budget-mb", image_budget_mb,
@@ -372,7 +376,15 @@ int daemon_main(int argc, char** argv) {
     }
   }
 
+  // The node's io_context (agents, timers, the manager's callbacks) and one more per extra
+  // I/O thread for HTTP connections. Each runs on a single thread: a request's handlers
+  // then never hop between threads (with one io_context on several threads, asio wakes
+  // another thread for every event, and a cross-CPU wake-up costs as much on a guest as
+  // the rest of a small request).
   asio::io_context io;
+  std::vector<std::unique_ptr<asio::io_context>> http_ios;
+  for (unsigned i = 1; i < io_threads; ++i)
+    http_ios.push_back(std::make_unique<asio::io_context>());
   Metrics metrics;
   node::ManagerOptions mopts;
   mopts.node_name = node;
@@ -403,10 +415,10 @@ int daemon_main(int argc, char** argv) {
   api.set_step_log(step_log);
   bool every_call = trajectory_log == "on";
   api.set_trajectory_log(every_call);
-  events.set_log(step_log.get(), every_call, [&mgr](const std::string& id) { return mgr.get(id); });
+  events.set_log(step_log.get(), every_call);
   struct Unhook {
     node::TrajectoryEvents& e;
-    ~Unhook() { e.set_log(nullptr, false, nullptr); }
+    ~Unhook() { e.set_log(nullptr, false); }
   } unhook{events};  // destroyed before step_log
   // Image references of creates: layer digests for the spec, defaults, a pin.
   mgr.set_image_resolver([st = *images](const std::string& ref) -> Result<node::ResolvedImage> {
@@ -505,6 +517,11 @@ int daemon_main(int argc, char** argv) {
       return Api::takes_upload(method, path);
     };
   }
+  {
+    std::vector<asio::io_context*> ring{&io};
+    for (auto& x : http_ios) ring.push_back(x.get());
+    sopts_http.sessions = std::make_shared<IoRing>(std::move(ring));
+  }
   sopts_http.check_head = [&auth](Request& head) { return auth.authenticate(head); };
   auto secs = [](double s) { return std::chrono::milliseconds(static_cast<int64_t>(s * 1000)); };
   sopts_http.idle_timeout = secs(idle_timeout);
@@ -557,6 +574,7 @@ int daemon_main(int argc, char** argv) {
       mgr.shutdown();
       keep_running.reset();
       io.stop();
+      for (auto& x : http_ios) x->stop();
     });
   });
 
@@ -566,7 +584,11 @@ int daemon_main(int argc, char** argv) {
   std::cout << "tidepoold ready on " << where << " (data dir " << data_dir << ", node " << node
             << ")" << std::endl;
   std::vector<std::thread> threads;
-  for (unsigned i = 1; i < io_threads; ++i) threads.emplace_back([&io] { io.run(); });
+  std::vector<asio::executor_work_guard<asio::io_context::executor_type>> http_guards;
+  for (auto& x : http_ios) {
+    http_guards.push_back(asio::make_work_guard(*x));
+    threads.emplace_back([ctx = x.get()] { ctx->run(); });
+  }
   io.run();
   for (auto& t : threads) t.join();
   // The io threads are joined, so the handler that started the stopper has finished.

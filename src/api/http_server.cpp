@@ -365,6 +365,10 @@ class Session : public Responder,
                });
   }
 
+  void run_on_connection(std::function<void()> fn) override {
+    asio::post(stream_.get_executor(), std::move(fn));
+  }
+
   void set_on_abort(std::function<void()> cb) override {
     asio::post(stream_.get_executor(), [self = shared_from_this(), cb = std::move(cb)] {
       self->on_abort_ = cb;
@@ -863,28 +867,33 @@ void HttpServer::accept_failed(Backoff& b, const beast::error_code& ec, const ch
   });
 }
 
+asio::io_context& HttpServer::session_io() {
+  return opts_->sessions && opts_->sessions->size() ? opts_->sessions->next() : io_;
+}
+
 void HttpServer::accept() {
-  acceptor_.async_accept(asio::make_strand(io_), [this](beast::error_code ec, tcp::socket sock) {
-    if (ec == asio::error::operation_aborted || !acceptor_.is_open()) return;
-    if (ec) return accept_failed(tcp_backoff_, ec, "accept", [this] { accept(); });
-    tcp_backoff_.delay = {};
-    sock.set_option(tcp::no_delay(true), ec);
-    beast::error_code pec;
-    auto peer = sock.remote_endpoint(pec);
-    std::string client = pec ? std::string("ip:?") : "ip:" + peer.address().to_string();
-    std::string why;
-    Caller c;
-    c.peer = client;
-    if (!start_session<tcp>(std::move(sock), handler_, opts_, std::move(c), client, &why))
-      refuse_log_.log("http: refused a connection from {}: {}", client, why);
-    accept();
-  });
+  acceptor_.async_accept(
+      asio::make_strand(session_io()), [this](beast::error_code ec, tcp::socket sock) {
+        if (ec == asio::error::operation_aborted || !acceptor_.is_open()) return;
+        if (ec) return accept_failed(tcp_backoff_, ec, "accept", [this] { accept(); });
+        tcp_backoff_.delay = {};
+        sock.set_option(tcp::no_delay(true), ec);
+        beast::error_code pec;
+        auto peer = sock.remote_endpoint(pec);
+        std::string client = pec ? std::string("ip:?") : "ip:" + peer.address().to_string();
+        std::string why;
+        Caller c;
+        c.peer = client;
+        if (!start_session<tcp>(std::move(sock), handler_, opts_, std::move(c), client, &why))
+          refuse_log_.log("http: refused a connection from {}: {}", client, why);
+        accept();
+      });
 }
 
 void HttpServer::accept_unix() {
   using local = asio::local::stream_protocol;
   unix_acceptor_.async_accept(
-      asio::make_strand(io_), [this](beast::error_code ec, local::socket sock) {
+      asio::make_strand(session_io()), [this](beast::error_code ec, local::socket sock) {
         if (ec == asio::error::operation_aborted || !unix_acceptor_.is_open()) return;
         if (ec) return accept_failed(unix_backoff_, ec, "accept(unix)", [this] { accept_unix(); });
         unix_backoff_.delay = {};

@@ -105,6 +105,11 @@ class Responder {
   virtual void set_on_abort(std::function<void()> cb) = 0;
   // Adds a header to the answer; call before send() / start_stream().
   virtual void add_header(std::string name, std::string value) = 0;
+  // Runs fn on the connection's thread, after what was posted to it before (so
+  // work that blocks briefly before an answer, such as the step log's sync, holds
+  // up that connection's thread, not the thread that produced the answer). The
+  // default runs it at once.
+  virtual void run_on_connection(std::function<void()> fn) { fn(); }
 
   void send_json(int status, const boost::json::value& v);
   void send_error(const Error& e);
@@ -222,6 +227,22 @@ struct ServerOptions {
   // memory (api/spool.h); null = every body in memory.
   std::shared_ptr<const SpoolOptions> spool;
   std::function<bool(const std::string& method, const std::string& path)> spools;
+  // Where accepted connections run: each new one goes to the next of these io_contexts
+  // (shared between listeners). Empty: the server's own. One thread per io_context
+  // keeps a request's handlers on one thread (see docs/architecture.md, threads).
+  std::shared_ptr<class IoRing> sessions;
+};
+
+// A fixed set of io_contexts handed out in turn; safe from any thread.
+class IoRing {
+ public:
+  explicit IoRing(std::vector<boost::asio::io_context*> ios) : ios_(std::move(ios)) {}
+  boost::asio::io_context& next() { return *ios_[next_.fetch_add(1) % ios_.size()]; }
+  size_t size() const { return ios_.size(); }
+
+ private:
+  std::vector<boost::asio::io_context*> ios_;
+  std::atomic<size_t> next_{0};
 };
 
 class HttpServer {
@@ -245,6 +266,7 @@ class HttpServer {
     boost::asio::steady_timer timer;
     std::chrono::milliseconds delay{0};
   };
+  boost::asio::io_context& session_io();
   void accept();
   void accept_unix();
   void accept_failed(Backoff& b, const boost::system::error_code& ec, const char* what,

@@ -205,19 +205,27 @@ class IdempotencyCache::Recorder : public Responder {
     auto* cache = &cache_;
     int status = rec_.status;
     std::string ct = rec_.content_type;
-    log_->append(
-        scope_, std::move(rec_), std::move(body), std::move(side_),
-        [cache, key = key_, inner = inner_, stream, status, ct = std::move(ct),
-         held = std::move(held_)](Result<void> r, std::string answer) mutable {
-          if (stream) {
-            if (!held.empty()) inner->write_chunk(std::move(held));
-            inner->end_stream();
-          } else {
-            inner->send(status, std::move(ct), std::move(answer));
-          }
-          if (!key.empty()) cache->finished(key, r);
-        },
-        /*release_hold=*/!scope_.empty());  // a sandbox's "ended" event may follow it now
+    // The append (which may sync the log on the calling thread) runs on the client's
+    // connection: the thread that produced the answer (an agent's) goes on at once.
+    // Nothing of this Recorder is used there; it may be gone by then.
+    auto done = [cache, key = key_, inner = inner_, stream, status, ct = std::move(ct),
+                 held = std::move(held_)](Result<void> r, std::string answer) mutable {
+      if (stream) {
+        if (!held.empty()) inner->write_chunk(std::move(held));
+        inner->end_stream();
+      } else {
+        inner->send(status, std::move(ct), std::move(answer));
+      }
+      if (!key.empty()) cache->finished(key, r);
+    };
+    inner_->run_on_connection(
+        [log = log_, scope = scope_, rec = std::make_shared<node::StepRecord>(std::move(rec_)),
+         body = std::make_shared<std::string>(std::move(body)),
+         side = std::make_shared<std::unique_ptr<node::StepSideFile>>(std::move(side_)),
+         done = std::make_shared<decltype(done)>(std::move(done))] {
+          log->append(scope, std::move(*rec), std::move(*body), std::move(*side), std::move(*done),
+                      /*release_hold=*/!scope.empty());  // a sandbox's "ended" event may follow
+        });
   }
 
   IdempotencyCache& cache_;

@@ -118,6 +118,45 @@ TEST_F(Idempotency, RepeatGetsTheRecordedAnswerWithoutRunningAgain) {
   EXPECT_EQ(cache->in_flight(), 0u);
 }
 
+// A connection that runs posted work only when the test says so.
+struct QueuedConnection : FakeResponder {
+  std::mutex qmu;
+  std::vector<std::function<void()>> queued;
+  void run_on_connection(std::function<void()> fn) override {
+    std::lock_guard lk(qmu);
+    queued.push_back(std::move(fn));
+  }
+  void run_queued() {
+    std::vector<std::function<void()>> q;
+    {
+      std::lock_guard lk(qmu);
+      q.swap(queued);
+    }
+    for (auto& f : q) f();
+  }
+};
+
+TEST_F(Idempotency, TheRecordIsWrittenOnTheConnectionsThreadBeforeTheAnswer) {
+  auto conn = std::make_shared<QueuedConnection>();
+  auto rec = cache->begin(post("/v1/x"), "k", conn);
+  ASSERT_NE(rec, nullptr);
+  rec->send(201, "application/json", "{\"id\":1}");  // on the thread that produced it
+  {
+    std::lock_guard lk(conn->mu);
+    EXPECT_EQ(conn->sends, 0);  // neither recorded nor answered yet
+  }
+  ASSERT_EQ(conn->queued.size(), 1u);
+  EXPECT_EQ(cache->in_flight(), 1u);
+  rec.reset();  // the handler is done with it; what was posted does not need it
+  conn->run_queued();
+  EXPECT_EQ(conn->wait(), 201);
+  EXPECT_EQ(cache->in_flight(), 0u);
+  auto again = std::make_shared<FakeResponder>();
+  EXPECT_EQ(cache->begin(post("/v1/x"), "k", again), nullptr);
+  EXPECT_EQ(again->wait(), 201);
+  EXPECT_EQ(again->body, "{\"id\":1}");
+}
+
 TEST_F(Idempotency, KeysSurviveARestart) {
   auto rec = cache->begin(post("/v1/x", "body"), "k", std::make_shared<FakeResponder>());
   ASSERT_NE(rec, nullptr);
