@@ -887,7 +887,7 @@ void SandboxManager::store_final(const std::shared_ptr<Sandbox>& sb, std::option
     std::lock_guard lk(mu_);
     erase_live_locked(sb);
   }
-  if (opts_.on_ended) opts_.on_ended(snap.id);
+  if (opts_.on_ended) opts_.on_ended(snap);
   std::vector<RecordCb> waiters;
   {
     std::lock_guard lk(sb->mu);

@@ -93,9 +93,9 @@ struct ManagerOptions {
   std::function<Result<std::shared_ptr<AgentClient>>(boost::asio::io_context&,
                                                      const std::string& address, std::string id)>
       agent_connect;
-  // Called once a sandbox's final record is stored (the step log starts its
-  // retention clock then). Any thread.
-  std::function<void(const std::string& id)> on_ended;
+  // Called once a sandbox's final record is stored, with that record (the step log
+  // starts its retention clock then). Any thread.
+  std::function<void(const control::SandboxRecord& final_record)> on_ended;
   // Called once a sandbox runs and its record is stored, before its create is
   // answered, on a blocking thread; it may block briefly (the trajectory log makes
   // the creation durable then).

@@ -171,21 +171,16 @@ void TrajectoryEvents::attach(ManagerOptions& opts) {
     if (auto r = log->append_sync(id, std::move(*rec), std::move(answer)); !r)
       TP_SB_WARN(id, "trajectory log: {}", r.error().message());
   };
-  opts.on_ended = [st = st_](const std::string& id) {
+  opts.on_ended = [st = st_](const control::SandboxRecord& r) {
     StepLog* log = st->log.load();
     if (!log) return;
-    if (st->events) {
-      auto r = st->get ? st->get(id) : fail(Code::kNotFound, "no record source");
-      json::object none{{"end_reason", "unknown"}};
-      log->append_event(id, "ended", r ? ended_detail(*r) : json::serialize(none), true);
-    }
-    log->sandbox_ended(id);
+    if (st->events) log->append_event(r.id, "ended", ended_detail(r), true);
+    log->sandbox_ended(r.id);
   };
 }
 
-void TrajectoryEvents::set_log(StepLog* log, bool events, GetRecord get) {
+void TrajectoryEvents::set_log(StepLog* log, bool events) {
   st_->events = events;
-  st_->get = std::move(get);
   st_->log = log;
 }
 

@@ -45,18 +45,15 @@ Result<StepRecord> step_lost_record(const std::string& step_tag, uint32_t pid, i
 
 class TrajectoryEvents {
  public:
-  using GetRecord = std::function<Result<control::SandboxRecord>(const std::string& id)>;
-
   // Installs the hooks into opts (replacing on_created, on_process_exit, on_ended).
   void attach(ManagerOptions& opts);
   // events: record events (else only the retention clock at a sandbox's end).
-  void set_log(StepLog* log, bool events, GetRecord get);
+  void set_log(StepLog* log, bool events);
 
  private:
   struct State {
     std::atomic<StepLog*> log{nullptr};
     bool events = false;
-    GetRecord get;
   };
   std::shared_ptr<State> st_ = std::make_shared<State>();
 };

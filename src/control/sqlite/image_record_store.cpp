@@ -57,17 +57,18 @@ Result<std::unique_ptr<SqliteImageRecordStore>> SqliteImageRecordStore::open(
   return std::unique_ptr<SqliteImageRecordStore>(new SqliteImageRecordStore(*db));
 }
 
-SqliteImageRecordStore::~SqliteImageRecordStore() { sqlite3_close(db_); }
+// close_v2: the connection goes once stmts_ has finalized its statements.
+SqliteImageRecordStore::~SqliteImageRecordStore() { sqlite3_close_v2(db_); }
 
 template <class T>
 Result<T> SqliteImageRecordStore::in_transaction(const std::function<Result<T>()>& fn) {
-  TP_TRY(exec_sql(db_, "BEGIN IMMEDIATE"));
+  TP_TRY(stmts_.exec("BEGIN IMMEDIATE"));
   auto r = fn();
   if (!r) {
-    (void)exec_sql(db_, "ROLLBACK");
+    (void)stmts_.exec("ROLLBACK");
     return r;
   }
-  TP_TRY(exec_sql(db_, "COMMIT"));
+  TP_TRY(stmts_.exec("COMMIT"));
   return r;
 }
 
@@ -152,14 +153,14 @@ Result<uint64_t> SqliteImageRecordStore::put(const ImageRecord& r) {
 
 Result<std::vector<ImageRecord>> SqliteImageRecordStore::query(
     const std::string& where_order, const std::vector<std::string>& args) {
-  Stmt st;
-  std::string sql = std::string("SELECT ") + kImageColumns + " FROM images i " + where_order;
-  if (sqlite3_prepare_v2(db_, sql.c_str(), -1, &st.s, nullptr) != SQLITE_OK)
-    return std::unexpected(db_error(db_, "prepare " + sql));
-  for (size_t i = 0; i < args.size(); ++i) bind_text(st.s, static_cast<int>(i + 1), args[i]);
+  auto st =
+      stmts_.prepare(std::string("SELECT ") + kImageColumns + " FROM images i " + where_order);
+  if (!st) return std::unexpected(st.error());
+  sqlite3_stmt* s = st->get();
+  for (size_t i = 0; i < args.size(); ++i) bind_text(s, static_cast<int>(i + 1), args[i]);
   std::vector<ImageRecord> out;
   int rc;
-  while ((rc = sqlite3_step(st.s)) == SQLITE_ROW) out.push_back(image_from_row(st.s));
+  while ((rc = sqlite3_step(s)) == SQLITE_ROW) out.push_back(image_from_row(s));
   if (rc != SQLITE_DONE) return std::unexpected(db_error(db_, "query images"));
   return out;
 }

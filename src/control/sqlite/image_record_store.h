@@ -18,6 +18,7 @@
 #include <string>
 
 #include "control/image_record_store.h"
+#include "control/sqlite/schema.h"
 
 struct sqlite3;
 
@@ -41,7 +42,7 @@ class SqliteImageRecordStore : public ImageRecordStore {
   Result<std::map<std::string, uint32_t>> part_counts() override;
 
  private:
-  explicit SqliteImageRecordStore(sqlite3* db) : db_(db) {}
+  explicit SqliteImageRecordStore(sqlite3* db) : db_(db), stmts_(db) {}
   // Runs fn in BEGIN IMMEDIATE ... COMMIT, rolling back on its error.
   template <class T>
   Result<T> in_transaction(const std::function<Result<T>()>& fn);
@@ -52,6 +53,7 @@ class SqliteImageRecordStore : public ImageRecordStore {
   Result<void> write_parts(const ImageRecord& r);
   std::mutex mu_;
   sqlite3* db_;
+  StmtCache stmts_;  // guarded by mu_; the queries of resolve (every create) compiled once
 };
 
 }  // namespace tp::control::sqlite

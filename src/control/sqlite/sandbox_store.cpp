@@ -7,15 +7,6 @@
 namespace tp::control::sqlite {
 namespace {
 
-// Leaves a cached statement ready for its next use, whatever happens.
-struct Reset {
-  sqlite3_stmt* s;
-  ~Reset() {
-    sqlite3_reset(s);
-    sqlite3_clear_bindings(s);
-  }
-};
-
 SandboxRecord sandbox_from_row(sqlite3_stmt* s) {
   auto text = [&](int i) {
     const unsigned char* t = sqlite3_column_text(s, i);
@@ -93,19 +84,21 @@ Result<std::unique_ptr<SqliteSandboxStore>> SqliteSandboxStore::open(const std::
   return std::unique_ptr<SqliteSandboxStore>(new SqliteSandboxStore(*db));
 }
 
-SqliteSandboxStore::~SqliteSandboxStore() {
-  sqlite3_finalize(insert_stmt_);
-  sqlite3_finalize(label_stmt_);
-  sqlite3_finalize(update_stmt_);
-  sqlite3_close(db_);
-}
+// close_v2: the connection goes once stmts_ (destroyed after this body) has finalized
+// its statements.
+SqliteSandboxStore::~SqliteSandboxStore() { sqlite3_close_v2(db_); }
 
-Result<void> SqliteSandboxStore::exec_sql(const char* sql) { return sqlite::exec_sql(db_, sql); }
-
-Result<sqlite3_stmt*> SqliteSandboxStore::prepared(sqlite3_stmt** slot, const char* sql) {
-  if (!*slot && sqlite3_prepare_v2(db_, sql, -1, slot, nullptr) != SQLITE_OK)
-    return std::unexpected(db_error(db_, std::string("prepare ") + sql));
-  return *slot;
+// The transaction around fn: committed when fn succeeds, rolled back when it fails.
+template <class T, class Fn>
+static Result<T> in_transaction(StmtCache& stmts, Fn&& fn) {
+  TP_TRY(stmts.exec("BEGIN IMMEDIATE"));
+  Result<T> r = fn();
+  if (!r) {
+    (void)stmts.exec("ROLLBACK");
+    return r;
+  }
+  TP_TRY(stmts.exec("COMMIT"));
+  return r;
 }
 
 Result<uint64_t> SqliteSandboxStore::insert(const SandboxRecord& r) {
@@ -114,38 +107,29 @@ Result<uint64_t> SqliteSandboxStore::insert(const SandboxRecord& r) {
       std::string("INSERT INTO sandboxes (") + kSandboxColumns +
       ") VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15,?16,?17,1,?18,?20,?21,?22,?23,"
       "?24,?25)";
-  auto ins = prepared(&insert_stmt_, kInsert.c_str());
-  if (!ins) return std::unexpected(ins.error());
-  TP_TRY(exec_sql("BEGIN IMMEDIATE"));
-  auto body = [&]() -> Result<void> {
+  return in_transaction<uint64_t>(stmts_, [&]() -> Result<uint64_t> {
     {
-      Reset reset{*ins};
-      bind_record(*ins, r, map_to_json(r.labels), map_to_json(r.env));
-      int rc = sqlite3_step(*ins);
+      auto ins = stmts_.prepare(kInsert);
+      if (!ins) return std::unexpected(ins.error());
+      bind_record(ins->get(), r, map_to_json(r.labels), map_to_json(r.env));
+      int rc = sqlite3_step(ins->get());
       if (rc == SQLITE_CONSTRAINT)
         return fail(Code::kConflict, "sandbox " + r.id + " already stored");
       if (rc != SQLITE_DONE) return std::unexpected(db_error(db_, "insert " + r.id));
     }
-    return write_labels(r);
-  };
-  if (auto b = body(); !b) {
-    (void)exec_sql("ROLLBACK");
-    return std::unexpected(b.error());
-  }
-  TP_TRY(exec_sql("COMMIT"));
-  return 1;
+    TP_TRY(write_labels(r));
+    return 1;
+  });
 }
 
 Result<void> SqliteSandboxStore::write_labels(const SandboxRecord& r) {
-  auto lab =
-      prepared(&label_stmt_, "INSERT INTO sandbox_labels (sandbox_id, key, value) VALUES (?,?,?)");
-  if (!lab) return std::unexpected(lab.error());
   for (const auto& [k, v] : r.labels) {
-    Reset reset{*lab};
-    sqlite3_bind_text(*lab, 1, r.id.c_str(), -1, SQLITE_TRANSIENT);
-    sqlite3_bind_text(*lab, 2, k.c_str(), -1, SQLITE_TRANSIENT);
-    sqlite3_bind_text(*lab, 3, v.c_str(), -1, SQLITE_TRANSIENT);
-    if (sqlite3_step(*lab) != SQLITE_DONE)
+    auto lab = stmts_.prepare("INSERT INTO sandbox_labels (sandbox_id, key, value) VALUES (?,?,?)");
+    if (!lab) return std::unexpected(lab.error());
+    sqlite3_bind_text(lab->get(), 1, r.id.c_str(), -1, SQLITE_TRANSIENT);
+    sqlite3_bind_text(lab->get(), 2, k.c_str(), -1, SQLITE_TRANSIENT);
+    sqlite3_bind_text(lab->get(), 3, v.c_str(), -1, SQLITE_TRANSIENT);
+    if (sqlite3_step(lab->get()) != SQLITE_DONE)
       return std::unexpected(db_error(db_, "insert labels " + r.id));
   }
   return {};
@@ -158,79 +142,67 @@ Result<uint64_t> SqliteSandboxStore::update(const SandboxRecord& r) {
 
 Result<uint64_t> SqliteSandboxStore::update_with_labels(const SandboxRecord& r) {
   std::lock_guard lk(mu_);
-  TP_TRY(exec_sql("BEGIN IMMEDIATE"));
-  auto body = [&]() -> Result<uint64_t> {
+  return in_transaction<uint64_t>(stmts_, [&]() -> Result<uint64_t> {
     auto v = update_locked(r);
     if (!v) return v;
-    Stmt del, col;
-    if (sqlite3_prepare_v2(db_, "DELETE FROM sandbox_labels WHERE sandbox_id = ?", -1, &del.s,
-                           nullptr) != SQLITE_OK ||
-        sqlite3_prepare_v2(db_, "UPDATE sandboxes SET labels = ?2 WHERE id = ?1", -1, &col.s,
-                           nullptr) != SQLITE_OK)
-      return std::unexpected(db_error(db_, "prepare labels"));
-    sqlite3_bind_text(del.s, 1, r.id.c_str(), -1, SQLITE_TRANSIENT);
-    sqlite3_bind_text(col.s, 1, r.id.c_str(), -1, SQLITE_TRANSIENT);
-    const std::string json = map_to_json(r.labels);
-    sqlite3_bind_text(col.s, 2, json.c_str(), -1, SQLITE_TRANSIENT);
-    if (sqlite3_step(del.s) != SQLITE_DONE || sqlite3_step(col.s) != SQLITE_DONE)
-      return std::unexpected(db_error(db_, "labels of " + r.id));
+    {
+      auto del = stmts_.prepare("DELETE FROM sandbox_labels WHERE sandbox_id = ?");
+      if (!del) return std::unexpected(del.error());
+      auto col = stmts_.prepare("UPDATE sandboxes SET labels = ?2 WHERE id = ?1");
+      if (!col) return std::unexpected(col.error());
+      sqlite3_bind_text(del->get(), 1, r.id.c_str(), -1, SQLITE_TRANSIENT);
+      sqlite3_bind_text(col->get(), 1, r.id.c_str(), -1, SQLITE_TRANSIENT);
+      const std::string json = map_to_json(r.labels);
+      sqlite3_bind_text(col->get(), 2, json.c_str(), -1, SQLITE_TRANSIENT);
+      if (sqlite3_step(del->get()) != SQLITE_DONE || sqlite3_step(col->get()) != SQLITE_DONE)
+        return std::unexpected(db_error(db_, "labels of " + r.id));
+    }
     TP_TRY(write_labels(r));
     return v;
-  };
-  auto v = body();
-  if (!v) {
-    (void)exec_sql("ROLLBACK");
-    return v;
-  }
-  TP_TRY(exec_sql("COMMIT"));
-  return v;
+  });
 }
 
 Result<uint64_t> SqliteSandboxStore::update_locked(const SandboxRecord& r) {
   // Labels are not rewritten here (update_with_labels does).
-  auto up =
-      prepared(&update_stmt_,
-               "UPDATE sandboxes SET state=?2, tier=?3, image=?4, node=?5, memory_mb=?6, cpus=?7,"
-               " pids=?8, disk_mb=?9, ttl_seconds=?10, idle_timeout_seconds=?11, env=?13,"
-               " created_at_ms=?14, expires_at_ms=?15, ended_at_ms=?16, end_reason=?17,"
-               " layers=?18, uid_base=?20, job=?21, step=?22, template=?23, priority=?24,"
-               " pooled=?25, version=version+1 WHERE id=?1 AND version=?19");
-  if (!up) return std::unexpected(up.error());
   {
-    Reset reset{*up};
-    bind_record(*up, r, "", map_to_json(r.env));
-    sqlite3_bind_int64(*up, 19, static_cast<sqlite3_int64>(r.version));
-    if (sqlite3_step(*up) != SQLITE_DONE) return std::unexpected(db_error(db_, "update " + r.id));
+    auto up = stmts_.prepare(
+        "UPDATE sandboxes SET state=?2, tier=?3, image=?4, node=?5, memory_mb=?6, cpus=?7,"
+        " pids=?8, disk_mb=?9, ttl_seconds=?10, idle_timeout_seconds=?11, env=?13,"
+        " created_at_ms=?14, expires_at_ms=?15, ended_at_ms=?16, end_reason=?17,"
+        " layers=?18, uid_base=?20, job=?21, step=?22, template=?23, priority=?24,"
+        " pooled=?25, version=version+1 WHERE id=?1 AND version=?19");
+    if (!up) return std::unexpected(up.error());
+    bind_record(up->get(), r, "", map_to_json(r.env));
+    sqlite3_bind_int64(up->get(), 19, static_cast<sqlite3_int64>(r.version));
+    if (sqlite3_step(up->get()) != SQLITE_DONE)
+      return std::unexpected(db_error(db_, "update " + r.id));
   }
   if (sqlite3_changes(db_) == 1) return r.version + 1;
-  Stmt st;
-  if (sqlite3_prepare_v2(db_, "SELECT version FROM sandboxes WHERE id = ?", -1, &st.s, nullptr) !=
-      SQLITE_OK)
-    return std::unexpected(db_error(db_, "prepare version"));
-  sqlite3_bind_text(st.s, 1, r.id.c_str(), -1, SQLITE_TRANSIENT);
-  if (sqlite3_step(st.s) != SQLITE_ROW)
+  auto st = stmts_.prepare("SELECT version FROM sandboxes WHERE id = ?");
+  if (!st) return std::unexpected(st.error());
+  sqlite3_bind_text(st->get(), 1, r.id.c_str(), -1, SQLITE_TRANSIENT);
+  if (sqlite3_step(st->get()) != SQLITE_ROW)
     return fail(Code::kNotFound, "sandbox " + r.id + " not stored");
   return fail(Code::kConflict, "sandbox " + r.id + " changed (version " +
-                                   std::to_string(sqlite3_column_int64(st.s, 0)) + ", expected " +
-                                   std::to_string(r.version) + ")");
+                                   std::to_string(sqlite3_column_int64(st->get(), 0)) +
+                                   ", expected " + std::to_string(r.version) + ")");
 }
 
 Result<std::optional<SandboxRecord>> SqliteSandboxStore::get(const std::string& id) {
   std::lock_guard lk(mu_);
-  Stmt st;
-  std::string sql = std::string("SELECT ") + kSandboxColumns + " FROM sandboxes WHERE id = ?";
-  if (sqlite3_prepare_v2(db_, sql.c_str(), -1, &st.s, nullptr) != SQLITE_OK)
-    return std::unexpected(db_error(db_, "prepare get"));
-  sqlite3_bind_text(st.s, 1, id.c_str(), -1, SQLITE_TRANSIENT);
-  int rc = sqlite3_step(st.s);
+  static const std::string kGet =
+      std::string("SELECT ") + kSandboxColumns + " FROM sandboxes WHERE id = ?";
+  auto st = stmts_.prepare(kGet);
+  if (!st) return std::unexpected(st.error());
+  sqlite3_bind_text(st->get(), 1, id.c_str(), -1, SQLITE_TRANSIENT);
+  int rc = sqlite3_step(st->get());
   if (rc == SQLITE_DONE) return std::optional<SandboxRecord>{};
   if (rc != SQLITE_ROW) return std::unexpected(db_error(db_, "get " + id));
-  return std::optional<SandboxRecord>{sandbox_from_row(st.s)};
+  return std::optional<SandboxRecord>{sandbox_from_row(st->get())};
 }
 
 Result<std::vector<SandboxRecord>> SqliteSandboxStore::list(const SandboxQuery& q) {
   std::lock_guard lk(mu_);
-  Stmt st;
   std::string sql = std::string("SELECT ") + kSandboxColumns + " FROM sandboxes s WHERE 1";
   if (!q.state.empty()) sql += " AND s.state = ?";
   if (q.live_only) sql += " AND s.ended_at_ms = 0";
@@ -242,27 +214,27 @@ Result<std::vector<SandboxRecord>> SqliteSandboxStore::list(const SandboxQuery& 
         " AND EXISTS (SELECT 1 FROM sandbox_labels l WHERE l.sandbox_id = s.id"
         " AND l.key = ? AND l.value = ?)";
   sql += " ORDER BY s.created_at_ms, s.id";
-  if (sqlite3_prepare_v2(db_, sql.c_str(), -1, &st.s, nullptr) != SQLITE_OK)
-    return std::unexpected(db_error(db_, "prepare list"));
+  auto st = stmts_.prepare(sql);
+  if (!st) return std::unexpected(st.error());
+  sqlite3_stmt* s = st->get();
   int n = 1;
-  if (!q.state.empty()) sqlite3_bind_text(st.s, n++, q.state.c_str(), -1, SQLITE_TRANSIENT);
-  if (!q.job.empty()) sqlite3_bind_text(st.s, n++, q.job.c_str(), -1, SQLITE_TRANSIENT);
-  if (!q.step.empty()) sqlite3_bind_text(st.s, n++, q.step.c_str(), -1, SQLITE_TRANSIENT);
+  if (!q.state.empty()) sqlite3_bind_text(s, n++, q.state.c_str(), -1, SQLITE_TRANSIENT);
+  if (!q.job.empty()) sqlite3_bind_text(s, n++, q.job.c_str(), -1, SQLITE_TRANSIENT);
+  if (!q.step.empty()) sqlite3_bind_text(s, n++, q.step.c_str(), -1, SQLITE_TRANSIENT);
   for (const auto& [k, v] : q.labels) {
-    sqlite3_bind_text(st.s, n++, k.c_str(), -1, SQLITE_TRANSIENT);
-    sqlite3_bind_text(st.s, n++, v.c_str(), -1, SQLITE_TRANSIENT);
+    sqlite3_bind_text(s, n++, k.c_str(), -1, SQLITE_TRANSIENT);
+    sqlite3_bind_text(s, n++, v.c_str(), -1, SQLITE_TRANSIENT);
   }
   std::vector<SandboxRecord> out;
   int rc;
-  while ((rc = sqlite3_step(st.s)) == SQLITE_ROW) out.push_back(sandbox_from_row(st.s));
+  while ((rc = sqlite3_step(s)) == SQLITE_ROW) out.push_back(sandbox_from_row(s));
   if (rc != SQLITE_DONE) return std::unexpected(db_error(db_, "list"));
   return out;
 }
 
 Result<int> SqliteSandboxStore::prune_ended(int64_t before_ms) {
   std::lock_guard lk(mu_);
-  TP_TRY(exec_sql("BEGIN IMMEDIATE"));
-  auto body = [&]() -> Result<int> {
+  return in_transaction<int>(stmts_, [&]() -> Result<int> {
     Stmt labels, rows;
     if (sqlite3_prepare_v2(
             db_,
@@ -278,14 +250,7 @@ Result<int> SqliteSandboxStore::prune_ended(int64_t before_ms) {
       return std::unexpected(db_error(db_, "prune labels"));
     if (sqlite3_step(rows.s) != SQLITE_DONE) return std::unexpected(db_error(db_, "prune"));
     return sqlite3_changes(db_);
-  };
-  auto n = body();
-  if (!n) {
-    (void)exec_sql("ROLLBACK");
-    return n;
-  }
-  TP_TRY(exec_sql("COMMIT"));
-  return n;
+  });
 }
 
 }  // namespace tp::control::sqlite

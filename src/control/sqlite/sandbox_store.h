@@ -19,6 +19,7 @@
 #include <string>
 
 #include "control/sandbox_store.h"
+#include "control/sqlite/schema.h"
 
 struct sqlite3;
 struct sqlite3_stmt;
@@ -41,18 +42,12 @@ class SqliteSandboxStore : public SandboxStore {
   Result<int> prune_ended(int64_t before_ms) override;
 
  private:
-  explicit SqliteSandboxStore(sqlite3* db) : db_(db) {}
-  Result<void> exec_sql(const char* sql);
-  Result<sqlite3_stmt*> prepared(sqlite3_stmt** slot, const char* sql);
+  explicit SqliteSandboxStore(sqlite3* db) : db_(db), stmts_(db) {}
   Result<uint64_t> update_locked(const SandboxRecord& r);  // under mu_
   Result<void> write_labels(const SandboxRecord& r);       // under mu_, in a transaction
   std::mutex mu_;
   sqlite3* db_;
-  // Statements of the create/destroy path, prepared once (compiling costs about
-  // as much as running them). Guarded by mu_.
-  sqlite3_stmt* insert_stmt_ = nullptr;
-  sqlite3_stmt* label_stmt_ = nullptr;
-  sqlite3_stmt* update_stmt_ = nullptr;
+  StmtCache stmts_;  // guarded by mu_; destroyed before db_ is closed
 };
 
 }  // namespace tp::control::sqlite

@@ -199,6 +199,40 @@ Result<sqlite3*> open_database(const std::string& path) {
 
 Stmt::~Stmt() { sqlite3_finalize(s); }
 
+StmtCache::~StmtCache() {
+  for (auto& [sql, s] : stmts_) sqlite3_finalize(s);
+}
+
+StmtCache::Use::~Use() {
+  if (!s_) return;
+  if (owned_) {
+    sqlite3_finalize(s_);
+    return;
+  }
+  sqlite3_reset(s_);
+  sqlite3_clear_bindings(s_);
+}
+
+Result<StmtCache::Use> StmtCache::prepare(const std::string& sql) {
+  if (auto it = stmts_.find(sql); it != stmts_.end()) return Use(it->second, false);
+  sqlite3_stmt* s = nullptr;
+  if (sqlite3_prepare_v2(db_, sql.c_str(), -1, &s, nullptr) != SQLITE_OK) {
+    sqlite3_finalize(s);
+    return std::unexpected(db_error(db_, "prepare " + sql));
+  }
+  if (stmts_.size() >= kMax) return Use(s, true);
+  stmts_.emplace(sql, s);
+  return Use(s, false);
+}
+
+Result<void> StmtCache::exec(const std::string& sql) {
+  auto st = prepare(sql);
+  if (!st) return std::unexpected(st.error());
+  if (int rc = sqlite3_step(st->get()); rc != SQLITE_DONE && rc != SQLITE_ROW)
+    return std::unexpected(db_error(db_, sql));
+  return {};
+}
+
 std::string list_to_json(const std::vector<std::string>& l) {
   boost::json::array a;
   for (const auto& x : l) a.emplace_back(x);

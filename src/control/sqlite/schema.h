@@ -23,6 +23,7 @@
 
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/result.h"
@@ -51,6 +52,45 @@ std::string column_text(sqlite3_stmt* s, int i);
 struct Stmt {
   sqlite3_stmt* s = nullptr;
   ~Stmt();
+};
+
+// A connection's prepared statements by their SQL, each compiled once: compiling
+// costs about as much as running the small statements of the create and destroy
+// path. At most kMax are kept; past that a statement is compiled for its one use.
+// Not thread-safe: the owning store's lock covers it. Its owner closes the connection
+// with sqlite3_close_v2, which waits for these statements to be finalized.
+class StmtCache {
+ public:
+  static constexpr size_t kMax = 64;
+  explicit StmtCache(sqlite3* db) : db_(db) {}
+  ~StmtCache();
+  StmtCache(const StmtCache&) = delete;
+  StmtCache& operator=(const StmtCache&) = delete;
+
+  // One use of a statement: it is reset and its bindings cleared when the use ends.
+  class Use {
+   public:
+    Use(Use&& o) noexcept : s_(std::exchange(o.s_, nullptr)), owned_(o.owned_) {}
+    Use(const Use&) = delete;
+    Use& operator=(const Use&) = delete;
+    ~Use();
+    sqlite3_stmt* get() const { return s_; }
+
+   private:
+    friend class StmtCache;
+    Use(sqlite3_stmt* s, bool owned) : s_(s), owned_(owned) {}
+    sqlite3_stmt* s_;
+    bool owned_;  // not cached: finalized when the use ends
+  };
+
+  // One use of a given SQL at a time (a second would reset the first's statement).
+  Result<Use> prepare(const std::string& sql);
+  // Runs a statement without results (BEGIN IMMEDIATE, COMMIT, ROLLBACK).
+  Result<void> exec(const std::string& sql);
+
+ private:
+  sqlite3* db_;
+  std::map<std::string, sqlite3_stmt*, std::less<>> stmts_;
 };
 
 // List and map columns are stored as JSON text; unreadable text reads as empty.

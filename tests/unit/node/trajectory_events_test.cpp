@@ -69,13 +69,7 @@ TEST_F(TrajectoryEventsTest, TheHooksAppendEventsInOrderAndTheEndLast) {
   auto r = record();
   o.on_created(r);  // nothing: no log yet
   EXPECT_TRUE(all().empty());
-  ev.set_log(log_.get(), true, [](const std::string&) -> Result<control::SandboxRecord> {
-    auto e = record();
-    e.state = "stopped";
-    e.end_reason = "ttl";
-    e.ended_at_ms = 5000;
-    return e;
-  });
+  ev.set_log(log_.get(), true);
   o.on_created(r);  // durable when it returns
   ASSERT_EQ(all().size(), 1u);
   ProcessInfo p;
@@ -85,7 +79,11 @@ TEST_F(TrajectoryEventsTest, TheHooksAppendEventsInOrderAndTheEndLast) {
   p.outcome->result.exit_code = 2;
   o.on_process_exit(kEvSb, p);
   log_->hold(kEvSb);  // a call still being answered
-  o.on_ended(kEvSb);
+  auto ended = record();
+  ended.state = "stopped";
+  ended.end_reason = "ttl";
+  ended.ended_at_ms = 5000;
+  o.on_ended(ended);
   StepRecord call;
   call.key = "k";
   call.request.method = "POST";
@@ -103,19 +101,19 @@ TEST_F(TrajectoryEventsTest, TheHooksAppendEventsInOrderAndTheEndLast) {
   EXPECT_EQ(recs[3].event, "ended");
   EXPECT_NE(recs[3].detail.find(R"("end_reason":"ttl")"), std::string::npos) << recs[3].detail;
   EXPECT_TRUE(log_->info(kEvSb).ended);
-  ev.set_log(nullptr, false, nullptr);
+  ev.set_log(nullptr, false);
 }
 
 TEST_F(TrajectoryEventsTest, WithoutEventsOnlyTheRetentionClockStarts) {
   TrajectoryEvents ev;
   ManagerOptions o;
   ev.attach(o);
-  ev.set_log(log_.get(), false, nullptr);
+  ev.set_log(log_.get(), false);
   o.on_created(record());
   o.on_process_exit(kEvSb, ProcessInfo{});
-  o.on_ended(kEvSb);
+  o.on_ended(record());
   EXPECT_TRUE(all().empty());
-  ev.set_log(nullptr, false, nullptr);
+  ev.set_log(nullptr, false);
 }
 
 TEST_F(TrajectoryEventsTest, AStepLostInARestartIsRecordedAs503UnlessItWasAnswered) {
@@ -133,7 +131,7 @@ TEST_F(TrajectoryEventsTest, AStepLostInARestartIsRecordedAs503UnlessItWasAnswer
   TrajectoryEvents ev;
   ManagerOptions o;
   ev.attach(o);
-  ev.set_log(log_.get(), false, nullptr);
+  ev.set_log(log_.get(), false);
   o.on_step_lost(kEvSb, tag, 0);
   auto loc = log_->find("T/4");
   ASSERT_TRUE(loc);
@@ -143,7 +141,7 @@ TEST_F(TrajectoryEventsTest, AStepLostInARestartIsRecordedAs503UnlessItWasAnswer
   EXPECT_EQ(got->caller, R"({"transport":"tcp"})");
   o.on_step_lost(kEvSb, tag, 0);  // recorded already: not again
   EXPECT_EQ(all().size(), 1u);
-  ev.set_log(nullptr, false, nullptr);
+  ev.set_log(nullptr, false);
 }
 
 }  // namespace
