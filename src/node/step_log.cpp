@@ -14,11 +14,11 @@
 #include <fstream>
 #include <limits>
 #include <set>
-#include <sstream>
 #include <unordered_set>
 
 #include "common/ids.h"
 #include "common/log.h"
+#include "sys/mountinfo.h"
 
 namespace tp::node {
 
@@ -56,27 +56,9 @@ bool names_durable_with_file_sync(const std::string& dir) {
   std::string real = fs::canonical(dir, ec).string();
   if (ec) return false;
   std::ifstream in("/proc/self/mountinfo");
-  std::string line, best_type;
-  size_t best = 0;
-  while (std::getline(in, line)) {
-    // id parent maj:min root mountpoint options... - fstype source superoptions
-    std::istringstream f(line);
-    std::string id, parent, dev, root, point;
-    f >> id >> parent >> dev >> root >> point;
-    auto dash = line.find(" - ");
-    if (dash == std::string::npos) continue;
-    std::istringstream rest(line.substr(dash + 3));
-    std::string type;
-    rest >> type;
-    bool under =
-        real == point || point == "/" ||
-        (real.starts_with(point) && real.size() > point.size() && real[point.size()] == '/');
-    if (under && point.size() >= best) {
-      best = point.size();
-      best_type = type;
-    }
-  }
-  return best_type == "ext4";
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  auto m = sys::mount_of(sys::parse_mountinfo(text), real);
+  return m && m->fs_type == "ext4";
 }
 
 int64_t system_now_us() {

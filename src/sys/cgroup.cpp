@@ -5,27 +5,15 @@
 #include <charconv>
 #include <cstdlib>
 #include <set>
-#include <sstream>
 
 #include "common/log.h"
+#include "sys/mountinfo.h"
 
 namespace tp::sys {
 namespace {
 
 constexpr const char* kV1Required[] = {"memory", "cpu", "pids"};
 constexpr const char* kV1Optional[] = {"cpuacct", "freezer"};
-
-std::vector<std::string_view> split(std::string_view s, char sep) {
-  std::vector<std::string_view> out;
-  size_t start = 0;
-  while (start <= s.size()) {
-    size_t p = s.find(sep, start);
-    if (p == std::string_view::npos) p = s.size();
-    if (p > start) out.push_back(s.substr(start, p - start));
-    start = p + 1;
-  }
-  return out;
-}
 
 uint64_t to_u64(std::string_view s) {
   while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.remove_suffix(1);
@@ -35,7 +23,7 @@ uint64_t to_u64(std::string_view s) {
 }
 
 bool has_word(std::string_view text, std::string_view w) {
-  for (auto t : split(text, ' ')) {
+  for (auto t : split_fields(text, ' ')) {
     while (!t.empty() && t.back() == '\n') t.remove_suffix(1);
     if (t == w) return true;
   }
@@ -45,7 +33,7 @@ bool has_word(std::string_view text, std::string_view w) {
 }  // namespace
 
 uint64_t keyed_value(std::string_view text, std::string_view key) {
-  for (auto line : split(text, '\n')) {
+  for (auto line : split_fields(text, '\n')) {
     auto sp = line.find(' ');
     if (sp == std::string_view::npos) continue;
     if (line.substr(0, sp) == key) return to_u64(line.substr(sp + 1));
@@ -56,19 +44,13 @@ uint64_t keyed_value(std::string_view text, std::string_view key) {
 Result<CgroupLayout> parse_layout(std::string_view mountinfo, SysApi& sys) {
   std::map<std::string, std::string> v1;
   std::vector<std::string> v2_mounts;
-  for (auto line : split(mountinfo, '\n')) {
-    auto dash = line.find(" - ");
-    if (dash == std::string_view::npos) continue;
-    auto left = split(line.substr(0, dash), ' ');
-    auto right = split(line.substr(dash + 3), ' ');
-    if (left.size() < 5 || right.size() < 3) continue;
-    std::string mnt(left[4]);
-    if (right[0] == "cgroup2") {
-      v2_mounts.push_back(mnt);
-    } else if (right[0] == "cgroup") {
-      for (auto opt : split(right[2], ',')) {
+  for (const auto& m : parse_mountinfo(mountinfo)) {
+    if (m.fs_type == "cgroup2") {
+      v2_mounts.push_back(m.mount_point);
+    } else if (m.fs_type == "cgroup") {
+      for (auto opt : split_fields(m.super_options, ',')) {
         std::string o(opt);
-        if (!v1.contains(o)) v1[o] = mnt;
+        if (!v1.contains(o)) v1[o] = m.mount_point;
       }
     }
   }
@@ -269,12 +251,12 @@ Result<std::vector<std::string>> CgroupManager::enter_thread(const std::string& 
   std::vector<std::string> previous;
   for (const auto& root : hierarchy_roots()) {
     std::string path;
-    for (auto line : split(*own, '\n')) {
+    for (auto line : split_fields(*own, '\n')) {
       auto a = line.find(':');
       auto b = a == std::string_view::npos ? a : line.find(':', a + 1);
       if (b == std::string_view::npos) continue;
       bool mine = false;
-      for (auto c : split(line.substr(a + 1, b - a - 1), ',')) {
+      for (auto c : split_fields(line.substr(a + 1, b - a - 1), ',')) {
         auto it = layout_.v1_mounts.find(std::string(c));
         if (it != layout_.v1_mounts.end() && it->second == root) mine = true;
       }
@@ -401,7 +383,7 @@ Result<std::vector<pid_t>> CgroupManager::procs(const std::string& id) {
       if (i > 0 && txt.error().sys_errno == ENOENT) continue;  // removed meanwhile
       return std::unexpected(txt.error());
     }
-    for (auto l : split(*txt, '\n')) {
+    for (auto l : split_fields(*txt, '\n')) {
       auto v = to_u64(l);
       if (v) out.push_back(static_cast<pid_t>(v));
     }
