@@ -319,15 +319,18 @@ def test_timeout_and_refused(fake):
         await c.close()
         with pytest.raises(tidepool.Unavailable):
             await c.health()
+        # Bound without listening: refused, and the port cannot be taken meanwhile.
         s = socket.socket()
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-        s.close()
-        c2 = tidepool.AsyncClient(f"http://127.0.0.1:{port}", retry=FAST)
-        with pytest.raises(tidepool.Unavailable) as ei:
-            await c2.create()
-        assert ei.value.status is None
-        await c2.close()
+        try:
+            c2 = tidepool.AsyncClient(f"http://127.0.0.1:{port}", retry=FAST)
+            with pytest.raises(tidepool.Unavailable) as ei:
+                await c2.create()
+            assert ei.value.status is None
+            await c2.close()
+        finally:
+            s.close()
     run(main())
 
 

@@ -137,13 +137,16 @@ def test_real_not_found_and_conflict(client, fake):
 
 
 def test_connection_refused_is_unavailable():
+    # Bound without listening: refused, and the port cannot be taken meanwhile.
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
     port = s.getsockname()[1]
-    s.close()
-    with pytest.raises(tidepool.Unavailable) as ei:
-        tidepool.Client(f"http://127.0.0.1:{port}", timeout=5).health()
-    assert ei.value.status is None
+    try:
+        with pytest.raises(tidepool.Unavailable) as ei:
+            tidepool.Client(f"http://127.0.0.1:{port}", timeout=5).health()
+        assert ei.value.status is None
+    finally:
+        s.close()
 
 
 def test_client_timeout_is_timeout(fake):

@@ -229,17 +229,21 @@ def test_no_retry_policy(fake):
 
 
 def test_connection_refused_is_retried_with_backoff():
+    # A bound socket that does not listen refuses connections, and while it is held no
+    # other process (a daemon of a test running in parallel) can take its port.
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
     port = s.getsockname()[1]
-    s.close()
-    policy = RetryPolicy(max_attempts=4, initial_backoff=0.05, max_backoff=0.2, jitter=0)
-    c = tidepool.Client(f"http://127.0.0.1:{port}", timeout=5, retry=policy)
-    t0 = time.monotonic()
-    with pytest.raises(tidepool.Unavailable):
-        c.create()  # nothing reached the daemon, so even a POST may go again
-    assert time.monotonic() - t0 >= 0.05 + 0.1 + 0.2 - 0.01
-    c.close()
+    try:
+        policy = RetryPolicy(max_attempts=4, initial_backoff=0.05, max_backoff=0.2, jitter=0)
+        c = tidepool.Client(f"http://127.0.0.1:{port}", timeout=5, retry=policy)
+        t0 = time.monotonic()
+        with pytest.raises(tidepool.Unavailable):
+            c.create()  # nothing reached the daemon, so even a POST may go again
+        assert time.monotonic() - t0 >= 0.05 + 0.1 + 0.2 - 0.01
+        c.close()
+    finally:
+        s.close()
 
 
 def test_reused_key_with_other_route_is_conflict(fclient, fake):
