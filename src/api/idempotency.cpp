@@ -218,14 +218,21 @@ class IdempotencyCache::Recorder : public Responder {
       }
       if (!key.empty()) cache->finished(key, r);
     };
-    inner_->run_on_connection(
-        [log = log_, scope = scope_, rec = std::make_shared<node::StepRecord>(std::move(rec_)),
-         body = std::make_shared<std::string>(std::move(body)),
-         side = std::make_shared<std::unique_ptr<node::StepSideFile>>(std::move(side_)),
-         done = std::make_shared<decltype(done)>(std::move(done))] {
-          log->append(scope, std::move(*rec), std::move(*body), std::move(*side), std::move(*done),
-                      /*release_hold=*/!scope.empty());  // a sandbox's "ended" event may follow
-        });
+    // One allocation for what the append takes (the side file is move-only, and the
+    // posted function must be copyable).
+    struct Pending {
+      node::StepRecord rec;
+      std::string body;
+      std::unique_ptr<node::StepSideFile> side;
+      node::StepLog::Done done;
+    };
+    auto p = std::make_shared<Pending>(
+        Pending{std::move(rec_), std::move(body), std::move(side_), std::move(done)});
+    inner_->run_on_connection([log = log_, scope = scope_, p] {
+      log->append(scope, std::move(p->rec), std::move(p->body), std::move(p->side),
+                  std::move(p->done),
+                  /*release_hold=*/!scope.empty());  // a sandbox's "ended" event may follow
+    });
   }
 
   IdempotencyCache& cache_;

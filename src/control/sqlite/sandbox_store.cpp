@@ -235,20 +235,17 @@ Result<std::vector<SandboxRecord>> SqliteSandboxStore::list(const SandboxQuery& 
 Result<int> SqliteSandboxStore::prune_ended(int64_t before_ms) {
   std::lock_guard lk(mu_);
   return in_transaction<int>(stmts_, [&]() -> Result<int> {
-    Stmt labels, rows;
-    if (sqlite3_prepare_v2(
-            db_,
-            "DELETE FROM sandbox_labels WHERE sandbox_id IN (SELECT id FROM sandboxes"
-            " WHERE ended_at_ms > 0 AND ended_at_ms < ?1)",
-            -1, &labels.s, nullptr) != SQLITE_OK ||
-        sqlite3_prepare_v2(db_, "DELETE FROM sandboxes WHERE ended_at_ms > 0 AND ended_at_ms < ?1",
-                           -1, &rows.s, nullptr) != SQLITE_OK)
-      return std::unexpected(db_error(db_, "prepare prune"));
-    sqlite3_bind_int64(labels.s, 1, before_ms);
-    sqlite3_bind_int64(rows.s, 1, before_ms);
-    if (sqlite3_step(labels.s) != SQLITE_DONE)
+    auto labels = stmts_.prepare(
+        "DELETE FROM sandbox_labels WHERE sandbox_id IN (SELECT id FROM sandboxes"
+        " WHERE ended_at_ms > 0 AND ended_at_ms < ?1)");
+    if (!labels) return std::unexpected(labels.error());
+    auto rows = stmts_.prepare("DELETE FROM sandboxes WHERE ended_at_ms > 0 AND ended_at_ms < ?1");
+    if (!rows) return std::unexpected(rows.error());
+    sqlite3_bind_int64(labels->get(), 1, before_ms);
+    sqlite3_bind_int64(rows->get(), 1, before_ms);
+    if (sqlite3_step(labels->get()) != SQLITE_DONE)
       return std::unexpected(db_error(db_, "prune labels"));
-    if (sqlite3_step(rows.s) != SQLITE_DONE) return std::unexpected(db_error(db_, "prune"));
+    if (sqlite3_step(rows->get()) != SQLITE_DONE) return std::unexpected(db_error(db_, "prune"));
     return sqlite3_changes(db_);
   });
 }

@@ -213,23 +213,23 @@ StmtCache::Use::~Use() {
   sqlite3_clear_bindings(s_);
 }
 
-Result<StmtCache::Use> StmtCache::prepare(const std::string& sql) {
+Result<StmtCache::Use> StmtCache::prepare(std::string_view sql) {
   if (auto it = stmts_.find(sql); it != stmts_.end()) return Use(it->second, false);
   sqlite3_stmt* s = nullptr;
-  if (sqlite3_prepare_v2(db_, sql.c_str(), -1, &s, nullptr) != SQLITE_OK) {
+  if (sqlite3_prepare_v2(db_, sql.data(), static_cast<int>(sql.size()), &s, nullptr) != SQLITE_OK) {
     sqlite3_finalize(s);
-    return std::unexpected(db_error(db_, "prepare " + sql));
+    return std::unexpected(db_error(db_, "prepare " + std::string(sql)));
   }
   if (stmts_.size() >= kMax) return Use(s, true);
-  stmts_.emplace(sql, s);
+  stmts_.emplace(std::string(sql), s);
   return Use(s, false);
 }
 
-Result<void> StmtCache::exec(const std::string& sql) {
+Result<void> StmtCache::exec(std::string_view sql) {
   auto st = prepare(sql);
   if (!st) return std::unexpected(st.error());
   if (int rc = sqlite3_step(st->get()); rc != SQLITE_DONE && rc != SQLITE_ROW)
-    return std::unexpected(db_error(db_, sql));
+    return std::unexpected(db_error(db_, std::string(sql)));
   return {};
 }
 

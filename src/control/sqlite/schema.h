@@ -23,6 +23,7 @@
 
 #include <map>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -84,9 +85,11 @@ class StmtCache {
   };
 
   // One use of a given SQL at a time (a second would reset the first's statement).
-  Result<Use> prepare(const std::string& sql);
+  // A string_view: the store's literals are looked up without a copy.
+  Result<Use> prepare(std::string_view sql);
   // Runs a statement without results (BEGIN IMMEDIATE, COMMIT, ROLLBACK).
-  Result<void> exec(const std::string& sql);
+  Result<void> exec(std::string_view sql);
+  size_t size() const { return stmts_.size(); }  // statements kept
 
  private:
   sqlite3* db_;

@@ -31,6 +31,7 @@ class StmtCacheTest : public ::testing::Test {
 };
 
 TEST_F(StmtCacheTest, TheSameSqlIsCompiledOnceAndResetBetweenUses) {
+  size_t kept = cache_->size();
   sqlite3_stmt* first = nullptr;
   for (int i = 0; i < 3; ++i) {
     auto ins = cache_->prepare("INSERT INTO t (k, v) VALUES (?1, ?2)");
@@ -42,6 +43,7 @@ TEST_F(StmtCacheTest, TheSameSqlIsCompiledOnceAndResetBetweenUses) {
     EXPECT_EQ(sqlite3_step(ins->get()), SQLITE_DONE);
   }
   EXPECT_EQ(count(), 3);
+  EXPECT_EQ(cache_->size(), kept + 2);  // the INSERT and the count, once each
   // Bindings are cleared after a use: an unbound ?2 is NULL, not the last value.
   {
     auto ins = cache_->prepare("INSERT INTO t (k, v) VALUES (?1, ?2)");
@@ -83,6 +85,7 @@ TEST_F(StmtCacheTest, BadSqlIsAnErrorAndPastTheBoundStatementsAreNotKept) {
     ASSERT_EQ(sqlite3_step(st->get()), SQLITE_ROW);
     EXPECT_EQ(sqlite3_column_int64(st->get(), 0), static_cast<int64_t>(i));
   }
+  EXPECT_EQ(cache_->size(), StmtCache::kMax);  // the ones past the bound were not kept
   // The cached ones are still served.
   auto again = cache_->prepare("SELECT 0");
   ASSERT_TRUE(again);
