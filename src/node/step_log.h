@@ -16,7 +16,9 @@
 // answer. A new log's header goes with its first records, in that one fdatasync, and
 // its directories are fsync'ed after it (skipped on file systems whose file fsync
 // makes a new file's name durable: ext4, XFS, tmpfs; see Options::always_sync_dirs).
-// Lazy events (append_event) are written but ride on the log's next synced record.
+// Lazy events (append_event) are written but ride on the log's next synced record; a
+// new log made by one is fdatasync'ed in the background at once (a hint only), so that
+// the sandbox's first call pays an overwrite's sync, not a new file's.
 // One commit runs at a time: an append() that finds none running and nothing
 // queued commits its record on the caller's thread (no wake-up of another thread on
 // either side of the sync, which on a guest costs as much as the sync itself); the
