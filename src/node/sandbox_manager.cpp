@@ -514,7 +514,7 @@ void SandboxManager::on_tick() {
       std::lock_guard lk(sb->mu);
       snap = sb->rec;
     }
-    auto v = store_.update(snap);
+    auto v = put_record(snap);
     if (!v) continue;  // still failing: retry on the next tick
     {
       std::lock_guard lk(sb->mu);
@@ -630,16 +630,18 @@ void SandboxManager::create_op(std::shared_ptr<Sandbox> sb, RecordCb cb, Sandbox
         unresolved = r.error();
     }
   }
-  Result<uint64_t> ins = fail(Code::kInternal, "not stored");
+  // Its record is stored once it runs (agent_ready), or once it ended (store_final):
+  // until then it lives in memory only. A daemon that crashes meanwhile leaves no
+  // record of it; its leftovers go with the restarted daemon's orphan cleanup, and its
+  // uid range stays held while any process of it runs (recover()).
+  std::optional<Error> no_range;
   if (opts_.uid_ranges) {
-    // Recorded with the sandbox from the start: a daemon that crashes from here
-    // on finds the range in the record.
     auto base = opts_.uid_ranges->allocate(sb->id());
     if (base) {
       std::lock_guard lk(sb->mu);
       sb->rec.uid_base = *base;
     } else {
-      ins = std::unexpected(base.error());
+      no_range = base.error();
     }
   }
   SandboxRecord snap;
@@ -648,11 +650,9 @@ void SandboxManager::create_op(std::shared_ptr<Sandbox> sb, RecordCb cb, Sandbox
     sb->rec.layers = img.layers;
     snap = sb->rec;
   }
-  if (!opts_.uid_ranges || snap.uid_base) ins = store_.insert(snap);
-  if (!ins) {
+  if (no_range) {
     // Nothing was created or stored: it never existed.
-    release_range(sb);
-    TP_SB_ERROR(sb->id(), "create: {}", ins.error().message());
+    TP_SB_ERROR(sb->id(), "create: {}", no_range->message());
     metrics_.creation_failures++;
     std::vector<RecordCb> waiters;
     {
@@ -667,14 +667,13 @@ void SandboxManager::create_op(std::shared_ptr<Sandbox> sb, RecordCb cb, Sandbox
       std::lock_guard lk(mu_);
       erase_live_locked(sb);
     }
-    Error e = ins.error();
+    Error e = *no_range;
     for (auto& w : waiters) asio::post(io_, [w, e] { w(std::unexpected(e)); });
     answer(std::unexpected(e));
     return done();
   }
   auto stop_requested = [&] {
     std::lock_guard lk(sb->mu);
-    sb->rec.version = *ins;
     return sb->stop_reason;
   };
   if (EndReason why = stop_requested(); why != EndReason::kNone) {
@@ -754,7 +753,7 @@ void SandboxManager::agent_ready(std::shared_ptr<Sandbox> sb, RecordCb cb, Sandb
     }
   }
   if (!failed) {
-    auto v = store_.update(snap);
+    auto v = put_record(snap);
     if (v) {
       {
         std::lock_guard lk(sb->mu);
@@ -873,7 +872,7 @@ void SandboxManager::store_final(const std::shared_ptr<Sandbox>& sb, std::option
     std::lock_guard lk(sb->mu);
     snap = sb->rec;
   }
-  auto v = store_.update(snap);
+  auto v = put_record(snap);
   if (!v) {
     TP_SB_ERROR(snap.id, "store: {}; kept in memory until it can be stored", v.error().message());
     std::lock_guard lk(sb->mu);
@@ -901,6 +900,10 @@ void SandboxManager::store_final(const std::shared_ptr<Sandbox>& sb, std::option
       else
         w(snap);
     });
+}
+
+Result<uint64_t> SandboxManager::put_record(const SandboxRecord& snap) {
+  return snap.version == 0 ? store_.insert(snap) : store_.update(snap);
 }
 
 void SandboxManager::release_range(const std::shared_ptr<Sandbox>& sb) {

@@ -16,6 +16,11 @@
 //   - a second delete, or ttl expiry while a delete runs: answers the same
 //     final record; the first request's end reason wins.
 //
+// Records: a sandbox is first stored once it runs (its create answered after that)
+// or once it ended without running; while it is created it exists in memory only
+// (get and list see it as creating), so a crash mid-create leaves no record and
+// recover()'s orphan cleanup removes what the create had made.
+//
 // Restart policy (live restore): shutdown() releases sandboxes (they keep
 // running; their records stay running) unless stop_on_exit is set or the
 // sandbox's tier cannot hand it over (no agent_address()); those are stopped
@@ -211,6 +216,9 @@ class SandboxManager : public Service {
   Result<bool> adopt_one(control::SandboxRecord r);
   // The image of a sandbox being adopted: its recorded layers, pinned (see the header).
   Result<ResolvedImage> adopted_image(const control::SandboxRecord& r);
+  // Writes a snapshot of its record: an insert if it was never stored (version 0),
+  // else a compare-and-set update. A sandbox is first stored when it runs or ends.
+  Result<uint64_t> put_record(const control::SandboxRecord& snap);
   // Stores its final record, forgets it (unless the store fails) and answers its stop waiters.
   void store_final(const std::shared_ptr<Sandbox>& sb, std::optional<Error> err);
   // Frees the sandbox's uid range: call only once nothing of it is left.

@@ -38,7 +38,7 @@ TEST_F(ManagerTest, CreateThenDelete) {
   auto s = stored(r->id);
   EXPECT_EQ(s.state, "stopped");
   EXPECT_EQ(s.end_reason, "deleted");
-  EXPECT_EQ(s.version, 3u);  // creating, running, stopped
+  EXPECT_EQ(s.version, 2u);  // running, stopped (a creating sandbox is not stored)
   EXPECT_EQ(backend_->live_count(), 0u);
   EXPECT_EQ(mgr_->live_count(), 0u);
   // Deleting again answers the final record.
@@ -57,6 +57,13 @@ TEST_F(ManagerTest, DeleteDuringCreateAnswersConflictAndStoresStopped) {
   ASSERT_FALSE(id.empty());
   backend_->wait_entered(id);
   EXPECT_EQ(mgr_->get(id)->state, "creating");
+  // Only in memory while it is created: listed, but not stored yet.
+  auto listed = mgr_->list({});
+  ASSERT_TRUE(listed);
+  ASSERT_EQ(listed->size(), 1u);
+  EXPECT_EQ((*listed)[0].state, "creating");
+  ASSERT_TRUE(store_.get(id));
+  EXPECT_FALSE(store_.get(id)->has_value());
   auto deleted = destroy_async(id);
   // The create is still held: exec is refused already.
   auto ex = mgr_->exec(id, ExecParams{}, ExecCallbacks{});
