@@ -193,6 +193,32 @@ TEST_F(ManagerTest, StoreFailureKeepsTheFinalRecordUntilItCanBeStored) {
   EXPECT_EQ(mgr_->live_count(), 0u);
 }
 
+// The first write of a record is its insert once the sandbox runs: when that fails, the
+// create fails, the sandbox is destroyed, and its final record is inserted once the
+// store works again.
+TEST_F(ManagerTest, StoreFailureAtFirstWriteFailsTheCreateAndStoresItLater) {
+  make();
+  store_.fail_writes(true);
+  auto [id, created] = create_async();
+  auto c = get_or_fail(created);
+  ASSERT_FALSE(c);
+  EXPECT_NE(c.error().message().find("cannot record sandbox"), std::string::npos)
+      << c.error().message();
+  for (int i = 0; i < 6000 && backend_->live_count() > 0; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  EXPECT_EQ(backend_->live_count(), 0u);
+  EXPECT_TRUE(backend_->destroyed.count(id));
+  ASSERT_TRUE(store_.get(id));
+  EXPECT_FALSE(store_.get(id)->has_value());   // never written
+  EXPECT_EQ(mgr_->get(id)->state, "stopped");  // but answered as it is
+  store_.fail_writes(false);
+  mgr_->tick();
+  EXPECT_EQ(stored(id).state, "stopped");
+  EXPECT_EQ(stored(id).end_reason, "failed");
+  EXPECT_EQ(stored(id).version, 1u);
+  EXPECT_EQ(mgr_->live_count(), 0u);
+}
+
 TEST_F(ManagerTest, ShutdownReleasesRunningAndStopsCreating) {
   backend_->hold_creates = true;
   make();
