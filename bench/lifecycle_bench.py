@@ -167,12 +167,13 @@ def limits(pid):
 def density(api, n, daemon_pid, image, chunk=500):
     ids, errors = [], []
     fds0 = len(os.listdir(f"/proc/{daemon_pid}/fd"))
-    # Stop short of the daemon's open-file limit (each idle sandbox holds about two
-    # descriptors): past it the daemon refuses connections, the deletes included.
+    # Stop short of the daemon's open-file limit (each idle sandbox holds one descriptor,
+    # and up to 256 cached user namespaces are shared): past it the daemon refuses
+    # connections, the deletes included.
     lim = limits(daemon_pid).get("open_files")
     capped_by = None
-    if isinstance(lim, int) and (lim - fds0 - 1000) // 2 < n:
-        n, capped_by = max(0, (lim - fds0 - 1000) // 2), f"the daemon's open-file limit ({lim})"
+    if isinstance(lim, int) and lim - fds0 - 1500 < n:
+        n, capped_by = max(0, lim - fds0 - 1500), f"the daemon's open-file limit ({lim})"
     rss0 = proc_status_kb(daemon_pid, "VmRSS")
     # One alive first so that the cgroup parents and the agent's shared pages exist.
     _, probe = api.call("POST", "/v1/sandboxes", {"image": image, "memory_mb": 16})

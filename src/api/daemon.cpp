@@ -17,6 +17,7 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <memory>
 #include <thread>
@@ -81,6 +82,21 @@ Result<void> secure_socket(const std::string& path) {
 uint64_t raise_nofile() {
   struct rlimit rl {};
   if (::getrlimit(RLIMIT_NOFILE, &rl) != 0) return 1024;
+  // With CAP_SYS_RESOURCE the hard limit may go up to fs.nr_open: each idle sandbox
+  // holds one descriptor, so 10,000 alive need more than the usual hard limit.
+  // Without the capability the attempt fails and the hard limit stays as given.
+  if (std::ifstream in("/proc/sys/fs/nr_open"); in) {
+    rlim_t nr_open = 0;
+    if (in >> nr_open && rl.rlim_max != RLIM_INFINITY && nr_open > rl.rlim_max) {
+      struct rlimit up {
+        nr_open, nr_open
+      };
+      if (::setrlimit(RLIMIT_NOFILE, &up) == 0) {
+        spdlog::info("open-file limit raised from {}/{} to {}", rl.rlim_cur, rl.rlim_max, nr_open);
+        rl = up;
+      }
+    }
+  }
   if (rl.rlim_cur < rl.rlim_max) {
     rlim_t old = rl.rlim_cur;
     rl.rlim_cur = rl.rlim_max;

@@ -35,7 +35,7 @@ class UidRanges {
   // Sandbox ranges start above the image store's ids (100000..) and the image
   // builds' (200000..), at a multiple of 65536.
   static constexpr uint32_t kDefaultFirst = 16 * kSize;  // 1048576
-  static constexpr uint32_t kDefaultCount = 4096;        // up to 269484031
+  static constexpr uint32_t kDefaultCount = 16384;       // up to 1074790399
 
   struct Span {
     uint32_t first;

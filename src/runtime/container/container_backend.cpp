@@ -102,9 +102,11 @@ struct Shared {
 
 class ContainerInstance final : public SandboxInstance {
  public:
-  ContainerInstance(std::shared_ptr<const Shared> sh, std::string id, sys::Pidfd proc,
+  // `init`: the sandbox's init as its create or adopt found it (its pidfd is not
+  // kept, see proc_).
+  ContainerInstance(std::shared_ptr<const Shared> sh, std::string id, SavedState init,
                     UniqueFd agent)
-      : sh_(std::move(sh)), id_(std::move(id)), proc_(std::move(proc)), agent_(std::move(agent)) {}
+      : sh_(std::move(sh)), id_(std::move(id)), init_(init), agent_(std::move(agent)) {}
   // Live restore: the agent's socket (create, adopt); `adopted`: a previous
   // daemon run created it, so its init is not our child.
   void set_restore(std::string address, bool adopted) {
@@ -119,8 +121,16 @@ class ContainerInstance final : public SandboxInstance {
   const std::string& id() const override { return id_; }
   int agent_fd() const override { return agent_.get(); }
   void close_agent_fd() override { agent_.reset(); }
-  pid_t pid() const override { return proc_.pid(); }
-  bool alive() override { return !destroyed_ && !proc_.exited(); }
+  pid_t pid() const override { return init_.pid; }
+  bool alive() override {
+    if (destroyed_) return false;
+    if (proc_.valid()) return !proc_.exited();
+    if (adopted_) return open_saved(init_).has_value();  // its pidfd closes at once
+    // Our child, reaped by no one else: a zombie until destroy() reaps it.
+    siginfo_t si{};
+    return ::waitid(P_PID, static_cast<id_t>(init_.pid), &si, WEXITED | WNOHANG | WNOWAIT) == 0 &&
+           si.si_pid == 0;
+  }
 
   Result<Usage> usage() override {
     if (destroyed_) return fail(Code::kConflict, "sandbox " + id_ + " is destroyed");
@@ -173,6 +183,9 @@ class ContainerInstance final : public SandboxInstance {
     agent_.reset();
     // A v1-frozen task does not die of SIGKILL until thawed.
     if (frozen_) (void)sys::set_frozen(sys::real_sys(), *sh_->cgroups, id_, false);
+    auto opened = open_init();
+    if (!opened) return std::unexpected(opened.error());
+    if (!*opened) return remove_cgroup();  // an adopted init that is gone already
     // PID 1 dying makes the kernel kill the whole pid namespace.
     TP_TRY(proc_.signal(SIGKILL));
     // v1: a command cgroup the agent froze for a kill (and was killed before
@@ -202,6 +215,33 @@ class ContainerInstance final : public SandboxInstance {
       TP_SB_ERROR(id_, "reap: {}", reaped.error().message());
       return std::unexpected(reaped.error());
     }
+    return remove_cgroup();
+  }
+
+ private:
+  // The init's pidfd, opened for its end (false: an adopted init is gone already).
+  // A pidfd held for the sandbox's whole life would double the descriptors an idle
+  // sandbox costs the daemon (its agent socket is the other): 10,000 alive would
+  // then need an open-file limit above 20,000, which a host without
+  // CAP_SYS_RESOURCE cannot grant. Opening it late is safe: our own child keeps its
+  // pid until we reap it (the daemon reaps only through pidfds, never pid -1), and an
+  // adopted one is checked against its start time after the open (open_saved).
+  Result<bool> open_init() {
+    if (proc_.valid()) return true;
+    if (adopted_) {
+      auto p = open_saved(init_);
+      if (!p && p.error().code == Code::kNotFound) return false;
+      if (!p) return std::unexpected(p.error());
+      proc_ = std::move(*p);
+      return true;
+    }
+    const int fd = static_cast<int>(::syscall(SYS_pidfd_open, init_.pid, 0));
+    if (fd < 0) return sys_fail("pidfd_open(init " + std::to_string(init_.pid) + ")");
+    proc_ = sys::Pidfd(fd, init_.pid);
+    return true;
+  }
+
+  Result<void> remove_cgroup() {
     // Once PID 1 is reaped the kernel has killed and reaped the whole pid
     // namespace, so the cgroup is normally empty and a plain rmdir works. If
     // not (something was moved in from outside), kill what is there and retry.
@@ -225,10 +265,10 @@ class ContainerInstance final : public SandboxInstance {
     return {};
   }
 
- private:
   std::shared_ptr<const Shared> sh_;
   std::string id_;
-  sys::Pidfd proc_;
+  SavedState init_;  // pid, and for an adopted init its start time
+  sys::Pidfd proc_;  // open only from destroy() on (open_init)
   UniqueFd agent_;
   bool destroyed_ = false;
   std::string address_;  // the agent's listening socket; "" = none
@@ -703,7 +743,7 @@ Result<std::unique_ptr<SandboxInstance>> ContainerBackend::create_impl(const San
   cgroup_owned = false;
   TP_SB_DEBUG(spec.id, "started, pid {}, host uids {}..{}", pid, base, base + sys::kIdMapCount - 1);
   auto inst =
-      std::make_unique<ContainerInstance>(sh_, spec.id, std::move(proc), std::move(agent_host));
+      std::make_unique<ContainerInstance>(sh_, spec.id, SavedState{pid, 0}, std::move(agent_host));
   inst->set_restore(runs.socket_path(spec.id), false);
   return inst;
 }
@@ -718,7 +758,7 @@ Result<std::unique_ptr<SandboxInstance>> ContainerBackend::adopt_impl(const Sand
   if (!opened)
     return fail(Code::kNotFound,
                 "init of sandbox " + spec.id + " (pid " + std::to_string(st->pid) + ") is gone");
-  sys::Pidfd proc = std::move(*opened);
+  opened->close();  // reopened, and checked again, for the destroy
   for (const auto& d : sh_->cgroups->dirs(spec.id)) {
     struct stat cs {};
     if (::stat(d.c_str(), &cs) != 0 || !S_ISDIR(cs.st_mode))
@@ -731,7 +771,8 @@ Result<std::unique_ptr<SandboxInstance>> ContainerBackend::adopt_impl(const Sand
     TP_SB_INFO(spec.id, "thawed to be adopted");
   }
   TP_SB_INFO(spec.id, "adopted, pid {}", st->pid);
-  auto inst = std::make_unique<ContainerInstance>(sh_, spec.id, std::move(proc), UniqueFd());
+  auto inst =
+      std::make_unique<ContainerInstance>(sh_, spec.id, SavedState{st->pid, st->start}, UniqueFd());
   inst->set_restore(st->socket, true);
   return inst;
 }
