@@ -9,5 +9,5 @@ exec sh "$(dirname "$0")/apt-ensure.sh" \
   libboost1.81-dev libboost-json1.81-dev libspdlog-dev libfmt-dev libcli11-dev \
   libsqlite3-dev libseccomp-dev libarchive-dev libssl-dev \
   libgtest-dev libgmock-dev libbenchmark-dev \
-  python3 python3-pytest python3-pytest-xdist busybox-static iproute2 procps mmdebstrap \
+  python3 python3-pytest python3-pytest-xdist python3-yaml busybox-static iproute2 procps mmdebstrap \
   libpython3.11-testsuite nodejs

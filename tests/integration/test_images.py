@@ -6,6 +6,7 @@ Archives are built here from files on disk (a busybox-static root); no registry.
 """
 from __future__ import annotations
 
+import base64
 import gzip
 import hashlib
 import io
@@ -422,3 +423,37 @@ def test_cli_image_commands(daemon, build_dir, tmp_path):
     bad.write_bytes(layer_tar([dict(name="/etc/evil", data=b"x")]))
     p = tp("image", "import", str(bad), "--name", "evil", "--kind", "layer", check=False)
     assert p.returncode == 1 and "absolute" in p.stderr
+
+
+def test_exec_defaults_follow_the_contract(daemon, client):
+    """api/openapi.yaml states what an exec's absent `cwd` and `user` mean (x-default):
+    the image's value, otherwise a fixed one. Both cases, through raw HTTP and the SDK."""
+    import yaml  # python3-yaml (scripts/install-deps.sh)
+    spec = yaml.safe_load(open(os.path.join(os.path.dirname(__file__), "..", "..", "api", "openapi.yaml")))
+    props = spec["components"]["schemas"]["ExecRequest"]["properties"]
+    cwd_default, user_default = props["cwd"]["x-default"], props["user"]["x-default"]
+    assert cwd_default["from_image"] == "workdir" and user_default["from_image"] == "user"
+    base = busybox_layer()
+    st, _ = import_archive(daemon, docker_save([base], tag="defbase:1", workdir=""), "defbase", "1")
+    assert st == 201
+    st, img = api(daemon, "POST", "/v1/images", body=json.dumps({
+        "name": "defwd", "version": "1", "parts": ["image:defbase:1"],
+        "workdir": "/home/user", "user": "1000:1000"}).encode())
+    assert st == 201, img
+
+    def raw_exec(sid, body):
+        st, r = api(daemon, "POST", f"/v1/sandboxes/{sid}/exec", body=json.dumps(body).encode())
+        assert st == 200, r
+        return base64.b64decode(r["stdout"]).decode()
+
+    plain = client.create(image="defbase:1", ttl=60)
+    assert str(cwd_default["otherwise"]) == "/" and int(user_default["otherwise"]) == 0
+    for out in (raw_exec(plain.id, {"cmd": "pwd; id -u; id -g"}), plain.exec("pwd; id -u; id -g").stdout):
+        assert out == f"{cwd_default['otherwise']}\n{user_default['otherwise']}\n{user_default['otherwise']}\n"
+    plain.kill()
+    sb = client.create(image="defwd:1", ttl=60)
+    for out in (raw_exec(sb.id, {"cmd": "pwd; id -u; id -g"}), sb.exec("pwd; id -u; id -g").stdout):
+        assert out == "/home/user\n1000\n1000\n"
+    # A field that is given wins over the image's.
+    assert raw_exec(sb.id, {"cmd": "pwd; id -u", "cwd": "/", "user": 0}) == "/\n0\n"
+    sb.kill()

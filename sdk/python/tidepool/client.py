@@ -641,8 +641,8 @@ class Sandbox(SandboxBase["Client"]):
             timeout: seconds; on expiry every process the command started is killed and
                 the result has ``timed_out=True``.
             env: extra environment variables.
-            cwd: working directory (default ``/``).
-            user: uid inside the sandbox (default 0, which is not root on the host).
+            cwd: working directory (default: the image's workdir, or ``/``).
+            user: uid inside the sandbox (default: the image's user, or 0, which is not root on the host).
             stdin: data fed to the command's standard input.
             check: raise :class:`CommandFailed` unless the command exits with 0.
             max_output_bytes: cap per output stream (server default 16 MiB).
