@@ -9,7 +9,7 @@
 // client, calls run in the order they came.
 //
 // Pure bookkeeping (ids only), unit-tested with random interleavings
-// (tests/unit/runtime/fair_queue_test.cpp).
+// (tests/unit/function/fair_queue_test.cpp).
 // Thread rules: not thread-safe; the function service calls it under its mutex.
 #pragma once
 

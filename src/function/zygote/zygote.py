@@ -1,7 +1,7 @@
 # Tidepool function-tier zygote (docs/function-tier.md).
 #
 # Runs as root of a function worker sandbox (a container-tier sandbox created by
-# src/function/worker.cpp), started by tp-agent as `python3 -c <this file>`.
+# src/function/zygote_worker.cpp), started by tp-agent as `python3 -c <this file>`.
 # It speaks the frame protocol of src/function/zygote_codec.h on its stdin and
 # stdout (the agent relays both to the daemon).
 #
