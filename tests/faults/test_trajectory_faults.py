@@ -211,3 +211,85 @@ def test_a_torn_final_record_is_ignored(daemon, client):
     daemon.start()
     hand = [e for e in sb.log() if e.key == "hand/1"]
     assert len(hand) == 1 and hand[0].status == 200 and hand[0].seq == 999
+
+
+def _follow(url, sid, after, seen, upto=None):
+    """Follows the log of `sid` after the cursor `after`, appending each entry's seq to
+    `seen`, until the ended event ("ended"), the stream's end without it ("eof"), an
+    error (the exception), or `upto` entries ("left": the follower closes its stream)."""
+    with no_retry_client(url) as c:
+        try:
+            stream = c.get(sid).follow_log(after=after)
+            got = 0
+            for e in stream:
+                seen.append((e.seq, e.key, e.event))
+                got += 1
+                if e.event == "ended":
+                    return "ended"
+                if upto is not None and got == upto:
+                    stream.close()
+                    return "left"
+            return "eof"
+        except tidepool.TidepoolError as e:
+            return e
+
+
+def test_a_follower_resumes_from_its_cursor_after_kill9_of_the_daemon(daemon, client):
+    """A follower cut by kill -9 of tidepoold, and one that had left earlier, reconnect to
+    the restarted daemon with after=<last seq seen>: each then has every entry once, in
+    order: those written before the crash, the one the restart wrote for the step that
+    was running (503), and those written after it, to the ended event."""
+    tid = f"fk-{uuid.uuid4().hex[:8]}"
+    sb = client.create(ttl=600)
+    for i in range(1, 4):
+        sb.exec(f"echo {i}", idempotency_key=f"{tid}/{i}")
+    # Follower b read two entries and left; follower a is caught up, waiting for more.
+    b_seen, a_seen, a_end = [], [], {}
+    assert _follow(daemon.url, sb.id, 0, b_seen, upto=2) == "left"
+    a = threading.Thread(target=lambda: a_end.setdefault("how", _follow(daemon.url, sb.id, 0, a_seen)))
+    a.start()
+    wait_until(lambda: len(a_seen) == 4, timeout=30, what="the follower to catch up")
+    # A keyed step is running when the daemon dies.
+    inflight = f"{tid}/4"
+    caught = {}
+
+    def step4():
+        with no_retry_client(daemon.url) as c:
+            try:
+                c.get(sb.id).exec("echo start >> /tmp/s; sleep 30", idempotency_key=inflight)
+            except tidepool.TidepoolError as e:
+                caught["e"] = e
+
+    t = threading.Thread(target=step4)
+    t.start()
+    wait_until(lambda: sb.files.exists("/tmp/s"), timeout=30, what="step 4 to start")
+    old_pid = daemon.pid
+    daemon.restart(kill9=True)
+    assert daemon.pid != old_pid
+    a.join(30)
+    t.join(30)
+    assert not a.is_alive() and not t.is_alive() and "e" in caught
+    assert a_end["how"] != "ended", a_end                      # cut, not ended
+    assert [s for s, _, _ in a_seen] == [1, 2, 3, 4] and [s for s, _, _ in b_seen] == [1, 2]
+    # Steps while nobody follows, then the follower back from its cursor, then more steps.
+    sb = client.get(sb.id)
+    for i in range(5, 7):
+        sb.exec(f"echo {i}", idempotency_key=f"{tid}/{i}")
+    a = threading.Thread(target=lambda: a_end.update(how=_follow(daemon.url, sb.id, a_seen[-1][0], a_seen)))
+    a.start()
+    for i in range(7, 10):
+        sb.exec(f"echo {i}", idempotency_key=f"{tid}/{i}")
+        wait_until(lambda: any(k == f"{tid}/{i}" for _, k, _ in a_seen), timeout=30,
+                   what=f"step {i} to reach the follower")
+    sb.kill()
+    a.join(60)
+    assert not a.is_alive() and a_end["how"] == "ended", a_end
+    assert _follow(daemon.url, sb.id, b_seen[-1][0], b_seen) == "ended"
+    logged = [(e.seq, e.key, e.event) for e in sb.log()]
+    assert [s for s, _, _ in logged] == list(range(1, len(logged) + 1))
+    assert a_seen == logged and b_seen == logged                # no gap, no duplicate
+    steps = [k for _, k, _ in logged if k and k.startswith(tid + "/")]
+    assert steps == [f"{tid}/{i}" for i in range(1, 10)]
+    cut = [e for e in sb.log() if e.key == inflight]
+    assert len(cut) == 1 and cut[0].status == 503
+    assert logged[-1][2] == "ended"

@@ -4,11 +4,14 @@ result channel (by key, and a follower from a cursor); provenance through the CL
 replay and branch; the SDK's Trajectory, sync and asyncio."""
 import asyncio
 import base64
+import hashlib
 import http.client
+import io
 import json
 import os
 import socket
 import subprocess
+import tarfile
 import threading
 import time
 import uuid
@@ -362,6 +365,250 @@ def test_trajectory_log_off_records_keyed_calls_only(build_dir, track):
             # Without an ended event a follow of the ended sandbox still ends.
             followed = list(sb.follow_log())
             assert followed and all(e.kind == "call" and e.key for e in followed)
+    finally:
+        d.stop()
+        d.cleanup()
+
+
+class _UnixConnection(http.client.HTTPConnection):
+    """HTTP over the daemon's unix socket (the caller is then its uid and gid)."""
+
+    def __init__(self, path, timeout=60):
+        super().__init__("localhost", timeout=timeout)
+        self._path = path
+
+    def connect(self):
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(self.timeout)
+        self.sock.connect(self._path)
+
+
+def _raw(daemon, method, target, body=b"", content_type="application/json", key=None, unix=False):
+    """One request with any body and content type; returns (status, body bytes)."""
+    conn = (_UnixConnection(daemon.socket) if unix
+            else http.client.HTTPConnection("127.0.0.1", daemon.port, timeout=60))
+    headers = {"Content-Type": content_type}
+    if key:
+        headers["Idempotency-Key"] = key
+    if isinstance(body, (dict, list)):
+        body = json.dumps(body).encode()
+    try:
+        conn.request(method, target, body=body, headers=headers)
+        r = conn.getresponse()
+        return r.status, r.read()
+    finally:
+        conn.close()
+
+
+def _tar_of(files):
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as t:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            info.mode = 0o644
+            t.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def test_uploads_stdin_signals_removes_and_pause_resume_are_logged_in_order(daemon, client):
+    """Each state-changing route of api/openapi.yaml not covered above (tar upload, mkdir,
+    stdin, signal, file remove, pause, resume; refused ones too) has its record, in the
+    order the calls were made, with its method, target, key, caller and status; reads
+    are not logged."""
+    sb = client.create(ttl=600)
+    sid = sb.id
+    base = f"/v1/sandboxes/{sid}"
+    made = []  # (method, target, key, status, transport) of each call, in order
+
+    def do(method, target, body=b"", content_type="application/json", key=None, unix=False, want=None):
+        s, b = _raw(daemon, method, base + target, body, content_type, key, unix)
+        assert want is None or s == want, (method, target, s, b)
+        made.append((method, base + target, key, s, "unix" if unix else "tcp"))
+        return b
+
+    tar = _tar_of({"a.txt": b"alpha\n", "sub/b.txt": b"beta\n"})
+    up = json.loads(do("PUT", "/files/tar?path=/tmp/up", tar, "application/x-tar", want=200))
+    assert up == {"path": "/tmp/up", "bytes": len(tar)}
+    do("POST", "/files/mkdir?path=/tmp/dir", want=201, key="cov/mkdir")
+    # A background process that reads its stdin: stdin written, then closed.
+    p1 = json.loads(do("POST", "/processes", {"cmd": "cat > /tmp/in", "stdin_open": True}, want=201))["pid"]
+    do("POST", f"/processes/{p1}/stdin", b"hello ", "application/octet-stream", want=204)
+    do("POST", f"/processes/{p1}/stdin?eof=true", b"world", "application/octet-stream",
+       want=204, key="cov/stdin")
+    assert json.loads(do("POST", f"/processes/{p1}/wait", want=200))["result"]["exit_code"] == 0
+    # One ended by a signal (15), over the unix socket.
+    p2 = json.loads(do("POST", "/processes", {"cmd": ["sleep", "600"]}, want=201))["pid"]
+    do("POST", f"/processes/{p2}/signal", {"signal": 15}, want=204, unix=True)
+    assert json.loads(do("POST", f"/processes/{p2}/wait", want=200))["result"]["signal"] == 15
+    # A refused call on a live sandbox is a state-changing call too: logged with its status.
+    do("POST", "/processes/999/signal", {"signal": 9}, want=404)
+    do("DELETE", "/files?path=/tmp/up/a.txt", want=204)
+    do("DELETE", "/files?path=/tmp/up/sub&recursive=true", want=204, key="cov/rmr")
+    do("POST", "/pause", want=200)
+    assert client.get(sid).state == "paused"
+    s, _ = _raw(daemon, "GET", base + "/files?path=/tmp/in")    # a read: not logged
+    assert s == 200
+    do("POST", "/resume", want=200, unix=True)
+    assert client.get(sid).state == "running"
+    # The calls had their effects.
+    assert sb.files.read("/tmp/in") == b"hello world"
+    assert sb.files.exists("/tmp/dir") and not sb.files.exists("/tmp/up/a.txt")
+    assert not sb.files.exists("/tmp/up/sub")
+
+    entries = sb.log()
+    assert [e.seq for e in entries] == list(range(1, len(entries) + 1))
+    calls = [e for e in entries if e.kind == "call"]
+    got = [(e.method, e.target, e.key, e.status, e.caller.get("transport")) for e in calls]
+    assert got == made, "\n".join(map(str, got))
+    for e in calls:
+        if e.caller["transport"] == "unix":
+            assert e.caller["uid"] == os.getuid() and e.caller["gid"] == os.getgid(), e.caller
+        assert e.time and e.duration_ms >= 0
+    # What each record says of its request and result.
+    by_target = {e.target.split(sid, 1)[1]: e for e in calls}
+    tar_rec = by_target["/files/tar?path=/tmp/up"]
+    assert tar_rec.request["bytes"] == len(tar) and tar_rec.result["path"] == "/tmp/up"
+    assert tar_rec.request["sha256"] == hashlib.sha256(tar).hexdigest()
+    assert by_target[f"/processes/{p1}/stdin?eof=true"].request["bytes"] == len(b"world")
+    assert by_target[f"/processes/{p2}/signal"].request["body"] == {"signal": 15}
+    assert by_target["/processes/999/signal"].result.get("code") == "not_found"
+    assert by_target["/pause"].result.get("state") == "paused"
+    assert by_target["/resume"].result.get("state") == "running"
+    # Both background processes' ends are events of the log.
+    exits = {e.detail.get("pid"): e.detail for e in entries if e.event == "process_exit"}
+    assert exits[p1].get("exit_code") == 0 and exits[p2].get("signal") == 15, exits
+    # A keyed one repeated is answered from its record and not logged again.
+    n = len(entries)
+    s, _ = _raw(daemon, "POST", base + "/files/mkdir?path=/tmp/dir", key="cov/mkdir")
+    assert s == 201 and len(sb.log()) == n
+    sb.kill()
+
+
+class _Lines:
+    """A subprocess's stdout lines, collected by a thread as they come."""
+
+    def __init__(self, argv):
+        self.lines = []
+        self.p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.t = threading.Thread(target=self._read, daemon=True)
+        self.t.start()
+
+    def _read(self):
+        for line in self.p.stdout:
+            self.lines.append(line.rstrip("\n"))
+
+    def end(self, timeout):
+        try:
+            rc = self.p.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.p.kill()
+            self.p.wait(10)
+            raise AssertionError(f"still following {timeout}s after the sandbox ended: {self.lines}")
+        self.t.join(10)
+        return rc, self.p.stderr.read()
+
+
+def test_tidepool_log_follow_prints_steps_as_they_run_and_ends_with_the_sandbox(daemon, client, build_dir):
+    """`tidepool log --follow ID` (src/cli/cmd_log.cpp) prints each record as it is
+    written, as a table row or (--json) as the daemon's NDJSON, and exits 0 once the
+    sandbox's ended event came."""
+    sb = client.create(ttl=600)
+    cli = [str(build_dir / "bin" / "tidepool"), "--url", daemon.url, "log"]
+    table = _Lines(cli + ["--follow", sb.id])
+    nd = _Lines(cli + [sb.id, "--follow", "--json"])
+    try:
+        # Both are following before the first step: its rows come from the follow, not a listing.
+        wait_until(lambda: len(table.lines) >= 2 and nd.lines, timeout=30, what="the created event on both")
+        assert "created (image host)" in table.lines[1] and json.loads(nd.lines[0])["event"] == "created"
+        assert table.lines[0].split() == ["SEQ", "TIME", "(UTC)", "KEY", "/", "STEP", "/", "RESULT"]
+        n = 5
+        for i in range(1, n + 1):
+            sb.exec(f"echo {i}; exit {i}", idempotency_key=f"cf/{i}")
+            # Each step shows while the sandbox still runs (in order, before the next one).
+            row = wait_until(lambda: [l for l in table.lines if f"cf/{i} " in l], timeout=30,
+                             what=f"the row of step {i}")
+            assert len(row) == 1 and f"exec echo {i}; exit {i}" in row[0] and f"exit {i} (2 B out, 0 B err)" in row[0], row
+            wait_until(lambda: any(json.loads(l).get("key") == f"cf/{i}" for l in nd.lines), timeout=30,
+                       what=f"the entry of step {i}")
+        assert table.p.poll() is None and nd.p.poll() is None    # still following a live sandbox
+        sb.kill()
+        rc, err = table.end(60)
+        assert rc == 0, err
+        rc, err = nd.end(60)
+        assert rc == 0, err
+    finally:
+        for f in (table, nd):
+            if f.p.poll() is None:
+                f.p.kill()
+                f.p.wait(10)
+    entries = [json.loads(l) for l in nd.lines]
+    logged = [e.raw for e in sb.log()]
+    assert [e["seq"] for e in entries] == [e["seq"] for e in logged] == list(range(1, len(logged) + 1))
+    assert entries == logged                                    # the daemon's entries, as listed
+    assert entries[-1]["event"] == "ended" and entries[-1]["detail"]["end_reason"] == "deleted"
+    assert [e["key"] for e in entries if e["kind"] == "call" and e["method"] == "POST"] == \
+        [f"cf/{i}" for i in range(1, n + 1)]
+    rows = table.lines[1:]
+    assert [r.split()[0] for r in rows] == [str(e["seq"]) for e in entries]
+    assert "created (image host)" in rows[0] and "delete sandbox" in rows[-2] and "ended (deleted)" in rows[-1]
+    # Following a sandbox that has ended prints its whole log and exits 0 at once.
+    again = subprocess.run(cli + ["--follow", "--json", sb.id], capture_output=True, text=True, timeout=60)
+    assert again.returncode == 0 and [json.loads(l) for l in again.stdout.splitlines()] == entries
+    after = subprocess.run(cli + ["--follow", "--json", "--after", str(len(entries)), sb.id],
+                           capture_output=True, text=True, timeout=60)
+    assert after.returncode == 0 and after.stdout == ""
+    bad = subprocess.run(cli + ["--follow", "n0-000000000000"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 1 and "not found" in bad.stderr
+
+
+def test_step_retention_deletes_a_removed_sandboxs_log_and_keeps_a_live_ones(build_dir, track):
+    """--step-retention 3s (swept every retention/2, at least every second): the log of a
+    sandbox that ended goes once it ended more than the retention ago, with its keys; a
+    live sandbox's log stays however old its last record, and goes once it ended too."""
+    d = Daemon(build_dir, extra_args=["--step-retention", "3s"])
+    try:
+        d.start()
+        with tidepool.Client(d.url, timeout=60) as c:
+            def log_path(sid):
+                return os.path.join(d.data_dir, "sandboxes", sid, "steps.log")
+
+            live = c.create(ttl=600)
+            track(live.id)
+            live.exec("echo kept", idempotency_key="ret/live")
+            gone = c.create(ttl=600)
+            track(gone.id)
+            gone.exec("echo gone", idempotency_key="ret/gone")
+            live_entries = [e.raw for e in live.log()]
+            live_mtime = os.stat(log_path(live.id)).st_mtime_ns
+            assert gone.step_result("ret/gone").stdout == "gone\n"
+            assert os.path.exists(log_path(gone.id))
+            gone.kill()
+            ended = time.time_ns()
+            assert live_mtime < ended
+            wait_until(lambda: not os.path.exists(log_path(gone.id)), timeout=30,
+                       what="the ended sandbox's log to be deleted")
+            assert not os.path.exists(os.path.join(d.data_dir, "sandboxes", gone.id, "steps.d"))
+            # At that sweep the live sandbox's log was older still (nothing written to it since
+            # before the other ended): only being live kept it.
+            assert os.stat(log_path(live.id)).st_mtime_ns == live_mtime
+            assert [e.raw for e in live.log()] == live_entries
+            assert live.step_result("ret/live").stdout == "kept\n"
+            assert live.exec("echo kept", idempotency_key="ret/live").stdout == "kept\n"   # fast-forward
+            assert c.get(live.id).state == "running" and c.get(gone.id).state == "stopped"
+            # The removed sandbox's log and keys are gone with it.
+            with pytest.raises(tidepool.NotFound):
+                gone.step_result("ret/gone")
+            s, _, b = call(d, "GET", f"/v1/sandboxes/{gone.id}/log")
+            # (the sandbox is still known, stopped: an empty log; a node that forgot it: 404)
+            assert s == 404 or (s == 200 and json.loads(b)["entries"] == [] and json.loads(b)["records"] == 0), (s, b)
+            log = d.log_tail(500)
+            assert f"step log of {gone.id} removed (retention)" in log
+            assert f"step log of {live.id} removed" not in log
+            # The live one's log goes too once it has ended.
+            live.kill()
+            wait_until(lambda: not os.path.exists(log_path(live.id)), timeout=30,
+                       what="the second sandbox's log to be deleted after its end")
     finally:
         d.stop()
         d.cleanup()
