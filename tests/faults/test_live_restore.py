@@ -3,16 +3,28 @@
 One scenario, run twice: once with `kill -9` (a crash) and once with SIGTERM on a daemon
 that releases its sandboxes (an upgrade: tidepoold without --stop-sandboxes-on-exit). At
 the moment the daemon goes, one sandbox has a background process printing a numbered
-line every 20 ms, one is in the middle of a plain exec, one streams an exec, and a batch
-of sandboxes is being created. After the restart on the same data directory:
+line every 20 ms, one is in the middle of a plain exec, one streams an exec, one has a
+short TTL, and a streamed batch of sandboxes is being created. After the restart on the
+same data directory:
 
   - every sandbox that was running is still running, with its files, and exec works;
+  - its record is unchanged: id, image, tier, limits, labels, env, created_at, ttl and
+    expires_at; the short TTL still ends its sandbox (end_reason ttl) after the restart;
   - the background process ran on and none of its output is lost or doubled;
-  - the batch is reported item by item: each sandbox of it that reached the store is
-    running or stopped with a restart reason, never left `creating`;
-  - the clients cut off got an error, not a hang;
+  - the exec and the streamed exec cut off have a well-defined outcome (docs/
+    trajectory-log.md, "A daemon that dies mid-call"): their clients got an error, not a
+    hang and not a result; the output a stream delivered is a prefix of the command's;
+    their command was stopped and is never run again: a retry of the call's
+    Idempotency-Key (and GET .../log/result) answers an `unavailable` error;
+  - the batch is reported item by item: each item the stream reported ready is a
+    sandbox that runs and execs, and every sandbox of the batch that reached the store is
+    running (and execs) or stopped with a restart reason; none is left `creating`;
   - killing everything afterwards leaves nothing on the host.
+
+A retry of the interrupted batch's own key is test_batch_cut_by_kill9_is_reported_to_its_retry.
 """
+import http.client
+import json
 import os
 import pathlib
 import signal
@@ -27,9 +39,73 @@ from faultlib import cgroup_processes, netns_of, no_retry_client, store_rows, wa
 from tp_testlib import processes_of, wait_until
 
 LINES = 400  # the printer's lines, one every 20 ms: it outlasts the restart
+SHORT_TTL = 30  # seconds: the sandbox whose TTL must still end it after the restart
+BATCH = 12
 # The build directory of an earlier version (e.g. the main branch's), whose daemon makes
 # the sandboxes that this build's daemon then adopts.
 PREVIOUS_BUILD = os.environ.get("TIDEPOOL_PREVIOUS_BUILD", "")
+RESTART_REASONS = ("daemon_restart", "daemon_shutdown", "failed", "agent_lost")
+
+
+def _cmdlines(sandbox_id):
+    """The command lines of the sandbox's processes, as the host sees them."""
+    out = []
+    for p in processes_of(sandbox_id):
+        try:
+            with open(f"/proc/{p}/cmdline", "rb") as f:
+                out.append(f.read().replace(b"\0", b" ").decode(errors="replace"))
+        except OSError:
+            pass
+    return out
+
+
+def _runs(sandbox_id, marker):
+    return any(marker in c for c in _cmdlines(sandbox_id))
+
+
+def stream_batch(daemon, body, key, items, timeout=180):
+    """POST /v1/sandboxes/batch (streamed) with Idempotency-Key `key`; every item line goes
+    into `items` (index -> ("ready", id) or ("error", code)) as it arrives; returns the
+    done line, or raises when the stream ends without one."""
+    conn = http.client.HTTPConnection("127.0.0.1", daemon.port, timeout=timeout)
+    try:
+        conn.request("POST", "/v1/sandboxes/batch", body=json.dumps(body).encode(),
+                     headers={"Content-Type": "application/json", "Idempotency-Key": key})
+        r = conn.getresponse()
+        if r.status != 200:
+            raise tidepool.TidepoolError(f"batch answered {r.status}: {r.read()[:500]!r}")
+        if (r.getheader("Content-Type") or "").startswith("application/json"):  # answered whole
+            whole = json.loads(r.read())
+            for sb in whole.get("sandboxes") or []:
+                items[len(items)] = ("ready", sb["id"])
+            for e in whole.get("errors") or []:
+                items[e["index"]] = ("error", e["code"])
+            return {"done": True, "whole": whole}
+        while True:
+            line = r.readline()
+            if not line:
+                raise ConnectionError("the batch stream ended before its done line")
+            obj = json.loads(line)
+            if obj.get("done"):
+                return obj
+            idx = obj["index"]
+            assert idx not in items, f"item {idx} reported twice: {obj}"
+            items[idx] = ("ready", obj["sandbox"]["id"]) if "sandbox" in obj else ("error", obj["error"]["code"])
+    finally:
+        conn.close()
+
+
+def _cut_off_call_is_unavailable(retry, result):
+    """A keyed call cut off by the daemon's going: its retry, and its recorded answer,
+    are an `unavailable` error (never a result of the command run again)."""
+    with pytest.raises(tidepool.Unavailable) as e:
+        retry()
+    try:
+        got = result()
+    except tidepool.Unavailable as f:
+        got = f
+    assert isinstance(got, tidepool.Unavailable), f"the recorded answer of a cut-off call: {got!r}"
+    return e.value
 
 
 @pytest.mark.parametrize("how", ["kill9", "term"])
@@ -40,20 +116,25 @@ def test_restart_mid_work_keeps_every_sandbox(daemon, client, how):
         daemon.keep_sandboxes = True
         daemon.stop()
         daemon.start()
-    printer_sb = client.create(ttl=600, labels=labels)
-    busy_sb = client.create(ttl=600, labels=labels)
-    stream_sb = client.create(ttl=600, labels=labels)
-    mine = [printer_sb, busy_sb, stream_sb]
+    # Each with a shape of its own, so that a record mixed up with another's shows.
+    printer_sb = client.create(ttl=600, labels={**labels, "role": "printer"}, memory_mb=256, env={"ROLE": "printer"})
+    busy_sb = client.create(ttl=700, labels={**labels, "role": "busy"}, pids=300, idle_timeout=900)
+    stream_sb = client.create(ttl=800, labels={**labels, "role": "stream"}, cpus=0.5, disk_mb=512)
+    short_sb = client.create(ttl=SHORT_TTL, labels={**labels, "role": "short"})
+    mine = [printer_sb, busy_sb, stream_sb, short_sb]
     for sb in mine:
         sb.files.write("/root/kept.txt", sb.id.encode())
     netns = netns_of(p for sb in mine for p in processes_of(sb.id))
     printer = printer_sb.start(f"for i in $(seq 1 {LINES}); do echo line $i; sleep 0.02; done")
     outcome = {}
+    ekey, skey, bkey = (f"{k}-{uuid.uuid4().hex}" for k in ("exec", "stream", "batch"))
+    exec_cmd = "echo run >> /root/exec-runs; sleep 60; echo late"
+    stream_cmd = "echo run >> /root/stream-runs; for i in $(seq 1 400); do echo s $i; sleep 0.02; done"
 
     def plain_exec():
         try:
-            with no_retry_client(daemon.url, timeout=60) as c:
-                outcome["exec"] = c.get(busy_sb.id).exec("sleep 5; echo late")
+            with no_retry_client(daemon.url, timeout=120) as c:
+                outcome["exec"] = c.get(busy_sb.id).exec(exec_cmd, idempotency_key=ekey)
         except Exception as e:  # noqa: BLE001 - cut off by the daemon going away
             outcome["exec"] = e
 
@@ -62,7 +143,7 @@ def test_restart_mid_work_keeps_every_sandbox(daemon, client, how):
     def stream():
         try:
             with no_retry_client(daemon.url, timeout=60) as c:
-                for item in c.get(stream_sb.id).exec_stream("for i in $(seq 1 400); do echo s $i; sleep 0.02; done"):
+                for item in c.get(stream_sb.id).exec_stream(stream_cmd, idempotency_key=skey):
                     if isinstance(item, tidepool.ExecResult):
                         outcome["stream"] = item
                         return
@@ -70,20 +151,23 @@ def test_restart_mid_work_keeps_every_sandbox(daemon, client, how):
         except Exception as e:  # noqa: BLE001
             outcome["stream"] = e
 
+    items = {}
+
     def batch():
         try:
-            with no_retry_client(daemon.url, timeout=180) as c:
-                outcome["batch"] = c.create_batch(12, ttl=600, labels=labels)
+            outcome["batch"] = stream_batch(daemon, {"count": BATCH, "ttl_seconds": 600,
+                                                     "labels": {**labels, "role": "batch"}, "stream": True},
+                                            bkey, items)
         except Exception as e:  # noqa: BLE001
             outcome["batch"] = e
 
     threads = [threading.Thread(target=f) for f in (plain_exec, stream, batch)]
-    before = len(cgroup_processes(daemon.data_dir))
     for t in threads:
         t.start()
-    wait_until(lambda: len(streamed) >= 3 and len(cgroup_processes(daemon.data_dir)) >= before + 3,
-               timeout=60, interval=0.01, what="the stream and the batch to be under way")
+    wait_until(lambda: len(streamed) >= 3 and _runs(busy_sb.id, "sleep 60") and (items or "batch" in outcome),
+               timeout=60, interval=0.01, what="the exec, the stream and the batch to be under way")
     netns |= netns_of(int(p.split()[0]) for p in cgroup_processes(daemon.data_dir))
+    before = {sb.id: client.get(sb.id).info for sb in mine}
     gone_at = time.monotonic()
     daemon.stop(signal.SIGKILL if how == "kill9" else signal.SIGTERM)
     for t in threads:
@@ -93,33 +177,72 @@ def test_restart_mid_work_keeps_every_sandbox(daemon, client, how):
         daemon.start()
         with no_retry_client(daemon.url) as c:
             for sb in mine:
-                assert c.get(sb.id).state == "running", c.get(sb.id).info
-                assert c.get(sb.id).files.read("/root/kept.txt") == sb.id.encode()
-                assert c.get(sb.id).exec("echo back").stdout == "back\n"
+                got = c.get(sb.id)
+                # The record as it was: image, tier, limits, labels, env, created_at, ttl,
+                # expires_at (the short one may have expired meanwhile: then only its state
+                # and end moved on).
+                if sb is short_sb and got.state != "running":
+                    assert got.end_reason == "ttl", got.info
+                else:
+                    assert got.state == "running", got.info
+                    assert got.info.raw == before[sb.id].raw, (got.info.raw, before[sb.id].raw)
+                    assert got.files.read("/root/kept.txt") == sb.id.encode()
+                    assert got.exec("echo back").stdout == "back\n"
+                for field in ("image", "tier", "memory_mb", "cpus", "pids", "disk_mb", "ttl_seconds",
+                              "idle_timeout_seconds", "labels", "env", "created_at", "expires_at"):
+                    assert getattr(got.info, field) == getattr(before[sb.id], field), (field, got.info, before[sb.id])
             # The printer ran on through the restart; every line arrives once, in order.
             res = c.get(printer_sb.id).process(printer.pid).wait(timeout=60)
             assert res.exit_code == 0, res
             assert res.stdout == "".join(f"line {i}\n" for i in range(1, LINES + 1)), res.stdout[-400:]
+
+            # The exec and the stream cut off: an error for their clients, their commands
+            # stopped and never run again, and the same error for a retry of their key.
+            for what in ("exec", "stream"):
+                assert isinstance(outcome.get(what), tidepool.TidepoolError), (what, outcome.get(what))
+            got = b"".join(ch.data for ch in streamed if ch.stream == "stdout").decode()
+            assert "".join(f"s {i}\n" for i in range(1, LINES + 1)).startswith(got) and got, got
+            stream_again = c.get(stream_sb.id)
+            _cut_off_call_is_unavailable(lambda: list(stream_again.exec_stream(stream_cmd, idempotency_key=skey)),
+                                         lambda: stream_again.step_result(skey))
+            busy_again = c.get(busy_sb.id)
+            _cut_off_call_is_unavailable(lambda: busy_again.exec(exec_cmd, idempotency_key=ekey),
+                                         lambda: busy_again.step_result(ekey))
+            wait_until(lambda: not _runs(stream_sb.id, "stream-runs") and not _runs(busy_sb.id, "sleep 60"),
+                       timeout=30, interval=0.1, what="the cut-off commands to be stopped")
+            assert stream_again.files.read("/root/stream-runs") == b"run\n"
+            assert busy_again.files.read("/root/exec-runs") == b"run\n"
+
             # The batch, item by item: nothing of it left creating.
-            ours = {s.id: s for s in c.list(labels=labels, all=True)}
-            daemon.created.update(ours)
+            assert set(items) <= set(range(BATCH)), items
+            ready = {sid for kind, sid in items.values() if kind == "ready"}
+            for sid in ready:
+                got = c.get(sid)
+                assert got.state == "running", got.info
+                assert got.exec("echo b").stdout == "b\n"
+            stored = {s.id: s for s in c.list(labels={**labels, "role": "batch"}, all=True)}
+            daemon.created.update(stored)
+            assert ready <= set(stored), (ready, set(stored))
+            assert len(stored) <= BATCH, sorted(stored)
             rows = store_rows(daemon.data_dir)
-            batch_ids = set(ours) - {sb.id for sb in mine}
-            for sid in batch_ids:
-                state = ours[sid].refresh().state
+            assert not [sid for sid in stored if rows[sid]["state"] == "creating"], rows
+            for sid, s in stored.items():
+                state = s.refresh().state
                 if state == "running":
                     assert c.get(sid).exec("echo b").stdout == "b\n"
                 else:
-                    assert state == "stopped", ours[sid]
+                    assert state == "stopped", s
                     # A clean stop ends what it was still creating (daemon_shutdown).
-                    assert rows[sid]["end_reason"] in ("daemon_restart", "daemon_shutdown", "failed",
-                                                       "agent_lost"), rows[sid]
-            if isinstance(outcome.get("batch"), list):  # it finished before the daemon went
-                assert {s.id for s in outcome["batch"]} <= batch_ids
-            # The cut-off exec and stream got an answer or an error; the commands of a
-            # crash are not rerun.
-            assert "exec" in outcome and "stream" in outcome, outcome
-            for sid in ours:
+                    assert rows[sid]["end_reason"] in RESTART_REASONS, rows[sid]
+            if isinstance(outcome.get("batch"), dict):  # it finished before the daemon went
+                assert len(items) == BATCH and ready == set(stored), (items, sorted(stored))
+
+            # The short TTL still holds: it ends the sandbox at its recorded expiry.
+            info = wait_until(lambda: (i := c.get(short_sb.id).info).state == "stopped" and i,
+                              timeout=SHORT_TTL + 120, interval=0.5, what="the short TTL to end its sandbox")
+            assert info.end_reason == "ttl", info
+            assert info.expires_at == before[short_sb.id].expires_at and info.ended_at >= info.expires_at, info
+            for sid in set(stored) | {sb.id for sb in mine}:
                 c.kill(sid)
         wait_no_host_leaks(daemon.data_dir, netns)
     finally:
@@ -127,6 +250,63 @@ def test_restart_mid_work_keeps_every_sandbox(daemon, client, how):
             daemon.keep_sandboxes = False
             daemon.stop()
             daemon.start()
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
+    "bug: a keyed batch cut short by kill -9 is run again by the retry of its key after the "
+    "restart (a new batch of `count` sandboxes) instead of being answered per item (or 503) "
+    "from the record, so the sandboxes the first run made are reported to no one"))
+def test_batch_cut_by_kill9_is_reported_to_its_retry(daemon):
+    """The client of a batch cut short by kill -9 retries it with the same Idempotency-Key
+    (as the SDK does). The restarted daemon must not run it a second time: the retry's
+    answer accounts for the batch item by item, each item a sandbox of the first run that
+    runs and execs or an error, and no new sandbox appears (docs/trajectory-log.md:
+    a keyed step in flight when the daemon dies is answered to its retry, never run twice)."""
+    count = 48
+    labels = {"live": uuid.uuid4().hex[:8], "role": "batch"}
+    body = {"count": count, "ttl_seconds": 600, "labels": labels, "stream": True}
+    key = f"batch-{uuid.uuid4().hex}"
+    items, outcome = {}, {}
+
+    def batch():
+        try:
+            outcome["done"] = stream_batch(daemon, body, key, items)
+        except Exception as e:  # noqa: BLE001
+            outcome["error"] = e
+
+    t = threading.Thread(target=batch)
+    t.start()
+    wait_until(lambda: items or not t.is_alive(), timeout=60, interval=0.005, what="the batch's first item")
+    daemon.stop(signal.SIGKILL)
+    t.join(60)
+    assert not t.is_alive(), "the batch's client hung after the daemon died"
+    daemon.start()
+    with no_retry_client(daemon.url) as c:
+        first = {s.id for s in c.list(labels=labels, all=True)}
+        daemon.created.update(first)
+        try:
+            if "done" in outcome:
+                pytest.skip("the batch completed before the kill (host too fast); nothing was cut short")
+            retry = {}
+            try:
+                stream_batch(daemon, body, key, retry)
+            except tidepool.TidepoolError as e:  # answered as a whole error: accounted for, nothing run
+                retry = {"error": str(e)}
+            after = {s.id for s in c.list(labels=labels, all=True)}
+            daemon.created.update(after)
+            assert after == first, f"the retry ran the batch again: {len(after - first)} new sandboxes"
+            if "error" not in retry:
+                assert set(retry) == set(range(count)), sorted(retry)
+                for idx, (kind, sid) in retry.items():
+                    if kind == "ready":
+                        assert sid in first, (idx, sid)
+                        assert c.get(sid).exec("echo b").stdout == "b\n"
+                    if idx in items:
+                        assert retry[idx] == items[idx], (idx, retry[idx], items[idx])
+        finally:
+            for sid in {s.id for s in c.list(labels=labels, all=True)}:
+                daemon.created.add(sid)
+                c.kill(sid)
 
 
 @pytest.mark.skipif(not PREVIOUS_BUILD, reason="TIDEPOOL_PREVIOUS_BUILD names no earlier build")
