@@ -30,6 +30,7 @@
 #include "api/lifecycle_routes.h"
 #include "api/log_routes.h"
 #include "api/routes.h"
+#include "common/ids.h"
 #include "common/log.h"
 #include "control/sqlite/doc_store.h"
 #include "control/sqlite/image_record_store.h"
@@ -420,16 +421,23 @@ int daemon_main(int argc, char** argv) {
   api.set_max_download(max_download_mb << 20);
   auto retention = node::StepLog::parse_duration(step_retention);
   if (!retention) return die("--step-retention: " + retention.error().message());
-  auto steps = node::StepLog::open(
-      {.data_dir = data_dir, .retention = *retention, .is_live = [&mgr](const std::string& id) {
-         auto r = mgr.get(id);
-         if (!r) return r.error().code != Code::kNotFound;
-         return r->state == "creating" || r->state == "running" || r->state == "paused";
-       }});
+  bool every_call = trajectory_log == "on";
+  auto steps = node::StepLog::open({.data_dir = data_dir,
+                                    .retention = *retention,
+                                    .is_live =
+                                        [&mgr](const std::string& id) {
+                                          auto r = mgr.get(id);
+                                          if (!r) return r.error().code != Code::kNotFound;
+                                          return r->state == "creating" || r->state == "running" ||
+                                                 r->state == "paused";
+                                        },
+                                    // Logs made ahead for new sandboxes (only with events: their
+                                    // created event is what makes a log).
+                                    .spares = every_call ? 32u : 0u,
+                                    .make_id = [node] { return ids::new_sandbox_id(node); }});
   if (!steps) return die("step log: " + steps.error().message());
   std::shared_ptr<node::StepLog> step_log = std::move(*steps);
   api.set_step_log(step_log);
-  bool every_call = trajectory_log == "on";
   api.set_trajectory_log(every_call);
   events.set_log(step_log.get(), every_call);
   struct Unhook {

@@ -568,7 +568,7 @@ void SandboxManager::create(CreateParams p, RecordCb cb) {
   if (p.image != "host" && !resolver_)
     return reject(Error{Code::kNotFound, 0, "image '" + p.image + "' not found"});
   SandboxRecord r;
-  r.id = ids::new_sandbox_id(opts_.node_name);
+  r.id = opts_.new_id ? opts_.new_id() : ids::new_sandbox_id(opts_.node_name);
   r.tier = p.tier;
   r.image = p.image;
   r.node = opts_.node_name;

@@ -105,6 +105,9 @@ struct ManagerOptions {
   // answered, on a blocking thread; it may block briefly (the trajectory log makes
   // the creation durable then).
   std::function<void(const control::SandboxRecord& rec)> on_created;
+  // Makes a new sandbox's id (the trajectory log hands out ids whose logs it made
+  // ahead, StepLog::new_sandbox_id); unset = ids::new_sandbox_id(node_name). Any thread.
+  std::function<std::string()> new_id;
   // Called when a background process ends, after its waiters were answered. Any thread.
   ProcessExitHook on_process_exit;
   // Called by recover() for a command of a keyed call (ExecParams::step_tag) that a

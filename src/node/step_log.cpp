@@ -290,6 +290,12 @@ StepLog::StepLog(Options opts)
 
 StepLog::~StepLog() {
   {
+    std::lock_guard lk(spare_mu_);
+    spare_stop_ = true;
+  }
+  spare_cv_.notify_all();
+  if (spare_thread_.joinable()) spare_thread_.join();
+  {
     std::lock_guard lk(mu_);
     stop_ = true;
     // Deferred events of sandboxes still held go now: the writer drains everything queued.
@@ -298,6 +304,16 @@ StepLog::~StepLog() {
   }
   cv_.notify_all();
   if (writer_.joinable()) writer_.join();
+  // Spares not used (ready, or handed out to a sandbox that never wrote a record): a
+  // clean stop leaves none behind (after a crash, open removes them).
+  {
+    std::lock_guard lk(spare_mu_);
+    std::error_code ec;
+    for (const auto& id : spares_) fs::remove_all(spare_dir() + "/" + id, ec);
+    for (const auto& id : spares_taken_) fs::remove_all(spare_dir() + "/" + id, ec);
+    spares_.clear();
+    spares_taken_.clear();
+  }
   // A clean stop leaves no preallocated zeros behind (after a crash, open cuts them).
   files_.clear();
   for (auto& l : logs_) {
@@ -324,9 +340,13 @@ Result<std::unique_ptr<StepLog>> StepLog::open(Options opts) {
   log->is_live_ = log->opts_.is_live;
   log->sync_dirs_ = log->opts_.always_sync_dirs ||
                     !names_durable_with_file_sync(log->opts_.data_dir + "/sandboxes");
+  TP_TRY(ensure_dir(log->spare_dir(), nullptr));
+  log->recover_spares();
   log->sweep();
   TP_TRY(log->load_all());
   log->writer_ = std::thread([p = log.get()] { p->run(); });
+  if (log->opts_.spares > 0 && log->opts_.make_id)
+    log->spare_thread_ = std::thread([p = log.get()] { p->make_spares(); });
   return log;
 }
 
@@ -935,6 +955,26 @@ Result<StepLog::File*> StepLog::file_for(uint32_t log) {
       return f.get();
     }
   }
+  if (end < kFileHeader && !scope.empty() && place_spare(scope, f->dir)) {
+    // A spare: header and first block on disk already, so this log's first record is
+    // an overwrite (see "Spare logs" in the header).
+    f->fd = ::open(f->path.c_str(), O_RDWR | O_CLOEXEC);
+    struct stat st {};
+    if (f->fd >= 0 && ::fstat(f->fd, &st) == 0 &&
+        static_cast<uint64_t>(st.st_size) >= kFileHeader) {
+      f->allocated = static_cast<uint64_t>(st.st_size);
+      std::lock_guard lk(mu_);
+      Log& l = *logs_[log];
+      l.end = kFileHeader;
+      l.next_seq = l.seqs.empty() ? 1 : l.seqs.back().first + 1;
+      l.loaded = true;
+      return f.get();
+    }
+    spdlog::warn("step log {}: the spare placed there cannot be used ({}); made afresh", f->path,
+                 strerror(errno));
+    if (f->fd >= 0) ::close(f->fd);
+    f->fd = -1;
+  }
   // The sandbox manager removes a sandbox's directory when it ends, if it is empty by
   // then (rmdir): between our mkdir and open it may have, so make it again. Once the
   // log is in it, the directory stays.
@@ -1351,6 +1391,165 @@ void StepLog::sweep() {
     spdlog::info("step log of {} removed (retention)", n);
   }
   fire(wake);
+}
+
+// ---- spare logs ---------------------------------------------------------------
+
+std::string StepLog::spare_dir() const { return opts_.data_dir + "/steps/spare"; }
+
+std::optional<std::string> StepLog::take_spare() {
+  std::optional<std::string> id;
+  bool refill = false;
+  {
+    std::lock_guard lk(spare_mu_);
+    if (!spares_.empty()) {
+      id = std::move(spares_.front());
+      spares_.pop_front();
+      spares_taken_.insert(*id);
+    }
+    refill = spares_.size() <= opts_.spares / 2;
+  }
+  if (refill) spare_cv_.notify_all();
+  return id;
+}
+
+size_t StepLog::spares_ready() {
+  std::lock_guard lk(spare_mu_);
+  return spares_.size();
+}
+
+bool StepLog::place_spare(const std::string& scope, const std::string& dir) {
+  {
+    std::lock_guard lk(spare_mu_);
+    if (!spares_taken_.erase(scope)) return false;
+  }
+  const std::string from = spare_dir() + "/" + scope;
+  if (::rename(from.c_str(), dir.c_str()) == 0) return true;
+  if (errno == EEXIST || errno == ENOTEMPTY) {
+    // The sandbox's directory holds another module's files already: the file alone.
+    if (::rename((from + "/steps.log").c_str(), (dir + "/steps.log").c_str()) == 0) {
+      ::rmdir(from.c_str());
+      return true;
+    }
+  }
+  spdlog::warn("step log: spare {} not placed in {}: {}", from, dir, strerror(errno));
+  std::error_code ec;
+  fs::remove_all(from, ec);
+  return false;
+}
+
+// At open: a spare with a record in it belonged to a sandbox whose log was not yet
+// renamed into place when the daemon stopped (the rename is not synced); it goes there
+// now. The others were never used: removed, and their ids never handed out.
+void StepLog::recover_spares() {
+  std::vector<std::string> found;
+  if (DIR* d = ::opendir(spare_dir().c_str())) {
+    while (auto* e = ::readdir(d)) {
+      std::string n = e->d_name;
+      if (ids::valid_sandbox_id(n)) found.push_back(n);
+    }
+    ::closedir(d);
+  }
+  for (const auto& n : found) {
+    const std::string from = spare_dir() + "/" + n, file = from + "/steps.log";
+    bool records = false;
+    if (int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC); fd >= 0) {
+      char b[4];
+      records = ::pread(fd, b, sizeof b, kFileHeader) == sizeof b && get_u32(b) == kRecordMagic;
+      ::close(fd);
+    }
+    std::error_code ec;
+    if (!records) {
+      fs::remove_all(from, ec);
+      continue;
+    }
+    const std::string to = dir_of(n);
+    bool moved = ::rename(from.c_str(), to.c_str()) == 0;
+    if (!moved && (errno == EEXIST || errno == ENOTEMPTY) &&
+        ::access((to + "/steps.log").c_str(), F_OK) != 0 &&
+        ::rename(file.c_str(), (to + "/steps.log").c_str()) == 0) {
+      moved = true;
+      ::rmdir(from.c_str());
+    }
+    if (!moved) {
+      spdlog::error("step log: spare {} holds records but cannot go to {}: {}; left there", from,
+                    to, strerror(errno));
+      continue;
+    }
+    (void)sync_dir(opts_.data_dir + "/sandboxes");
+    spdlog::info("step log of {}: moved into place from its spare", n);
+  }
+}
+
+// The spare thread: refills to opts_.spares whenever half of them were handed out.
+void StepLog::make_spares() {
+  std::string block(kFirstPiece, '\0');
+  {
+    auto h = file_header();
+    std::memcpy(block.data(), h.data(), h.size());
+  }
+  std::unique_lock lk(spare_mu_);
+  for (;;) {
+    spare_cv_.wait(lk, [&] { return spare_stop_ || spares_.size() <= opts_.spares / 2; });
+    if (spare_stop_) return;
+    const size_t want = opts_.spares - spares_.size();
+    lk.unlock();
+    std::vector<std::string> made;
+    std::vector<int> fds;
+    std::optional<Error> failed;
+    for (size_t i = 0; i < want && !failed; ++i) {
+      const std::string id = opts_.make_id();
+      const std::string dir = spare_dir() + "/" + id;
+      if (::mkdir(dir.c_str(), 0700) != 0) {
+        failed = sys_fail("mkdir " + dir).error();
+        break;
+      }
+      const std::string path = dir + "/steps.log";
+      int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+      if (fd < 0) {
+        failed = sys_fail("create " + path).error();
+        ::rmdir(dir.c_str());
+        break;
+      }
+      fds.push_back(fd);
+      made.push_back(id);
+      if (auto r = pwrite_all(fd, block.data(), block.size(), 0); !r) {
+        failed = r.error();
+        break;
+      }
+      // Written back now (delayed allocation allocates its block here), so that the one
+      // fdatasync below commits every spare's metadata at once.
+      if (::sync_file_range(fd, 0, 0,
+                            SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE |
+                                SYNC_FILE_RANGE_WAIT_AFTER) != 0) {
+        failed = sys_fail("sync_file_range " + path).error();
+        break;
+      }
+    }
+    if (!failed && !fds.empty()) {
+      // Journalled file systems commit all of them with the last one's metadata; others
+      // get each file and directory synced.
+      for (size_t i = sync_dirs_ ? 0 : fds.size() - 1; i < fds.size() && !failed; ++i)
+        if (::fdatasync(fds[i]) != 0) failed = sys_fail("fdatasync spare log").error();
+      for (size_t i = 0; sync_dirs_ && i < made.size() && !failed; ++i)
+        if (auto r = sync_dir(spare_dir() + "/" + made[i]); !r) failed = r.error();
+      if (sync_dirs_ && !failed)
+        if (auto r = sync_dir(spare_dir()); !r) failed = r.error();
+    }
+    for (int fd : fds) ::close(fd);
+    if (failed) {
+      std::error_code ec;
+      for (const auto& id : made) fs::remove_all(spare_dir() + "/" + id, ec);
+      made.clear();
+    }
+    lk.lock();
+    for (auto& id : made) spares_.push_back(std::move(id));
+    if (failed) {
+      // New logs are made on their own path meanwhile; try again later.
+      spdlog::warn("step log: spare logs not made: {}; retrying in 10 s", failed->message());
+      spare_cv_.wait_for(lk, std::chrono::seconds(10), [&] { return spare_stop_; });
+    }
+  }
 }
 
 }  // namespace tp::node

@@ -39,6 +39,16 @@
 // deleted. Version 1 files are read and their header is rewritten as version 2 (their
 // records are valid version 2 records; their seq is their place in the file).
 //
+// Spare logs (Options::spares, make_id): a background thread keeps up to `spares`
+// sandbox logs made ahead under steps/spare/<id>/steps.log (directory, file, header and
+// first block written, and their metadata committed by one fdatasync per batch), so
+// that a new sandbox's log costs a rename of its directory instead of a mkdir, a create
+// and a new file's first sync (each a metadata change that, on a journalled file
+// system, the sandbox's first synced record would wait for). take_spare() hands out
+// the id of one; the log's first record renames it to sandboxes/<id>. The rename
+// itself is not synced: a spare found at open with records in it is moved then; one
+// without is deleted (its id is never used again).
+//
 // Memory: the key index key -> (log, offset, finish time), at most max_keys entries,
 // and per log the offset of each seq; records and answers are read from disk when
 // asked for.
@@ -71,6 +81,7 @@
 #include <string_view>
 #include <thread>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "common/result.h"
@@ -135,6 +146,10 @@ class StepLog {
     // fsync the directories of new files and side files even on a file system whose
     // file fsync makes new names durable (ext4, XFS, tmpfs), where they are skipped.
     bool always_sync_dirs = false;
+    // Sandbox logs made ahead (see "Spare logs" above); 0: none. make_id makes the ids
+    // of spares (a fresh sandbox id each call); spares need it.
+    size_t spares = 0;
+    std::function<std::string()> make_id;
   };
 
   // Reads every log under data_dir (recovering torn tails), deletes what retention
@@ -208,6 +223,13 @@ class StepLog {
   void hold(const std::string& scope);
   void release(const std::string& scope);
 
+  // ---- spare logs
+  // The id of a sandbox whose log is made already (see "Spare logs"), for a new
+  // sandbox; nullopt when none is ready (the caller makes an id of its own).
+  std::optional<std::string> take_spare();
+  // Spares ready now (tests, metrics).
+  size_t spares_ready();
+
   // ---- lifecycle
   // Starts the retention clock of the sandbox's log and trims its preallocated tail
   // (and closes its descriptor); is_live tells the sweep which
@@ -259,6 +281,20 @@ class StepLog {
   void fire(std::vector<std::function<void()>>& wake);
   std::unique_ptr<SyncPool> sync_pool_;
   std::thread writer_;
+
+  // Spare logs: made by spare_thread_, handed out by take_spare(), renamed into place
+  // by file_for() (on the committing thread).
+  std::string spare_dir() const;
+  void recover_spares();
+  void make_spares();
+  // Moves the spare of `scope` to dir (its log's directory); false: it is not there.
+  bool place_spare(const std::string& scope, const std::string& dir);
+  std::mutex spare_mu_;  // spares_, spares_taken_, spare_stop_
+  std::condition_variable spare_cv_;
+  std::deque<std::string> spares_;                // ready, oldest first
+  std::unordered_set<std::string> spares_taken_;  // handed out, not yet placed
+  bool spare_stop_ = false;
+  std::thread spare_thread_;
 };
 
 }  // namespace tp::node

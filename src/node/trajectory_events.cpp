@@ -4,6 +4,7 @@
 #include <condition_variable>
 #include <mutex>
 
+#include "common/ids.h"
 #include "common/json_util.h"
 #include "common/log.h"
 #include "node/record_json.h"
@@ -135,6 +136,14 @@ Result<StepRecord> step_lost_record(const std::string& tag, uint32_t pid, int64_
 }
 
 void TrajectoryEvents::attach(ManagerOptions& opts) {
+  // A sandbox whose log starts with its created event gets an id whose log is made
+  // already (StepLog's spares): no file system metadata on its create's path.
+  opts.new_id = [st = st_, node = opts.node_name] {
+    StepLog* log = st->log.load();
+    if (log && st->events)
+      if (auto id = log->take_spare()) return *id;
+    return ids::new_sandbox_id(node);
+  };
   opts.on_created = [st = st_](const control::SandboxRecord& r) {
     StepLog* log = st->log.load();
     if (!log || !st->events) return;
