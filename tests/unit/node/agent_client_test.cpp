@@ -39,8 +39,15 @@ class AgentClientTest : public AgentTestBase {
     client_->exec(req, std::move(h));
     ASSERT_TRUE(run_until([&] { return pid_ != 0; }));
   }
+  // Clients of later sessions: closed however a test ends (one left open would
+  // keep TearDown's io_.run() waiting on its socket forever).
+  void TearDown() override {
+    for (auto& c : later_) c->close();
+    AgentTestBase::TearDown();
+  }
   uint32_t pid_ = 0;
   std::optional<Result<node::ExecResult>> done_;
+  std::vector<std::shared_ptr<node::AgentClient>> later_;
 };
 
 TEST_F(AgentClientTest, AgentDeathFailsPendingRequests) {
@@ -168,9 +175,12 @@ TEST_F(AgentClientTest, ReplayedAnswersWaitForAttach) {
     client_->close();
   };
   h.on_done = [](Result<node::ExecResult>) {};
-  uint32_t id =
-      client_->exec(sh("read x; echo one; echo two >&2; : > " + marker + "; exit 4"), std::move(h));
-  (void)id;
+  // Stdin stays open: the command prints nothing until the second client gives it a
+  // line (with stdin closed `read x` returns at once, and the output could reach
+  // the first client with kStarted).
+  node::ExecRequest req = sh("read x; echo one; echo two >&2; : > " + marker + "; exit 4");
+  req.stdin_open = true;
+  client_->exec(req, std::move(h));
   ASSERT_TRUE(run_until([&] { return pid != 0; }));
   io_.restart();
   io_.run();
@@ -179,6 +189,7 @@ TEST_F(AgentClientTest, ReplayedAnswersWaitForAttach) {
   auto c2 = node::AgentClient::connect(io_, agent_->socket_path(), "sb-test");
   ASSERT_TRUE(c2.has_value());
   auto client2 = *c2;
+  later_.push_back(client2);
   ASSERT_TRUE(await<void>([&](auto cb) { client2->start(cb); }).has_value());
   ASSERT_EQ(client2->resumed().size(), 1u);
   uint32_t rid = client2->resumed()[0].id;
@@ -198,6 +209,7 @@ TEST_F(AgentClientTest, ReplayedAnswersWaitForAttach) {
   auto c3 = node::AgentClient::connect(io_, agent_->socket_path(), "sb-test");
   ASSERT_TRUE(c3.has_value());
   auto client3 = *c3;
+  later_.push_back(client3);
   ASSERT_TRUE(await<void>([&](auto cb) { client3->start(cb); }).has_value());
   ASSERT_EQ(client3->resumed().size(), 1u);
   EXPECT_EQ(client3->resumed()[0].id, rid);
