@@ -285,6 +285,16 @@ class AgentClientImpl final : public AgentClient {
   }
 
   void close() override {
+    // From here on nothing the agent sends is handed to a handler, so nothing
+    // more is acknowledged: it all goes to the agent's next session. A frame
+    // being handled on another thread right now is waited for (its ack still goes
+    // out), so once close() returns no answer handler of this client runs again;
+    // only the final on_done/reply callbacks with kUnavailable follow, on the strand.
+    // From a handler of this client (on the strand) the rest of its batch is skipped.
+    closing_.store(true);
+    if (!strand_.running_in_this_thread()) {
+      std::lock_guard wait_for_handler(handler_mu_);
+    }
     asio::post(strand_, [self = self()] {
       self->fail_all(Error{Code::kUnavailable, 0, "agent connection closed by the node"});
     });
@@ -326,7 +336,12 @@ class AgentClientImpl final : public AgentClient {
       for (auto& m : backlog) {
         uint64_t seq = m.u64(Tag::kSeq);
         self->buffered_seqs_.erase(seq);
-        if (!self->closed_) self->dispatch(std::move(m));
+        {
+          std::lock_guard lk(self->handler_mu_);
+          // Closed meanwhile: the rest is not handled, so not acknowledged.
+          if (self->closed_ || self->closing_.load()) break;
+          self->dispatch(std::move(m));
+        }
         // Handled now, so acknowledged below: an agent at its cap of
         // unacknowledged output sends nothing more that would carry the ack.
         if (seq > self->last_seq_) self->last_seq_ = seq;
@@ -530,14 +545,14 @@ class AgentClientImpl final : public AgentClient {
                              : Error{Code::kUnavailable, errno,
                                      "read from agent of " + self->sandbox_id_};
             // Deliver what arrived before the end, then fail the rest.
-            while (auto m = self->reader_.next()) self->on_message(std::move(*m));
+            while (auto m = self->reader_.next())
+              if (!self->deliver(std::move(*m))) break;
             if (!self->closed_) self->fail_all(e);
             return;
           }
           while (!self->closed_) {
             auto m = self->reader_.next();
-            if (!m) break;
-            self->on_message(std::move(*m));
+            if (!m || !self->deliver(std::move(*m))) break;
           }
           if (self->closed_) return;
           // After the handlers returned: the agent may drop these answers and
@@ -566,8 +581,10 @@ class AgentClientImpl final : public AgentClient {
     send(proto::encode(a));
   }
 
-  // Nobody attached to these resumed commands in time: drop what they had.
+  // Nobody attached to these resumed commands in time: drop what they had
+  // (unless close() was called: then they are left to the next session).
   void abandon_unattached() {
+    if (closing_.load()) return;
     {
       std::lock_guard lock(resumed_mu_);
       attachable_.clear();
@@ -580,6 +597,15 @@ class AgentClientImpl final : public AgentClient {
       }
     unattached_.clear();
     maybe_ack();
+  }
+
+  // Hands one frame to on_message() unless close() was called: false then, and
+  // neither it nor anything after it is handled (or acknowledged) in this session.
+  bool deliver(Message m) {
+    std::lock_guard lk(handler_mu_);
+    if (closing_.load()) return false;
+    on_message(std::move(m));
+    return true;
   }
 
   void on_message(Message m) {
@@ -724,6 +750,10 @@ class AgentClientImpl final : public AgentClient {
   std::vector<ResumedCommand> resumed_list_;
   std::set<uint32_t> attachable_;
   // Touched from any thread.
+  std::atomic<bool> closing_{false};  // close() was called
+  // Held while a frame is handled (deliver(), attach()'s backlog): close() from
+  // another thread takes it to wait for that handler.
+  std::mutex handler_mu_;
   std::atomic<uint32_t> next_id_{1};
   std::atomic<size_t> pending_count_{0};
 };

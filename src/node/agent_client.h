@@ -174,7 +174,11 @@ class AgentClient : public std::enable_shared_from_this<AgentClient> {
     return fail(Code::kNotFound, "command " + std::to_string(exec_id) + " was not resumed");
   }
 
-  // Closes the connection; pending requests complete with kUnavailable.
+  // Closes the connection; pending requests complete with kUnavailable. No
+  // answer is handed to a handler after close() (nor acknowledged: a command's
+  // output and exit not handled yet go to the agent's next session). Called from
+  // another thread while a handler of this client runs, close() waits for it to
+  // return; called from a handler, the answers read with that one are skipped.
   virtual void close() = 0;
   // Number of requests awaiting an answer (for idle detection and metrics).
   virtual size_t pending() const = 0;

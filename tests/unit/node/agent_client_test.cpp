@@ -7,7 +7,11 @@
 #include <sys/socket.h>
 #include <sys/wait.h>
 
+#include <algorithm>
+#include <atomic>
+#include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/steady_timer.hpp>
+#include <chrono>
 #include <cstdio>
 #include <thread>
 
@@ -35,8 +39,15 @@ class AgentClientTest : public AgentTestBase {
     client_->exec(req, std::move(h));
     ASSERT_TRUE(run_until([&] { return pid_ != 0; }));
   }
+  // Clients of later sessions: closed however a test ends (one left open would
+  // keep TearDown's io_.run() waiting on its socket forever).
+  void TearDown() override {
+    for (auto& c : later_) c->close();
+    AgentTestBase::TearDown();
+  }
   uint32_t pid_ = 0;
   std::optional<Result<node::ExecResult>> done_;
+  std::vector<std::shared_ptr<node::AgentClient>> later_;
 };
 
 TEST_F(AgentClientTest, AgentDeathFailsPendingRequests) {
@@ -164,9 +175,12 @@ TEST_F(AgentClientTest, ReplayedAnswersWaitForAttach) {
     client_->close();
   };
   h.on_done = [](Result<node::ExecResult>) {};
-  uint32_t id =
-      client_->exec(sh("read x; echo one; echo two >&2; : > " + marker + "; exit 4"), std::move(h));
-  (void)id;
+  // Stdin stays open: the command prints nothing until the second client gives it a
+  // line (with stdin closed `read x` returns at once, and the output could reach
+  // the first client with kStarted).
+  node::ExecRequest req = sh("read x; echo one; echo two >&2; : > " + marker + "; exit 4");
+  req.stdin_open = true;
+  client_->exec(req, std::move(h));
   ASSERT_TRUE(run_until([&] { return pid != 0; }));
   io_.restart();
   io_.run();
@@ -175,6 +189,7 @@ TEST_F(AgentClientTest, ReplayedAnswersWaitForAttach) {
   auto c2 = node::AgentClient::connect(io_, agent_->socket_path(), "sb-test");
   ASSERT_TRUE(c2.has_value());
   auto client2 = *c2;
+  later_.push_back(client2);
   ASSERT_TRUE(await<void>([&](auto cb) { client2->start(cb); }).has_value());
   ASSERT_EQ(client2->resumed().size(), 1u);
   uint32_t rid = client2->resumed()[0].id;
@@ -194,6 +209,7 @@ TEST_F(AgentClientTest, ReplayedAnswersWaitForAttach) {
   auto c3 = node::AgentClient::connect(io_, agent_->socket_path(), "sb-test");
   ASSERT_TRUE(c3.has_value());
   auto client3 = *c3;
+  later_.push_back(client3);
   ASSERT_TRUE(await<void>([&](auto cb) { client3->start(cb); }).has_value());
   ASSERT_EQ(client3->resumed().size(), 1u);
   EXPECT_EQ(client3->resumed()[0].id, rid);
@@ -441,10 +457,12 @@ class FakeAgent {
   void send_raw(const std::string& b) {
     ASSERT_EQ(::write(fd_, b.data(), b.size()), static_cast<ssize_t>(b.size()));
   }
-  // The next request; the client's kHello and kAck frames are skipped.
+  // The next request; the client's kHello and kAck frames are skipped (acked()
+  // keeps the highest SEQ acknowledged).
   std::optional<Message> recv() {
     for (;;) {
       if (auto m = reader_.next()) {
+        if (m->type == MsgType::kAck) acked_ = std::max(acked_, m->u64(Tag::kSeq));
         if (m->type == MsgType::kHello || m->type == MsgType::kAck) continue;
         return m;
       }
@@ -455,9 +473,11 @@ class FakeAgent {
     }
   }
   void ready() { send(Message(MsgType::kReady, 0).add_u64(Tag::kVersion, proto::kVersion)); }
+  uint64_t acked() const { return acked_; }
 
  private:
   int node_fd_ = -1, fd_ = -1;
+  uint64_t acked_ = 0;
   proto::FrameReader reader_;
   std::thread thread_;
 };
@@ -585,6 +605,103 @@ TEST_F(AgentClientFakeTest, MalformedFrameFromAgentClosesTheClient) {
   ASSERT_TRUE(run_until([&] { return closed_; }));
   EXPECT_NE(closed_error_.context.find("protocol error"), std::string::npos);
   stop();
+}
+
+// The held answers of one command (SEQ 1..), in one buffer: written at once, the
+// client reads them in one go.
+std::string command_answers(uint32_t id, const std::vector<std::string>& outputs) {
+  uint64_t seq = 0;
+  std::string b =
+      proto::encode(Message(MsgType::kStarted, id).add_u64(Tag::kPid, 7).add_u64(Tag::kSeq, ++seq));
+  for (const auto& d : outputs)
+    b += proto::encode(Message(MsgType::kOutput, id)
+                           .add_u64(Tag::kStream, 1)
+                           .add(Tag::kData, d)
+                           .add_u64(Tag::kSeq, ++seq));
+  b += proto::encode(
+      Message(MsgType::kExit, id).add_i64(Tag::kExitCode, 4).add_u64(Tag::kSeq, ++seq));
+  return b;
+}
+
+// close() from a handler: the answers read with that one are neither handled nor
+// acknowledged, so the agent keeps them for its next session. (They were handled by
+// the closed client and acknowledged, and so lost to the next session, when the
+// first client of AgentClientTest.ReplayedAnswersWaitForAttach read its command's
+// output together with kStarted.)
+TEST_F(AgentClientFakeTest, CloseInAHandlerLeavesTheRestToTheNextSession) {
+  uint64_t acked = 0;
+  int outputs = 0;
+  std::optional<Result<node::ExecResult>> done;
+  {
+    FakeAgent fake([&](FakeAgent& f) {
+      f.ready();
+      auto exec = f.recv();
+      ASSERT_TRUE(exec);
+      f.send_raw(command_answers(exec->id, {"one\n"}));
+      while (f.recv()) {
+      }
+      acked = f.acked();
+    });
+    connect(fake);
+    node::ExecHandlers h;
+    h.on_started = [&](uint32_t) { client_->close(); };
+    h.on_output = [&](int, std::string_view) { ++outputs; };
+    h.on_done = [&](Result<node::ExecResult> r) { done.emplace(std::move(r)); };
+    client_->exec(sh("x"), std::move(h));
+    ASSERT_TRUE(run_until([&] { return done.has_value() && closed_; }));
+    stop();
+  }  // joins the fake's thread
+  EXPECT_EQ(outputs, 0);
+  ASSERT_FALSE(done->has_value()) << "the exit was handled after close()";
+  EXPECT_EQ(done->error().code, Code::kUnavailable);
+  EXPECT_EQ(acked, 1u) << "only kStarted was handled";
+}
+
+// close() from another thread while a handler runs waits for it: its answer was
+// handled (and is acknowledged); no handler runs after close() returned, and what
+// came after it is left to the next session.
+TEST_F(AgentClientFakeTest, CloseWaitsForARunningHandler) {
+  uint64_t acked = 0;
+  std::atomic<int> outputs{0};
+  std::atomic<bool> in_handler{false}, handler_returned{false}, done{false};
+  std::atomic<bool> done_ok{false};
+  {
+    FakeAgent fake([&](FakeAgent& f) {
+      f.ready();
+      auto exec = f.recv();
+      ASSERT_TRUE(exec);
+      f.send_raw(command_answers(exec->id, {"one\n", "two\n"}));
+      while (f.recv()) {
+      }
+      acked = f.acked();
+    });
+    connect(fake);
+    auto work = boost::asio::make_work_guard(io_);
+    io_.restart();
+    std::thread io_thread([&] { io_.run(); });
+    node::ExecHandlers h;
+    h.on_output = [&](int, std::string_view) {
+      if (++outputs > 1) return;
+      in_handler = true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      handler_returned = true;
+    };
+    h.on_done = [&](Result<node::ExecResult> r) {
+      done_ok = r.has_value();
+      done = true;
+    };
+    client_->exec(sh("x"), std::move(h));
+    while (!in_handler) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    client_->close();
+    EXPECT_TRUE(handler_returned.load()) << "close() returned while a handler ran";
+    while (!done) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    work.reset();
+    io_thread.join();
+    stop();
+  }
+  EXPECT_EQ(outputs.load(), 1);
+  EXPECT_FALSE(done_ok.load()) << "the exit was handled after close()";
+  EXPECT_EQ(acked, 2u) << "kStarted and the first output were handled";
 }
 
 TEST_F(AgentClientFakeTest, AgentGoneBeforeReadyFailsStart) {
