@@ -75,7 +75,6 @@ void list_into(const std::string& dir, std::set<std::string>* out) {
 }  // namespace
 
 Result<UniqueFd> RunState::make_socket(const std::string& id) const {
-  remove(id);  // a stale one of an earlier sandbox with this id
   std::string path = socket_path(id);
   sockaddr_un sa{};
   sa.sun_family = AF_UNIX;
@@ -91,8 +90,13 @@ Result<UniqueFd> RunState::make_socket(const std::string& id) const {
   std::memcpy(sa.sun_path, path.data(), path.size());
   UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
   if (!fd) return sys_fail("socket(AF_UNIX) for " + path);
-  if (::bind(fd.get(), reinterpret_cast<const sockaddr*>(&sa), sizeof(sa)) != 0)
-    return sys_fail("bind(" + path + ")");
+  if (::bind(fd.get(), reinterpret_cast<const sockaddr*>(&sa), sizeof(sa)) != 0) {
+    if (errno != EADDRINUSE) return sys_fail("bind(" + path + ")");
+    // A stale one of an earlier sandbox with this id (ids are random: rare).
+    remove(id);
+    if (::bind(fd.get(), reinterpret_cast<const sockaddr*>(&sa), sizeof(sa)) != 0)
+      return sys_fail("bind(" + path + ")");
+  }
   if (::listen(fd.get(), 4) != 0) return sys_fail("listen(" + path + ")");
   return fd;
 }
@@ -103,9 +107,14 @@ Result<void> RunState::record(const std::string& id, pid_t pid) const {
     return fail(Code::kInternal, "no start time in /proc/" + std::to_string(pid) + "/stat");
   const std::string text = identity_text(pid, start);
   const std::string sock = socket_path(id);
-  if (::setxattr(sock.c_str(), kXattr, text.data(), text.size(), 0) == 0) return {};
+  if (::setxattr(sock.c_str(), kXattr, text.data(), text.size(), 0) == 0) {
+    int unknown = -1;
+    xattrs_.compare_exchange_strong(unknown, 1);
+    return {};
+  }
   if (errno != ENOTSUP && errno != EOPNOTSUPP && errno != EPERM)
     return sys_fail(std::string("setxattr(") + sock + ", " + kXattr + ")");
+  xattrs_.store(0);
   // No trusted xattrs here: a file beside it, written atomically.
   const std::string state = dir_ + "/" + id + ".state", tmp = state + ".tmp";
   UniqueFd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600));
@@ -157,6 +166,9 @@ Result<RunState::Found> RunState::find_in(const std::string& dir, const std::str
 }
 
 void RunState::remove(const std::string& id) const {
+  // The usual case: this layout, in dir_, its init in the socket's xattr. Anything
+  // else (a .state file, an earlier layout or directory) gets the full sweep below.
+  if (::unlink(socket_path(id).c_str()) == 0 && xattrs_.load() == 1) return;
   std::vector<std::string> dirs{dir_};
   dirs.insert(dirs.end(), earlier_.begin(), earlier_.end());
   for (const auto& dir : dirs) {

@@ -23,6 +23,7 @@
 
 #include <sys/types.h>
 
+#include <atomic>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -63,6 +64,9 @@ class RunState {
 
   std::string dir_;
   std::vector<std::string> earlier_;
+  // Whether dir_ takes the trusted xattr (-1: not known yet): remove() skips the
+  // .state files where it does.
+  mutable std::atomic<int> xattrs_{-1};
 };
 
 }  // namespace tp::runtime::container
