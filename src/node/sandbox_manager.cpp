@@ -164,6 +164,7 @@ SandboxManager::SandboxManager(asio::io_context& io, runtime::Registry& registry
       opts_(std::move(opts)),
       blocking_(opts_.blocking_threads),
       timer_(io) {
+  if (!opts_.host_ids_in_use) opts_.host_ids_in_use = host_uids_in_use;
   if (!opts_.agent_from_fd)
     opts_.agent_from_fd = [](asio::io_context& io, int fd, std::string id) {
       return AgentClient::create(io, fd, std::move(id));
@@ -245,19 +246,15 @@ Result<void> SandboxManager::recover() {
     for (const auto& r : *recs)
       if (r.uid_base && std::find(keep.begin(), keep.end(), r.id) == keep.end())
         opts_.uid_ranges->release(r.uid_base, r.id);
-    // ...unless something still runs as one of their ids (leftovers that could not
-    // be removed, or another daemon's sandboxes on the same ids): those stay held.
-    UidRanges& u = *opts_.uid_ranges;
-    const uint64_t end = u.first() + uint64_t{u.count()} * UidRanges::kSize;
-    for (uint32_t id : host_uids_in_use(u.first(), end)) {
-      const uint32_t base = u.first() + (id - u.first()) / UidRanges::kSize * UidRanges::kSize;
-      if (u.holder(base)) continue;
-      if (u.hold(base, "in use on the host"))
-        spdlog::warn(
-            "uid range {} is not handed out: host id {} is in use (left by an earlier run, or "
-            "another daemon uses the same --uid-base)",
-            base, id);
-    }
+    // ...unless something still runs as one of their ids (leftovers not gone yet,
+    // e.g. an init just killed that host PID 1 has not reaped, or another daemon's
+    // sandboxes on the same ids): those stay held until a later scan finds them
+    // unused (recheck_ranges()).
+    for (const auto& h : opts_.uid_ranges->hold_in_use(opts_.host_ids_in_use))
+      spdlog::warn(
+          "uid range {} is not handed out while host id {} is in use (left by an earlier run, "
+          "or another daemon uses the same --uid-base); checked again every {} ms",
+          h.base, h.id, opts_.uid_recheck.count());
   }
   // Output directories of sandboxes that are no more.
   if (!opts_.data_dir.empty()) {
@@ -486,6 +483,21 @@ void SandboxManager::tick() { on_tick(); }
 
 void SandboxManager::on_tick() {
   int64_t now = now_ms();
+  // Ranges held because a host process ran in them: a scan, off the io threads.
+  // (last_recheck_ belongs to whoever set rechecking_.)
+  if (opts_.uid_ranges && opts_.uid_ranges->held_in_use() > 0 && !rechecking_.exchange(true)) {
+    const auto t = std::chrono::steady_clock::now();
+    std::lock_guard lk(gate_->mu);
+    if (gate_->open && t - last_recheck_ >= opts_.uid_recheck) {
+      last_recheck_ = t;
+      asio::post(blocking_, [this] {
+        recheck_ranges();
+        rechecking_ = false;
+      });
+    } else {
+      rechecking_ = false;
+    }
+  }
   std::vector<std::pair<std::shared_ptr<Sandbox>, EndReason>> expired;
   std::vector<std::shared_ptr<Sandbox>> unrecorded;
   {
@@ -637,6 +649,12 @@ void SandboxManager::create_op(std::shared_ptr<Sandbox> sb, RecordCb cb, Sandbox
   std::optional<Error> no_range;
   if (opts_.uid_ranges) {
     auto base = opts_.uid_ranges->allocate(sb->id());
+    if (!base && base.error().code == Code::kUnavailable && opts_.uid_ranges->held_in_use() > 0) {
+      // Some ranges are held only because a host process ran in them: they may
+      // be free by now (the tick checks them only every uid_recheck).
+      recheck_ranges();
+      base = opts_.uid_ranges->allocate(sb->id());
+    }
     if (base) {
       std::lock_guard lk(sb->mu);
       sb->rec.uid_base = *base;
@@ -914,6 +932,11 @@ void SandboxManager::release_range(const std::shared_ptr<Sandbox>& sb) {
     base = sb->rec.uid_base;
   }
   if (base) opts_.uid_ranges->release(base, sb->id());
+}
+
+void SandboxManager::recheck_ranges() {
+  for (uint32_t base : opts_.uid_ranges->recheck_in_use(opts_.host_ids_in_use))
+    spdlog::info("uid range {} serves again: no host process uses its ids any more", base);
 }
 
 void SandboxManager::request_release(std::shared_ptr<Sandbox> sb, std::function<void()> done_cb) {

@@ -32,7 +32,10 @@
 // records stay as they were. Uid ranges: recover() holds the range of every
 // live record, frees those of sandboxes it did not keep once cleanup_orphans
 // removed what was left of them, and holds (never hands out) any range that
-// a process on the host still runs in.
+// a process on the host still runs in (UidRanges::kInUseOnHost; e.g. a killed
+// agent's init, dead but not yet reaped by host PID 1). Those are checked
+// again every uid_recheck on the tick, and at once by a create that finds no
+// free range; each is freed once a scan finds no process with its ids.
 //
 // Images: a record keeps the layer digests its sandbox was created with
 // (resolved before the record is first stored), and the backend gets those
@@ -54,6 +57,7 @@
 // the tail of an op on an io thread may still post to the internal pool.
 #pragma once
 
+#include <atomic>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/thread_pool.hpp>
@@ -121,6 +125,12 @@ struct ManagerOptions {
   // once the sandbox is destroyed. Unset = every sandbox gets the backend's
   // shared range (SandboxSpec::uid_base 0).
   std::shared_ptr<UidRanges> uid_ranges;
+  // Host ids in use, for the ranges held for UidRanges::kInUseOnHost (see above);
+  // unset = host_uids_in_use (reads /proc). Called on blocking threads.
+  UidRanges::Scan host_ids_in_use;
+  // How often the tick re-checks ranges held for kInUseOnHost (a scan of /proc
+  // while there are any; never when there are none).
+  std::chrono::milliseconds uid_recheck{2000};
   std::chrono::milliseconds agent_ready_timeout{15000};
   std::chrono::milliseconds tick{500};
   size_t blocking_threads = 2;
@@ -226,6 +236,9 @@ class SandboxManager : public Service {
   void store_final(const std::shared_ptr<Sandbox>& sb, std::optional<Error> err);
   // Frees the sandbox's uid range: call only once nothing of it is left.
   void release_range(const std::shared_ptr<Sandbox>& sb);
+  // Frees the ranges held for kInUseOnHost that no host process uses any more.
+  // Blocks (a scan): on a blocking thread.
+  void recheck_ranges();
   void on_tick();
 
   boost::asio::io_context& io_;
@@ -244,6 +257,10 @@ class SandboxManager : public Service {
   };
   std::shared_ptr<PostGate> gate_ = std::make_shared<PostGate>();
   boost::asio::steady_timer timer_;
+  // A tick's re-check of the uid ranges is under way (at most one at a time), and
+  // when the last one began (read and written only by whoever set rechecking_).
+  std::atomic<bool> rechecking_{false};
+  std::chrono::steady_clock::time_point last_recheck_{};
 
   std::mutex mu_;
   std::map<std::string, std::shared_ptr<Sandbox>> live_;

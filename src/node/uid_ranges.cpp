@@ -64,13 +64,17 @@ Result<void> UidRanges::hold(uint32_t base, const std::string& owner) {
     return fail(Code::kInvalidArgument, "uid range " + std::to_string(base) + " is not usable");
   std::lock_guard lk(mu_);
   if (auto it = held_.find(base); it != held_.end()) {
-    if (it->second == owner) return {};
-    return fail(Code::kConflict, "uid range " + std::to_string(base) + " is held by " + it->second);
+    if (it->second != owner)
+      return fail(Code::kConflict,
+                  "uid range " + std::to_string(base) + " is held by " + it->second);
+    if (owner == kInUseOnHost) in_use_[base] = ++in_use_holds_;  // seen in use again now
+    return {};
   }
   if (overlaps_held(base))
     return fail(Code::kConflict,
                 "uid range " + std::to_string(base) + " overlaps one that is already held");
   held_.emplace(base, owner);
+  if (owner == kInUseOnHost) in_use_[base] = ++in_use_holds_;
   return {};
 }
 
@@ -79,9 +83,61 @@ void UidRanges::release(uint32_t base, const std::string& owner) {
   auto it = held_.find(base);
   if (it == held_.end() || it->second != owner) return;
   held_.erase(it);
+  in_use_.erase(base);
   // The lowest grid range this one overlapped may be free now (an off-grid base
   // overlaps the range it starts in and the next).
   low_ = std::min(low_, base <= first_ ? 0u : (base - first_) / kSize);
+}
+
+std::vector<UidRanges::InUse> UidRanges::hold_in_use(const Scan& scan) {
+  std::vector<InUse> out;
+  const uint64_t end = first_ + uint64_t{count_} * kSize;
+  for (uint32_t id : scan(first_, end)) {
+    if (id < first_ || id >= end) continue;  // (a scan answers only what was asked)
+    const uint32_t base = first_ + (id - first_) / kSize * kSize;
+    std::lock_guard lk(mu_);
+    if (auto it = held_.find(base); it != held_.end()) {
+      if (it->second == kInUseOnHost) in_use_[base] = ++in_use_holds_;  // seen in use again now
+      continue;
+    }
+    if (overlaps_held(base)) continue;  // an off-grid hold keeps it from being handed out
+    held_.emplace(base, kInUseOnHost);
+    in_use_[base] = ++in_use_holds_;
+    out.push_back({base, id});
+  }
+  return out;
+}
+
+std::vector<uint32_t> UidRanges::recheck_in_use(const Scan& scan) {
+  uint64_t before;
+  {
+    std::lock_guard lk(mu_);
+    if (in_use_.empty()) return {};
+    before = in_use_holds_;  // holds counted up to here were taken before the scan
+  }
+  const uint64_t end = first_ + uint64_t{count_} * kSize;
+  const std::set<uint32_t> ids = scan(first_, end);
+  std::vector<uint32_t> freed;
+  std::lock_guard lk(mu_);
+  for (auto it = in_use_.begin(); it != in_use_.end();) {
+    const uint32_t base = it->first;
+    auto id = ids.lower_bound(base);
+    if (it->second > before || base < first_ || uint64_t{base} + kSize > end ||
+        (id != ids.end() && uint64_t{*id} < uint64_t{base} + kSize)) {
+      ++it;  // held after the scan began, beyond what it saw, or still in use
+      continue;
+    }
+    it = in_use_.erase(it);
+    held_.erase(base);
+    low_ = std::min(low_, base <= first_ ? 0u : (base - first_) / kSize);
+    freed.push_back(base);
+  }
+  return freed;
+}
+
+size_t UidRanges::held_in_use() {
+  std::lock_guard lk(mu_);
+  return in_use_.size();
 }
 
 std::optional<std::string> UidRanges::holder(uint32_t base) {

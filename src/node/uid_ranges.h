@@ -14,10 +14,19 @@
 // everything of its sandbox is gone; allocate() answers the lowest free one
 // and kUnavailable "no free uid range" when every range is held.
 //
+// Ranges some host process runs in without a sandbox of this daemon holding
+// them (leftovers of an earlier run, not yet reaped; another daemon's sandboxes
+// on the same ids) are held for kInUseOnHost (hold_in_use()). Such a hold lasts
+// only as long as a process uses the range's ids: recheck_in_use() scans again
+// and frees it once a scan that began after it was taken finds none. Either way
+// a range is never handed out while a scan sees a process with ids in it (a
+// zombie, dead but not yet reaped, counts: it is still charged to its ids).
+//
 // Thread rules: every method may be called from any thread (one mutex inside).
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -36,6 +45,11 @@ class UidRanges {
   // builds' (200000..), at a multiple of 65536.
   static constexpr uint32_t kDefaultFirst = 16 * kSize;  // 1048576
   static constexpr uint32_t kDefaultCount = 16384;       // up to 1074790399
+  // The holder of a range held because a host process ran with its ids.
+  static constexpr const char* kInUseOnHost = "in use on the host";
+  // Host ids in [lo, hi) that running processes use (host_uids_in_use(), or a
+  // fake in tests). May block (it reads /proc).
+  using Scan = std::function<std::set<uint32_t>(uint32_t lo, uint64_t hi)>;
 
   struct Span {
     uint32_t first;
@@ -53,14 +67,32 @@ class UidRanges {
 
   // The lowest free range's first host id, now held by `owner`.
   Result<uint32_t> allocate(const std::string& owner);
-  // Holds the range at `base` for `owner` (a restarted daemon's sandboxes, and
-  // ranges something is still running in). Idempotent for the same owner;
-  // kConflict when another owner holds an overlapping range. A base off this
+  // Holds the range at `base` for `owner` (a restarted daemon's sandboxes; a
+  // hold for kInUseOnHost is re-checked like hold_in_use()'s, and holding it
+  // again renews it). Idempotent for the same owner; kConflict when another
+  // owner holds an overlapping range. A base off this
   // configuration's grid (the flags changed) is held as it is and keeps every
   // range it overlaps from being handed out.
   Result<void> hold(uint32_t base, const std::string& owner);
   // Frees the range if `owner` holds it (a stale release changes nothing).
   void release(uint32_t base, const std::string& owner);
+
+  struct InUse {
+    uint32_t base;  // the range now held for kInUseOnHost
+    uint32_t id;    // a host id in it that a process runs with
+  };
+  // Scans the configured span with `scan` (outside the mutex) and holds for
+  // kInUseOnHost every range that no one holds yet and some id of the scan lies
+  // in. Answers the ranges it held. (A restarted daemon, before serving.)
+  std::vector<InUse> hold_in_use(const Scan& scan);
+  // Re-checks the ranges held for kInUseOnHost: scans the span with `scan`
+  // (outside the mutex) and frees each of them that was held before the scan
+  // began and has no id of the scan in it (one beyond the span, which the scan
+  // does not cover, stays held). Answers the bases freed. Does not scan when
+  // there is nothing to re-check. Blocks as long as the scan.
+  std::vector<uint32_t> recheck_in_use(const Scan& scan);
+  // How many ranges are held for kInUseOnHost.
+  size_t held_in_use();
 
   std::optional<std::string> holder(uint32_t base);
   size_t held();
@@ -75,6 +107,10 @@ class UidRanges {
   const uint32_t first_;
   const uint32_t count_;
   std::map<uint32_t, std::string> held_;  // base -> owner
+  // The ranges of held_ held for kInUseOnHost -> when (a count of such holds):
+  // recheck_in_use() frees only those held before its scan began.
+  std::map<uint32_t, uint64_t> in_use_;
+  uint64_t in_use_holds_ = 0;
   // Every range below index low_ is held (or overlapped by a hold): allocate()
   // starts there, so that handing out the next range does not walk past every held
   // one (thousands of live sandboxes). A release lowers it.

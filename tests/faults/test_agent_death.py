@@ -211,16 +211,12 @@ def _proc_state(pid):
         return "gone"
 
 
-@pytest.mark.xfail(strict=True, raises=tidepool.Unavailable, reason=(
-    "bug: SandboxManager::recover() destroys the agent_lost sandbox, then at once scans "
-    "/proc for host ids in use (host_uids_in_use counts zombies): the killed init, not yet "
-    "reaped by host PID 1 (it is not the daemon's child), is found and its range is held "
-    "'in use on the host' for the daemon's whole run, so creates fail 503 'no free uid "
-    "range' once the other ranges are taken"))
 def test_the_uid_range_of_a_hung_agent_serves_again_after_the_restart():
     """The sandbox given up as agent_lost is cleaned up entirely, its uid range included:
     with two ranges, one adopted sandbox and the lost one's range freed, a new sandbox
-    can be created. Its own daemon (uid ranges of its own, far from other daemons')."""
+    can be created. (The killed init is reaped by host PID 1, not by the daemon: its range
+    is held 'in use on the host' until a later scan finds no process with its ids.) Its
+    own daemon (uid ranges of its own, far from other daemons')."""
     # Above the default ranges (1048576 + 16384 * 65536), below 2^31.
     base = 1_200_000_000 + random.randrange(4096) * 2 * 65536
     d = Daemon(BUILD, extra_args=["--uid-base", str(base), "--uid-ranges", "2"])

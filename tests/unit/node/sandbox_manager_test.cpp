@@ -637,7 +637,7 @@ TEST_F(ManagerTest, RecoverHoldsTheRangesOfAdoptedSandboxesAndFreesTheOthers) {
 }
 
 // A range some host process runs in (left by an earlier run, or another daemon's)
-// is never handed out.
+// is never handed out while the process runs, and serves again once it is gone.
 TEST_F(ManagerTest, RecoverHoldsRangesThatHostProcessesRunIn) {
   if (geteuid() != 0) GTEST_SKIP() << "needs root (a process running as another uid)";
   constexpr uint32_t kFirst = 0x70100000u, S = UidRanges::kSize;
@@ -656,16 +656,162 @@ TEST_F(ManagerTest, RecoverHoldsRangesThatHostProcessesRunIn) {
   stop_runners();
   make(o);
   auto rec = mgr_->recover();
-  kill(pid, SIGKILL);
-  waitpid(pid, nullptr, 0);
+  if (!rec) kill(pid, SIGKILL), waitpid(pid, nullptr, 0);
   ASSERT_TRUE(rec);
   guard_.emplace(asio::make_work_guard(io_));
   for (int i = 0; i < 2; ++i) threads_.emplace_back([this] { io_.run(); });
-  EXPECT_TRUE(ranges->holder(kFirst + S));
+  EXPECT_EQ(ranges->holder(kFirst + S), UidRanges::kInUseOnHost);
   auto a = create_sync();
   ASSERT_TRUE(a);
   EXPECT_EQ(stored(a->id).uid_base, kFirst);
+  EXPECT_FALSE(create_sync());  // checked again: the process still runs
+  EXPECT_EQ(ranges->holder(kFirst + S), UidRanges::kInUseOnHost);
+  kill(pid, SIGKILL);
+  EXPECT_FALSE(create_sync());  // dead but not reaped: a zombie is still charged to its ids
+  waitpid(pid, nullptr, 0);
+  auto b = create_sync();  // gone: the range serves again
+  ASSERT_TRUE(b) << b.error().message();
+  EXPECT_EQ(stored(b->id).uid_base, kFirst + S);
+  for (const auto& id : {a->id, b->id}) {
+    auto d = destroy_async(id);
+    ASSERT_TRUE(get_or_fail(d));
+  }
+  EXPECT_EQ(ranges->held(), 0u);
+}
+
+// What a scan of the host's processes sees (ManagerOptions::host_ids_in_use).
+struct FakeHostIds {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::set<uint32_t> ids;
+  int scans = 0;
+  UidRanges::Scan scan() {
+    return [this](uint32_t lo, uint64_t hi) {
+      std::lock_guard lk(mu);
+      ++scans;
+      cv.notify_all();
+      std::set<uint32_t> out;
+      for (uint32_t id : ids)
+        if (id >= lo && id < hi) out.insert(id);
+      return out;
+    };
+  }
+  void set(std::set<uint32_t> now) {
+    std::lock_guard lk(mu);
+    ids = std::move(now);
+  }
+  int count() {
+    std::lock_guard lk(mu);
+    return scans;
+  }
+  // Waits until more than `n` scans ran.
+  void wait_past(int n) {
+    std::unique_lock lk(mu);
+    ASSERT_TRUE(cv.wait_for(lk, std::chrono::seconds(60), [&] { return scans > n; }));
+  }
+};
+
+// A restarted daemon gives up a sandbox whose agent does not answer: its killed init,
+// not yet reaped, still runs with its ids at the scan. The range is held while a scan
+// finds a process with its ids (the tick's, a create's), and freed once none does.
+TEST_F(ManagerTest, RangeSeenInUseAtRecoveryIsFreedOnceItsProcessesAreGone) {
+  constexpr uint32_t kFirst = 0x70200000u, S = UidRanges::kSize;
+  auto rec = [](const std::string& id, uint32_t base) {
+    SandboxRecord r;
+    r.id = id;
+    r.state = "running";
+    r.tier = "container";
+    r.image = "host";
+    r.node = "n0";
+    r.created_at_ms = 1;
+    r.expires_at_ms = now_ms() + 3600 * 1000;
+    r.uid_base = base;
+    return r;
+  };
+  ASSERT_TRUE(store_.insert(rec("n0-kept", kFirst)));
+  ASSERT_TRUE(store_.insert(rec("n0-hung", kFirst + S)));
+  backend_->adoptable = {"n0-kept", "n0-hung"};
+  FakeHostIds host;
+  host.set({kFirst + 3, kFirst + S + 1000});  // the kept one's, and the hung one's init
+  auto ranges = std::make_shared<UidRanges>(kFirst, 2);
+  ManagerOptions o;
+  o.uid_ranges = ranges;
+  o.host_ids_in_use = host.scan();
+  o.uid_recheck = std::chrono::milliseconds(0);
+  o.agent_ready_timeout = std::chrono::milliseconds(200);
+  o.agent_connect = [&](asio::io_context& io, const std::string&,
+                        std::string id) -> Result<std::shared_ptr<AgentClient>> {
+    return std::make_shared<FakeAgent>(io, id == "n0-kept");  // the hung one never answers
+  };
+  stop_runners();
+  make(o);
+  ASSERT_TRUE(mgr_->recover());
+  guard_.emplace(asio::make_work_guard(io_));
+  for (int i = 0; i < 2; ++i) threads_.emplace_back([this] { io_.run(); });
+
+  EXPECT_EQ(stored("n0-hung").end_reason, "agent_lost");
+  EXPECT_EQ(stored("n0-kept").state, "running");
+  EXPECT_EQ(ranges->holder(kFirst), "n0-kept");
+  EXPECT_EQ(ranges->holder(kFirst + S), UidRanges::kInUseOnHost);
+  // Still in use: a tick's scan and a create's keep it held.
+  int n = host.count();
+  mgr_->tick();
+  host.wait_past(n);
+  EXPECT_EQ(ranges->holder(kFirst + S), UidRanges::kInUseOnHost);
+  auto refused = create_sync();
+  ASSERT_FALSE(refused);
+  EXPECT_EQ(refused.error().code, Code::kUnavailable);
+  EXPECT_EQ(ranges->holder(kFirst + S), UidRanges::kInUseOnHost);
+  // Gone (reaped): the next tick frees it, and a create gets it.
+  host.set({kFirst + 3});
+  for (int i = 0; i < 6000 && ranges->holder(kFirst + S); ++i) {
+    mgr_->tick();  // (a tick while the last re-check still runs starts none)
+    ::usleep(10000);
+  }
+  EXPECT_FALSE(ranges->holder(kFirst + S));
+  EXPECT_EQ(ranges->held_in_use(), 0u);
+  auto fresh = create_sync();
+  ASSERT_TRUE(fresh) << fresh.error().message();
+  EXPECT_EQ(stored(fresh->id).uid_base, kFirst + S);
+  // Nothing held for the host any more: ticks scan no more.
+  n = host.count();
+  mgr_->tick();
+  EXPECT_EQ(host.count(), n);
+  for (const auto& id : {fresh->id, std::string("n0-kept")}) {
+    auto d = destroy_async(id);
+    ASSERT_TRUE(get_or_fail(d));
+  }
+  EXPECT_EQ(ranges->held(), 0u);
+}
+
+// A create that finds every range held, some only because a host process ran in
+// them, checks those again at once instead of waiting for the tick.
+TEST_F(ManagerTest, CreateChecksRangesHeldForTheHostAgainBeforeRefusing) {
+  constexpr uint32_t kFirst = 0x70300000u, S = UidRanges::kSize;
+  FakeHostIds host;
+  host.set({kFirst + 42});
+  auto ranges = std::make_shared<UidRanges>(kFirst, 1);
+  ManagerOptions o;
+  o.uid_ranges = ranges;
+  o.host_ids_in_use = host.scan();
+  o.uid_recheck = std::chrono::hours(1);  // the tick does not re-check
+  stop_runners();
+  make(o);
+  ASSERT_TRUE(mgr_->recover());
+  guard_.emplace(asio::make_work_guard(io_));
+  for (int i = 0; i < 2; ++i) threads_.emplace_back([this] { io_.run(); });
+  EXPECT_EQ(ranges->holder(kFirst), UidRanges::kInUseOnHost);
+  int n = host.count();
+  mgr_->tick();  // scans once (none before)...
+  host.wait_past(n);
+  mgr_->tick();  // ...and not again within the hour
+  n = host.count();
   EXPECT_FALSE(create_sync());
+  EXPECT_EQ(host.count(), n + 1);
+  host.set({kFirst + S});  // beyond the span: not this daemon's
+  auto a = create_sync();
+  ASSERT_TRUE(a) << a.error().message();
+  EXPECT_EQ(stored(a->id).uid_base, kFirst);
   auto d = destroy_async(a->id);
   ASSERT_TRUE(get_or_fail(d));
 }

@@ -139,6 +139,74 @@ TEST(UidRanges, RandomInterleavingsMatchAModel) {
   }
 }
 
+// Ranges held because a host process ran in them (kInUseOnHost): held only while
+// a scan finds such a process; ranges held for sandboxes are never touched.
+TEST(UidRanges, RangeSeenInUseIsFreedOnceNoProcessUsesItAndKeptWhileOneDoes) {
+  constexpr uint32_t F = 1u << 20;
+  UidRanges r(F, 3);
+  ASSERT_TRUE(r.hold(F, "sb"));
+  std::set<uint32_t> ids = {F + 1, F + S + 7, F + S + 9, F - 1, F + 3 * S};  // two off the span
+  int scans = 0;
+  auto scan = [&](uint32_t lo, uint64_t hi) {
+    EXPECT_EQ(lo, F);
+    EXPECT_EQ(hi, uint64_t{F} + 3 * S);
+    ++scans;
+    return ids;
+  };
+  auto got = r.hold_in_use(scan);
+  ASSERT_EQ(got.size(), 1u);  // F's range is the sandbox's already
+  EXPECT_EQ(got[0].base, F + S);
+  EXPECT_EQ(got[0].id, F + S + 7);
+  EXPECT_EQ(r.holder(F + S), UidRanges::kInUseOnHost);
+  EXPECT_EQ(r.holder(F), "sb");
+  EXPECT_EQ(r.held_in_use(), 1u);
+  EXPECT_EQ(*r.allocate("n"), F + 2 * S);
+  EXPECT_FALSE(r.allocate("m"));
+
+  // Still in use (by one id of the two): still held.
+  ids.erase(F + S + 7);
+  EXPECT_TRUE(r.recheck_in_use(scan).empty());
+  EXPECT_EQ(r.holder(F + S), UidRanges::kInUseOnHost);
+  EXPECT_FALSE(r.allocate("m"));
+  // Gone: freed, and handed out again; the sandbox's range stays its own even though
+  // no process runs in it.
+  ids = {};
+  EXPECT_EQ(r.recheck_in_use(scan), std::vector<uint32_t>{F + S});
+  EXPECT_EQ(r.held_in_use(), 0u);
+  EXPECT_EQ(r.holder(F), "sb");
+  EXPECT_EQ(*r.allocate("m"), F + S);
+  // Nothing held for the host: no scan at all.
+  const int before = scans;
+  EXPECT_TRUE(r.recheck_in_use(scan).empty());
+  EXPECT_EQ(scans, before);
+}
+
+// A hold taken (or renewed) while a scan runs may be for a process that scan
+// missed: only the next scan may free it.
+TEST(UidRanges, RecheckFreesOnlyHoldsTakenBeforeItsScanBegan) {
+  constexpr uint32_t F = 1u << 20;
+  UidRanges r(F, 4);
+  ASSERT_TRUE(r.hold(F, UidRanges::kInUseOnHost));
+  ASSERT_TRUE(r.hold(F + S, UidRanges::kInUseOnHost));
+  EXPECT_EQ(r.held_in_use(), 2u);
+  auto racing = [&](uint32_t, uint64_t) {
+    EXPECT_TRUE(r.hold(F + S, UidRanges::kInUseOnHost));      // seen in use again
+    EXPECT_TRUE(r.hold(F + 2 * S, UidRanges::kInUseOnHost));  // new
+    return std::set<uint32_t>{};
+  };
+  EXPECT_EQ(r.recheck_in_use(racing), std::vector<uint32_t>{F});
+  EXPECT_EQ(r.holder(F + S), UidRanges::kInUseOnHost);
+  EXPECT_EQ(r.holder(F + 2 * S), UidRanges::kInUseOnHost);
+  auto none = [](uint32_t, uint64_t) { return std::set<uint32_t>{}; };
+  EXPECT_EQ(r.recheck_in_use(none), (std::vector<uint32_t>{F + S, F + 2 * S}));
+  EXPECT_EQ(r.held(), 0u);
+  // A hold for the host released by its owner name is no longer re-checked.
+  ASSERT_TRUE(r.hold(F + 3 * S, UidRanges::kInUseOnHost));
+  r.release(F + 3 * S, UidRanges::kInUseOnHost);
+  EXPECT_EQ(r.held_in_use(), 0u);
+  EXPECT_EQ(*r.allocate("a"), F);
+}
+
 TEST(UidRanges, HostUidsInUseSeesThisProcess) {
   const uint32_t me = ::getuid();
   auto in_use = host_uids_in_use(me, uint64_t{me} + 1);
