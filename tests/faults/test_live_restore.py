@@ -214,6 +214,14 @@ def test_restart_mid_work_keeps_every_sandbox(daemon, client, how):
                        timeout=30, interval=0.1, what="the cut-off commands to be stopped")
             assert stream_again.files.read("/root/stream-runs") == b"run\n"
             assert busy_again.files.read("/root/exec-runs") == b"run\n"
+            # One record per key (the outcome above), none added for its intent, which is
+            # no entry of the log.
+            for sb_again, k in ((stream_again, skey), (busy_again, ekey)):
+                entries = sb_again.log()
+                recs = [e for e in entries if e.key == k]
+                assert len(recs) == 1, recs
+                assert not [e for e in entries if e.event == "intent"], entries
+                assert [e.seq for e in entries] == list(range(1, len(entries) + 1)), entries
 
             # The batch, item by item: nothing of it left creating.
             assert set(items) <= set(range(BATCH)), items
