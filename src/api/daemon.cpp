@@ -457,6 +457,9 @@ int daemon_main(int argc, char** argv) {
   });
   // After the resolver: adopted sandboxes resolve their images again (layers, pins).
   if (auto r = mgr.recover(); !r) return die("recover: " + r.error().message());
+  // Keyed calls the previous run died answering (their commands' own outcomes were
+  // recorded by recover()) are answered 503 (each logged), before anything is served.
+  step_log->answer_interrupted();
   api.add_provider(std::make_shared<ImageRoutes>(*images));
   // The trajectory log's routes; a replay recreates a sandbox on its recorded layers,
   // or by its image reference while that still names exactly those.

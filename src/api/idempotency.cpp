@@ -270,6 +270,9 @@ std::shared_ptr<Responder> IdempotencyCache::recorder(const Request& req, const 
   if (!req.upload && req.body.size() <= log_->max_request_body()) rec.request_body = req.body;
   rec.caller = caller_json(req.caller);
   rec.started_us = log_->now_us();
+  // A keyed call's intent goes first: if the daemon dies before its answer is recorded,
+  // the next one answers the key 503 instead of running the call again.
+  if (!key.empty()) log_->append_intent(scope, rec);
   return std::make_shared<Recorder>(*this, key, std::move(scope), std::move(rec), std::move(res));
 }
 

@@ -6,9 +6,12 @@
 // Keyed calls: every answer, 5xx included, is recorded durably before it is sent (in
 // the log of the sandbox the path names, when the node knows it, else node-wide), so
 // a repeat is answered from the log also after a daemon restart, for as long as the
-// log's retention keeps it. A repeat that arrives while the first request is still
-// being answered waits for that answer. A key reused for a different request (method,
-// path and query, or body) is refused with 409 naming both. Replays carry the headers
+// log's retention keeps it. Before the handler runs, the call's intent goes to that log
+// (StepLog::append_intent, no sync): a daemon that dies before the answer is recorded
+// leaves the intent, and the next one records the call as answered 503, so that its
+// retry does not run it again (StepLog::answer_interrupted). A repeat that arrives while the first
+// request is still being answered waits for that answer. A key reused for a different request
+// (method, path and query, or body) is refused with 409 naming both. Replays carry the headers
 // `Idempotent-Replayed: true` and `Server-Timing: replay;dur=<ms>` (the time from the
 // request reaching this layer to the recorded answer handed to the connection, waiting
 // for the first request included). New

@@ -109,6 +109,17 @@ std::string StepFingerprint::describe() const {
                      hex_of(std::string_view(body_sha256).substr(0, 8)), body_len);
 }
 
+StepRecord intent_of(const StepRecord& call) {
+  StepRecord r;
+  r.kind = StepKind::kEvent;
+  r.event = kIntentEvent;
+  r.key = call.key;
+  r.request = call.request;
+  r.caller = call.caller;
+  r.started_us = r.finished_us = call.started_us;
+  return r;
+}
+
 namespace step_format {
 
 uint32_t get_u32(const char* p) {
@@ -144,11 +155,22 @@ uint32_t record_crc(std::string_view payload) {
 std::string encode(const StepRecord& r, bool answer_inline, std::string_view answer) {
   std::string p;
   p.push_back(static_cast<char>(r.kind));
-  field_u64(p, kSeq, r.seq);
-  if (r.kind == StepKind::kEvent) {
+  if (is_intent(r)) {
+    // No seq (it is no entry of the log) and no detail: the call's key and request.
+    field(p, kEvent, r.event);
+    field(p, kKey, r.key);
+    field(p, kMethod, r.request.method);
+    field(p, kTarget, r.request.target);
+    field(p, kBodySha, r.request.body_sha256);
+    field_u64(p, kBodyLen, r.request.body_len);
+    if (!r.caller.empty()) field(p, kCaller, r.caller);
+    field_u64(p, kStarted, static_cast<uint64_t>(r.started_us));
+  } else if (r.kind == StepKind::kEvent) {
+    field_u64(p, kSeq, r.seq);
     field(p, kEvent, r.event);
     field(p, kDetail, r.detail);
   } else {
+    field_u64(p, kSeq, r.seq);
     field(p, kKey, r.key);
     field(p, kMethod, r.request.method);
     field(p, kTarget, r.request.target);

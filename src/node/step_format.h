@@ -10,6 +10,11 @@
 // keyed answers only: kind 1 without seq, caller, summary) is read, and its records
 // are valid version 2 records. Readers skip fields whose tag they do not know.
 //
+// An intent (is_intent) is an event record named "intent" without a seq: a keyed call
+// began (its key, request, caller and start), written before its handler runs and not
+// synced; it is no entry of the log (never listed, no seq), only what tells a restarted
+// daemon that a call with that key was being answered when it stopped.
+//
 // Thread rules: pure functions, any thread.
 #pragma once
 
@@ -30,6 +35,7 @@ std::string bytes_of_hex(std::string_view hex);
 enum class StepKind : uint8_t {
   kCall = 1,   // an answered state-changing call (keyed or not)
   kEvent = 2,  // something the node did: created, process_exit, ended, replay, ...
+               // (or the intent of a keyed call: see is_intent)
 };
 
 // What identifies a call: a repeat with the same key must match all of it.
@@ -65,6 +71,16 @@ struct StepRecord {
   int64_t started_us = 0;   // unix microseconds: when the request arrived
   int64_t finished_us = 0;  // when its answer was complete; an event's time
 };
+
+// The event name of an intent record.
+inline constexpr std::string_view kIntentEvent = "intent";
+// A keyed call began: kind kEvent, event "intent", with key, request, caller and
+// started_us (= finished_us) of the call, and no seq.
+inline bool is_intent(const StepRecord& r) {
+  return r.kind == StepKind::kEvent && r.event == kIntentEvent;
+}
+// The intent of a keyed call whose record is `call` (its answer not yet known).
+StepRecord intent_of(const StepRecord& call);
 
 namespace step_format {
 

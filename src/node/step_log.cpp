@@ -611,7 +611,15 @@ Result<void> StepLog::load(uint32_t log) {
     l.side_bytes = side_bytes;
     l.seqs.clear();
     uint64_t seq = 0;
-    for (auto& g : good) {
+    // Keys whose intent has no call record after it: key -> the intent's place in good.
+    std::unordered_map<std::string, size_t> open;
+    for (size_t i = 0; i < good.size(); ++i) {
+      auto& g = good[i];
+      if (is_intent(g.rec)) {  // no entry of the log
+        if (!g.rec.key.empty()) open[g.rec.key] = i;
+        continue;
+      }
+      if (g.rec.kind == StepKind::kCall && !g.rec.key.empty()) open.erase(g.rec.key);
       // Version 1 records carry no seq: it is their place in the file.
       if (g.rec.seq <= seq) g.rec.seq = seq + 1;
       seq = g.rec.seq;
@@ -621,6 +629,11 @@ Result<void> StepLog::load(uint32_t log) {
         index_[g.rec.key] = StepLocation{log, g.off, g.rec.finished_us};
     }
     l.next_seq = seq + 1;
+    for (size_t i = 0; i < good.size(); ++i) {  // in the log's order
+      auto it = is_intent(good[i].rec) ? open.find(good[i].rec.key) : open.end();
+      if (it != open.end() && it->second == i)
+        interrupted_.emplace_back(log, std::move(good[i].rec));
+    }
   }
   if (log == 0) {  // only the node-wide log stays open (see commit)
     std::lock_guard lk(files_mu_);
@@ -913,6 +926,66 @@ void StepLog::append_event(const std::string& scope, std::string event, std::str
   submit_locked(lk, std::move(ps), may_inline);
 }
 
+void StepLog::append_intent(const std::string& scope, const StepRecord& call) {
+  std::vector<Pending> ps(1);
+  Pending& p = ps.front();
+  p.rec = intent_of(call);
+  p.lazy = true;  // durable with the call's answer, which is synced
+  std::unique_lock lk(mu_);
+  p.log = log_id_locked(scope);
+  submit_locked(lk, std::move(ps), true);
+}
+
+size_t StepLog::answer_interrupted() {
+  static constexpr std::string_view kLost =
+      R"({"code":"unavailable","message":"the daemon restarted while this call was being )"
+      R"(answered: its outcome is unknown"})";
+  std::vector<Pending> ps;
+  {
+    std::lock_guard lk(mu_);
+    std::unordered_set<std::string> seen;
+    for (auto& [log, in] : interrupted_) {
+      // A key recorded since open (a keyed command's own outcome) keeps that record.
+      if (index_.count(in.key) || !seen.insert(in.key).second) continue;
+      Pending p;
+      p.log = log;
+      p.rec.key = in.key;
+      p.rec.request = in.request;
+      p.rec.caller = in.caller;
+      p.rec.status = 503;
+      p.rec.content_type = "application/json";
+      p.rec.summary = kLost;
+      p.rec.started_us = in.started_us;
+      p.rec.finished_us = now_us();
+      p.answer = std::string(kLost) + "\n";
+      ps.push_back(std::move(p));
+    }
+    interrupted_.clear();
+  }
+  if (ps.empty()) return 0;
+  std::mutex m;
+  std::condition_variable cv;
+  size_t left = ps.size(), recorded = 0;
+  for (auto& p : ps) {
+    spdlog::warn(
+        "step log: keyed call {} ({}) was being answered when the daemon stopped: "
+        "recorded as 503",
+        p.rec.key, p.rec.request.describe());
+    p.done = [&](Result<void> r, std::string) {
+      std::lock_guard l(m);
+      if (r) recorded++;
+      if (--left == 0) cv.notify_all();
+    };
+  }
+  {
+    std::unique_lock lk(mu_);
+    submit_locked(lk, std::move(ps), true);
+  }
+  std::unique_lock l(m);
+  cv.wait(l, [&] { return left == 0; });
+  return recorded;
+}
+
 void StepLog::hold(const std::string& scope) {
   std::lock_guard lk(mu_);
   logs_[log_id_locked(scope)]->holds++;
@@ -1117,7 +1190,8 @@ void StepLog::commit(std::vector<Pending>& batch) {
         t.names = sync_dirs_ && (t.f->fresh || l.names_unsynced);
       }
       if (!p.lazy) t.sync = true;
-      p.rec.seq = t.seq;
+      const bool intent = is_intent(p.rec);  // no seq: no entry of the log
+      p.rec.seq = intent ? 0 : t.seq;
       std::string bytes = encode(p.rec, !p.side, p.answer);
       if (t.end + bytes.size() > t.f->allocated && opts_.prealloc > 0) {
         // Zeros, written once: later appends overwrite allocated blocks. A new file
@@ -1137,7 +1211,7 @@ void StepLog::commit(std::vector<Pending>& batch) {
       t.f->allocated = std::max(t.f->allocated, t.end + bytes.size());
       offsets[i] = t.end;
       t.end += bytes.size();
-      t.seq++;
+      if (!intent) t.seq++;
       t.items.push_back(i);
     }
     std::vector<int> fds;
@@ -1192,14 +1266,17 @@ void StepLog::commit(std::vector<Pending>& batch) {
         l.next_seq = t.seq;
         l.grow = t.grow;
         l.allocated = t.f->allocated;
+        bool entries = false;
         for (size_t i : t.items) {
           auto& p = batch[i];
+          if (is_intent(p.rec)) continue;
+          entries = true;
           l.seqs.emplace_back(p.rec.seq, offsets[i]);
           if (p.side) l.side_bytes += p.rec.answer_len;
           if (p.request_side) l.side_bytes += p.rec.request.body_len;
           if (p.rec.kind == StepKind::kEvent && p.rec.event == "ended") l.ended = true;
         }
-        fire_waiters_locked(l, &wake);
+        if (entries) fire_waiters_locked(l, &wake);
       }
     }
     ++commits_;

@@ -49,6 +49,11 @@
 // itself is not synced: a spare found at open with records in it is moved then; one
 // without is deleted (its id is never used again).
 //
+// Intents: a keyed call's intent (step_format.h, is_intent) is written, unsynced, before
+// its handler runs; at open an intent with no record of its key after it is a call the
+// daemon died answering, answered 503 by answer_interrupted(), so that its retry does
+// not run it again. Intents have no seq and are not listed.
+//
 // Memory: the key index key -> (log, offset, finish time), at most max_keys entries,
 // and per log the offset of each seq; records and answers are read from disk when
 // asked for.
@@ -230,6 +235,19 @@ class StepLog {
   // Spares ready now (tests, metrics).
   size_t spares_ready();
 
+  // ---- intents (docs/trajectory-log.md, "A daemon that dies mid-call")
+  // A keyed call of `scope` begins (`call`: its key, request, caller, started_us): its
+  // intent goes to the log its answer will go to, ahead of that answer. Not synced: the
+  // answer's fdatasync takes it along, and a daemon that dies keeps it (page cache).
+  // Never waits: written on this thread when no commit runs, else queued.
+  void append_intent(const std::string& scope, const StepRecord& call);
+  // Records every call whose intent open() found with no answer after it, and whose
+  // key has no record by now, as answered 503 ("the daemon restarted while this call
+  // was being answered"), durably, one record per key; returns how many. Called once
+  // after open, after what records a more precise outcome of such calls (the sandbox
+  // manager's recover(): a keyed command's own 503); until then their keys are unknown.
+  size_t answer_interrupted();
+
   // ---- lifecycle
   // Starts the retention clock of the sandbox's log and trims its preallocated tail
   // (and closes its descriptor); is_live tells the sweep which
@@ -267,6 +285,8 @@ class StepLog {
   std::vector<std::unique_ptr<Log>> logs_;  // log id -> its state (id 0: node-wide)
   std::unordered_map<std::string, uint32_t> scope_ids_;
   std::deque<Pending> pending_;
+  // Intents without an answer found by open(): (log, intent), until answer_interrupted().
+  std::vector<std::pair<uint32_t, StepRecord>> interrupted_;
   IsLive is_live_;
   bool stop_ = false;
   bool busy_ = false;         // a commit (or the sweep) runs: at most one at a time, in queue order

@@ -75,6 +75,7 @@ class Idempotency : public ::testing::Test {
     log.reset();
     cache.reset();
     std::filesystem::remove_all(dir_);
+    if (!crashed_.empty()) std::filesystem::remove_all(crashed_);
   }
   // A new cache on the same data dir: what a daemon restart sees.
   void reopen(size_t max_in_flight = 100000) {
@@ -89,8 +90,28 @@ class Idempotency : public ::testing::Test {
     auto l = node::StepLog::open(o);
     ASSERT_TRUE(l);
     log = std::move(*l);
+    // As the daemon does at start (after recover()): calls it died answering get a 503.
+    interrupted = log->answer_interrupted();
     cache->set_log(log);
   }
+  // What a kill -9 of the daemon leaves (the data dir as the page cache holds it now);
+  // restart() then opens it.
+  void crash() {
+    char tmpl[] = "/tmp/tp-idem-crash-XXXXXX";
+    crashed_ = mkdtemp(tmpl);
+    std::filesystem::copy(dir_, crashed_,
+                          std::filesystem::copy_options::recursive |
+                              std::filesystem::copy_options::overwrite_existing);
+  }
+  void restart() {
+    log.reset();
+    cache.reset();
+    std::filesystem::remove_all(dir_);
+    dir_ = crashed_;
+    reopen();
+  }
+  std::string crashed_;
+  size_t interrupted = 0;
   std::string dir_;
   std::unique_ptr<IdempotencyCache> cache;
   std::shared_ptr<node::StepLog> log;
@@ -454,6 +475,95 @@ TEST_F(Idempotency, KeyedCallsOnSandboxesTheNodeDoesNotKnowGoNodeWide) {
   EXPECT_EQ(again->wait(), 404);
   step.send(*cache, "k/1");  // a known sandbox: its own log
   EXPECT_EQ(log->info(kSb).records, 1u);
+}
+
+TEST_F(Idempotency, AnAnsweredKeyIsOneRecordAcrossARestart) {
+  auto first = std::make_shared<FakeResponder>();
+  auto rec = cache->begin(post("/v1/sandboxes", "{}"), "c/1", first);
+  ASSERT_NE(rec, nullptr);
+  rec->send(201, "application/json", R"({"id":"n0-0123456789ab"})");
+  EXPECT_EQ(first->wait(), 201);
+  rec.reset();
+  reopen();
+  EXPECT_EQ(interrupted, 0u);
+  auto again = std::make_shared<FakeResponder>();
+  EXPECT_EQ(cache->begin(post("/v1/sandboxes", "{}"), "c/1", again), nullptr);
+  EXPECT_EQ(again->wait(), 201);
+  EXPECT_EQ(again->body, R"({"id":"n0-0123456789ab"})");
+  auto all = log->list("", 0, 100, false);
+  ASSERT_TRUE(all);
+  ASSERT_EQ(all->size(), 1u);  // the intent is no entry
+  EXPECT_EQ((*all)[0].key, "c/1");
+}
+
+// A keyed call (a batch create) whose daemon is killed while its handler runs: the
+// restarted daemon answers its retry 503 from the record, and never runs it again.
+TEST_F(Idempotency, ACallCutByACrashIsAnswered503ToItsRetryAndNeverRunsAgain) {
+  const std::string body = R"({"count":48,"stream":true})";
+  auto first = std::make_shared<FakeResponder>();
+  auto rec = cache->begin(post("/v1/sandboxes/batch", body), "batch/1", first);
+  ASSERT_NE(rec, nullptr);
+  rec->start_stream(200, "application/x-ndjson");
+  rec->write_chunk(R"({"index":0,"sandbox":{"id":"n0-0123456789ab"}})"
+                   "\n");
+  crash();  // the daemon dies here, mid-answer
+  rec->end_stream();
+  first->wait();
+  rec.reset();
+  restart();
+  EXPECT_EQ(interrupted, 1u);
+  int runs = 0;
+  for (int i = 0; i < 2; ++i) {
+    auto retry = std::make_shared<FakeResponder>();
+    auto r = cache->begin(post("/v1/sandboxes/batch", body), "batch/1", retry);
+    if (r) {
+      ++runs;
+      r->send(200, "application/json", "{}");
+    }
+    EXPECT_EQ(retry->wait(), 503);
+    EXPECT_NE(retry->body.find("the daemon restarted while this call was being answered"),
+              std::string::npos)
+        << retry->body;
+    EXPECT_NE(retry->headers.find("Idempotent-Replayed: true"), std::string::npos);
+  }
+  EXPECT_EQ(runs, 0);
+  // The same key with another request is refused, naming the first one.
+  auto other = std::make_shared<FakeResponder>();
+  EXPECT_EQ(cache->begin(post("/v1/sandboxes/batch", R"({"count":1})"), "batch/1", other), nullptr);
+  EXPECT_EQ(other->wait(), 409);
+  EXPECT_NE(other->body.find("POST /v1/sandboxes/batch (body sha256:"), std::string::npos)
+      << other->body;
+  EXPECT_NE(other->body.find(std::to_string(body.size()) + " bytes"), std::string::npos)
+      << other->body;
+  // And after the next restart the same (one record, read back).
+  reopen();
+  EXPECT_EQ(interrupted, 0u);
+  auto later = std::make_shared<FakeResponder>();
+  EXPECT_EQ(cache->begin(post("/v1/sandboxes/batch", body), "batch/1", later), nullptr);
+  EXPECT_EQ(later->wait(), 503);
+  EXPECT_EQ(log->list("", 0, 100, false)->size(), 1u);
+}
+
+// A keyed call on a sandbox: its intent and its 503 go to the sandbox's log, where its
+// result is fetched by key.
+TEST_F(Idempotency, ACutCallOnASandboxIsAnswered503InItsLog) {
+  auto first = std::make_shared<FakeResponder>();
+  auto rec = cache->begin(post(kExec, "{}"), "traj/1", first);
+  ASSERT_NE(rec, nullptr);
+  crash();
+  rec->send(200, "application/json", R"({"exit_code":0})");
+  first->wait();
+  rec.reset();
+  restart();
+  EXPECT_EQ(interrupted, 1u);
+  auto fetched = std::make_shared<FakeResponder>();
+  cache->fetch("traj/1", kSb, fetched);
+  EXPECT_EQ(fetched->wait(), 503);
+  auto all = log->list(kSb, 0, 100, false);
+  ASSERT_TRUE(all);
+  ASSERT_EQ(all->size(), 1u);
+  EXPECT_EQ((*all)[0].seq, 1u);
+  EXPECT_EQ((*all)[0].status, 503);
 }
 
 TEST_F(Idempotency, BadKeysAreRefused) {

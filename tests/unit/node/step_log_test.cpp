@@ -805,6 +805,161 @@ TEST_F(StepLogTest, RetentionRunsOnTheLogsClock) {
   EXPECT_FALSE(fs::exists(log_path()));
 }
 
+// ---- intents: a keyed call's intent, then its answer (docs/trajectory-log.md)
+
+// What a crash leaves: the data directory as the page cache holds it now.
+std::string crash_image(const std::string& dir) {
+  char tmpl[] = "/tmp/tp-steplog-crash-XXXXXX";
+  std::string to = mkdtemp(tmpl);
+  fs::copy(dir, to, fs::copy_options::recursive | fs::copy_options::overwrite_existing);
+  return to;
+}
+
+TEST_F(StepLogTest, AnIntentThenItsAnswerIsOneResultAndNoEntry) {
+  {
+    auto l = open();
+    ASSERT_TRUE(l->append_sync(kSb, rec("a"), "answer a"));
+    l->append_intent(kSb, rec("k"));
+    EXPECT_FALSE(l->find("k"));  // not answered yet
+    EXPECT_EQ(l->info(kSb).records, 1u);
+    ASSERT_TRUE(l->append_sync(kSb, rec("k"), "answer k"));
+    l->append_intent("", rec("g"));  // node-wide ones alike
+    ASSERT_TRUE(l->append_sync("", rec("g"), "answer g"));
+    EXPECT_EQ(answer_of(*l, "k"), "answer k");
+  }
+  auto l = open();
+  EXPECT_EQ(l->answer_interrupted(), 0u);
+  EXPECT_EQ(answer_of(*l, "k"), "answer k");
+  EXPECT_EQ(answer_of(*l, "g"), "answer g");
+  // The intent is no entry of the log: seqs stay consecutive, it is not listed.
+  auto all = l->list(kSb, 0, 100, false);
+  ASSERT_TRUE(all);
+  ASSERT_EQ(all->size(), 2u);
+  EXPECT_EQ((*all)[0].key, "a");
+  EXPECT_EQ((*all)[1].key, "k");
+  EXPECT_EQ((*all)[1].seq, 2u);
+  EXPECT_EQ((*all)[1].kind, StepKind::kCall);
+  EXPECT_EQ(l->info(kSb).last_seq, 2u);
+  ASSERT_TRUE(l->append_sync(kSb, rec("b"), "answer b"));
+  EXPECT_EQ(l->info(kSb).last_seq, 3u);
+}
+
+TEST_F(StepLogTest, AnIntentWithoutAnAnswerIsAnswered503AfterTheRestart) {
+  std::string crashed;
+  StepRecord call_k;
+  {
+    auto l = open();
+    ASSERT_TRUE(l->append_sync(kSb, rec("a"), "answer a"));
+    call_k = rec("k");
+    l->append_intent(kSb, call_k);
+    l->append_intent("", rec("g"));
+    crashed = crash_image(dir_);  // the daemon dies here
+    ASSERT_TRUE(l->append_sync(kSb, rec("k"), "answer k"));
+  }
+  fs::remove_all(dir_);
+  dir_ = crashed;
+  {
+    auto l = open();
+    EXPECT_FALSE(l->find("k"));  // until answer_interrupted (after recover, at start)
+    EXPECT_EQ(l->answer_interrupted(), 2u);
+    EXPECT_EQ(l->answer_interrupted(), 0u);  // once
+    for (const char* key : {"k", "g"}) {
+      SCOPED_TRACE(key);
+      auto loc = l->find(key);
+      ASSERT_TRUE(loc);
+      auto r = l->read(*loc, true);
+      ASSERT_TRUE(r);
+      EXPECT_EQ(r->status, 503);
+      EXPECT_EQ(r->content_type, "application/json");
+      EXPECT_NE(r->answer.find(R"("code":"unavailable")"), std::string::npos) << r->answer;
+      EXPECT_NE(r->answer.find("the daemon restarted while this call was being answered"),
+                std::string::npos)
+          << r->answer;
+      EXPECT_EQ(r->request, rec(key).request);    // a retry with another request is a 409
+      EXPECT_EQ(r->finished_us, now_us_.load());  // answered now
+    }
+    EXPECT_EQ(l->read(*l->find("k"), false)->started_us, call_k.started_us);  // it began then
+    auto all = l->list(kSb, 0, 100, false);
+    ASSERT_TRUE(all);
+    ASSERT_EQ(all->size(), 2u);
+    EXPECT_EQ((*all)[1].key, "k");
+    EXPECT_EQ((*all)[1].seq, 2u);
+  }
+  // Answered: the next start finds its answer after it.
+  auto l = open();
+  EXPECT_EQ(l->answer_interrupted(), 0u);
+  EXPECT_EQ(l->list(kSb, 0, 100, false)->size(), 2u);
+  EXPECT_EQ(l->read(*l->find("k"), false)->status, 503);
+}
+
+// A keyed command's own outcome (recorded by the sandbox manager's recover(), before
+// answer_interrupted) is the key's one record.
+TEST_F(StepLogTest, AnOutcomeRecordedAfterOpenIsTheKeysOnlyRecord) {
+  std::string crashed;
+  {
+    auto l = open();
+    l->append_intent(kSb, rec("exec/1"));
+    crashed = crash_image(dir_);
+  }
+  fs::remove_all(dir_);
+  dir_ = crashed;
+  {
+    auto l = open();
+    ASSERT_TRUE(l->append_sync(kSb, rec("exec/1", 503), "its command was stopped"));
+    EXPECT_EQ(l->answer_interrupted(), 0u);
+    EXPECT_EQ(answer_of(*l, "exec/1"), "its command was stopped");
+  }
+  auto l = open();
+  EXPECT_EQ(l->answer_interrupted(), 0u);
+  auto all = l->list(kSb, 0, 100, false);
+  ASSERT_TRUE(all);
+  ASSERT_EQ(all->size(), 1u);
+  EXPECT_EQ(answer_of(*l, "exec/1"), "its command was stopped");
+}
+
+// A key answered without its record (the answer could not be recorded) and run again:
+// the second intent has its answer after it.
+TEST_F(StepLogTest, AnIntentRepeatedBeforeItsAnswerIsAnswered) {
+  {
+    auto l = open();
+    l->append_intent(kSb, rec("k"));
+    l->append_intent(kSb, rec("k"));
+    ASSERT_TRUE(l->append_sync(kSb, rec("k"), "answer k"));
+  }
+  auto l = open();
+  EXPECT_EQ(l->answer_interrupted(), 0u);
+  EXPECT_EQ(answer_of(*l, "k"), "answer k");
+}
+
+TEST_F(StepLogTest, ATornIntentIsCutAwayAndItsKeyIsUnknown) {
+  {
+    auto l = open();
+    ASSERT_TRUE(l->append_sync(kSb, rec("a"), "answer a"));
+  }
+  const auto one = read_file(log_path());
+  {
+    auto l = open();
+    l->append_intent(kSb, rec("k"));
+  }
+  const auto two = read_file(log_path());  // a clean stop trims the preallocated zeros
+  ASSERT_GT(two.size(), one.size());
+  for (size_t cut = one.size() + 1; cut < two.size(); ++cut) {
+    SCOPED_TRACE("cut at " + std::to_string(cut));
+    write_file(log_path(), two.substr(0, cut));
+    auto l = open();
+    EXPECT_EQ(l->answer_interrupted(), 0u);  // a power loss mid-write: no call began
+    EXPECT_FALSE(l->find("k"));
+    EXPECT_EQ(answer_of(*l, "a"), "answer a");
+    EXPECT_EQ(fs::file_size(log_path()), one.size());
+  }
+  // Whole, it is a call the daemon died answering.
+  write_file(log_path(), two);
+  auto l = open();
+  EXPECT_EQ(l->answer_interrupted(), 1u);
+  EXPECT_EQ(l->read(*l->find("k"), false)->status, 503);
+  EXPECT_EQ(l->info(kSb).last_seq, 2u);
+}
+
 TEST(Crc32c, KnownValue) {
   // The standard check value of CRC-32C.
   EXPECT_EQ(crc32c(0, "123456789", 9), 0xE3069283u);
