@@ -112,8 +112,10 @@ def test_no_command_cgroup_keeps_a_process(client):
     except tidepool.TidepoolError:
         pass
     h = sb.start(["sleep", "1000"])
-    busy = [d for d in command_cgroups(sb.id) if cgroup_procs(d)]
-    assert len(busy) == 1, "the running background command has a cgroup of its own"
+    # A start is answered at once (api/openapi.yaml): its process may come a moment later.
+    busy = lambda: [d for d in command_cgroups(sb.id) if cgroup_procs(d)]
+    wait_until(lambda: busy(), 10, what="the background command started")
+    assert len(busy()) == 1, "the running background command has a cgroup of its own"
     h.kill()
     h.wait(timeout=30)
     # An ended command's cgroup is emptied; the agent keeps a few empty ones for
