@@ -1028,6 +1028,14 @@ Result<StepLog::File*> StepLog::file_for(uint32_t log) {
       return f.get();
     }
   }
+  // A log that starts now: its first record goes right after the header.
+  auto starts = [&] {
+    std::lock_guard lk(mu_);
+    Log& l = *logs_[log];
+    l.end = kFileHeader;
+    l.next_seq = l.seqs.empty() ? 1 : l.seqs.back().first + 1;
+    l.loaded = true;
+  };
   if (end < kFileHeader && !scope.empty() && place_spare(scope, f->dir)) {
     // A spare: header and first block on disk already, so this log's first record is
     // an overwrite (see "Spare logs" in the header).
@@ -1036,11 +1044,7 @@ Result<StepLog::File*> StepLog::file_for(uint32_t log) {
     if (f->fd >= 0 && ::fstat(f->fd, &st) == 0 &&
         static_cast<uint64_t>(st.st_size) >= kFileHeader) {
       f->allocated = static_cast<uint64_t>(st.st_size);
-      std::lock_guard lk(mu_);
-      Log& l = *logs_[log];
-      l.end = kFileHeader;
-      l.next_seq = l.seqs.empty() ? 1 : l.seqs.back().first + 1;
-      l.loaded = true;
+      starts();
       return f.get();
     }
     spdlog::warn("step log {}: the spare placed there cannot be used ({}); made afresh", f->path,
@@ -1070,11 +1074,7 @@ Result<StepLog::File*> StepLog::file_for(uint32_t log) {
     if (::ftruncate(f->fd, kFileHeader) != 0) return sys_fail("truncate " + f->path);
     f->allocated = kFileHeader;
     f->fresh = true;
-    std::lock_guard lk(mu_);
-    Log& l = *logs_[log];
-    l.end = kFileHeader;
-    l.next_seq = l.seqs.empty() ? 1 : l.seqs.back().first + 1;
-    l.loaded = true;
+    starts();
   }
   return f.get();
 }

@@ -32,12 +32,11 @@ import signal
 import subprocess
 import tempfile
 import threading
-import time
 import uuid
 
 import pytest
 
-from tp_testlib import BUILD, LEAK_POLL, Daemon, http_raw, leaks_of, wait_until
+from tp_testlib import BUILD, Daemon, http_raw, leaks_after_stop, new_key, wait_until
 
 EPERM = 1
 
@@ -194,34 +193,20 @@ def daemon():
         raise
     yield d
     rc = d.stop()
-    leaks = {}
-    deadline = time.monotonic() + LEAK_POLL
-    while True:
-        leaks = {sid: l for sid in sorted(d.created) if (l := leaks_of(sid, None, d.data_dir))}
-        if not leaks or time.monotonic() > deadline:
-            break
-        time.sleep(0.2)
+    leaks = leaks_after_stop(d)
     d.cleanup()
     assert rc in (0, -signal.SIGTERM), f"tidepoold exited with {rc} on SIGTERM:\n{d.log_tail()}"
     assert not leaks, f"left behind after the daemon stopped: {leaks}"
 
 
-def _new_key(daemon, scope: str) -> str:
-    r = subprocess.run([str(daemon.binary), "keys", "create", "--scope", scope, "--name", f"escape-{scope}",
-                        "--data-dir", daemon.data_dir], capture_output=True, text=True, timeout=30)
-    assert r.returncode == 0, r.stderr
-    assert r.stdout.strip().startswith("tpk_"), r.stdout
-    return r.stdout.strip()
-
-
 @pytest.fixture(scope="module")
 def admin_key(daemon):
-    return _new_key(daemon, "admin")
+    return new_key(daemon, "admin", "escape-admin")
 
 
 @pytest.fixture(scope="module")
 def user_key(daemon):
-    return _new_key(daemon, "user")
+    return new_key(daemon, "user", "escape-user")
 
 
 @pytest.fixture(scope="module")

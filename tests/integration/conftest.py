@@ -37,7 +37,7 @@ from typing import Dict, Iterable, List, Set
 
 import pytest
 
-from tp_testlib import BUILD, FD_SLACK, LEAK_POLL, Daemon, fd_count, fd_targets, leaks_of
+from tp_testlib import BUILD, FD_SLACK, LEAK_POLL, Daemon, fd_count, fd_targets, leaks_after_stop, leaks_of
 
 import tidepool  # noqa: E402  (tp_testlib put the SDK on sys.path)
 
@@ -61,13 +61,7 @@ def daemon(build_dir):
     yield d
     rc = d.stop()
     # A graceful stop must end every sandbox: nothing of any of them may remain.
-    leaks = {}
-    deadline = time.monotonic() + LEAK_POLL
-    while True:
-        leaks = {sid: l for sid in sorted(d.created) if (l := leaks_of(sid, None, d.data_dir))}
-        if not leaks or time.monotonic() > deadline:
-            break
-        time.sleep(0.2)
+    leaks = leaks_after_stop(d)
     keep = os.environ.get("TIDEPOOL_KEEP_TMP")
     if not keep:
         d.cleanup()

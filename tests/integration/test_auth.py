@@ -11,12 +11,11 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import tempfile
 
 import pytest
 
-from tp_testlib import BUILD, Daemon, http_raw
+from tp_testlib import BUILD, Daemon, http_raw, keys_cmd, new_key
 
 import tidepool  # noqa: E402
 
@@ -75,19 +74,6 @@ def tcp(d: Daemon, method: str, path: str, body=None, key=None, header="Authoriz
         return status, json.loads(raw)
     except ValueError:
         return status, raw
-
-
-def keys_cmd(d: Daemon, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([str(d.binary), "keys", *args, "--data-dir", d.data_dir],
-                          capture_output=True, text=True, timeout=30)
-
-
-def new_key(d: Daemon, scope: str, name: str = "") -> str:
-    r = keys_cmd(d, "create", "--scope", scope, "--name", name or scope)
-    assert r.returncode == 0, r.stderr
-    key = r.stdout.strip()
-    assert key.startswith("tpk_"), r.stdout
-    return key
 
 
 @pytest.fixture(scope="module")

@@ -1,7 +1,5 @@
 """Warm pools, server-side batches, jobs (leases, steps, quotas), pause and resume, and
 best-effort priority, against a real daemon through its HTTP API (api/openapi.yaml)."""
-import base64
-import glob
 import json
 import os
 import time
@@ -9,34 +7,8 @@ import uuid
 
 import pytest
 
+from pools_lib import call, job, ok, pool, sh  # noqa: F401 (job: a fixture)
 from tp_testlib import api_call, cgroup_dirs_of, wait_until
-
-
-def call(daemon, method, path, body=None, timeout=120):
-    st, headers, raw = api_call(daemon, method, path, body, timeout=timeout)
-    try:
-        obj = json.loads(raw) if raw and headers.get("content-type", "").startswith("application/json") else raw
-    except ValueError:
-        obj = raw
-    return st, headers, obj
-
-
-def ok(daemon, method, path, body=None, want=(200, 201)):
-    st, _, obj = call(daemon, method, path, body)
-    assert st in want, f"{method} {path}: {st} {obj}"
-    return obj
-
-
-def sh(daemon, sid, script, timeout=60):
-    r = ok(daemon, "POST", f"/v1/sandboxes/{sid}/exec", {"cmd": ["sh", "-c", script], "timeout": timeout})
-    return r["exit_code"], base64.b64decode(r["stdout"]).decode(), base64.b64decode(r["stderr"]).decode()
-
-
-def pool(daemon, name):
-    for p in ok(daemon, "GET", "/v1/pools")["pools"]:
-        if p["template"] == name:
-            return p
-    return None
 
 
 def name():
@@ -56,19 +28,6 @@ def template(daemon):
     for n in made:
         call(daemon, "DELETE", f"/v1/templates/{n}")
     wait_until(lambda: all(pool(daemon, n) is None for n in made), 30, what="pools gone")
-
-
-@pytest.fixture
-def job(daemon):
-    made = []
-
-    def make(**fields):
-        j = ok(daemon, "POST", "/v1/jobs", fields)
-        made.append(j["id"])
-        return j
-    yield make
-    for j in made:
-        call(daemon, "DELETE", f"/v1/jobs/{j}")
 
 
 def create(daemon, track, **fields):

@@ -229,6 +229,32 @@ def leaks_of(sandbox_id: str, daemon_pid: Optional[int], data_dir: Optional[str]
     return leaks
 
 
+def leaks_after_stop(d: "Daemon") -> Dict[str, List[str]]:
+    """What is left of the sandboxes a stopped daemon made, polled for up to LEAK_POLL
+    seconds (the kernel finishes some teardown after the processes are gone)."""
+    deadline = time.monotonic() + LEAK_POLL
+    while True:
+        leaks = {sid: l for sid in sorted(d.created) if (l := leaks_of(sid, None, d.data_dir))}
+        if not leaks or time.monotonic() > deadline:
+            return leaks
+        time.sleep(0.2)
+
+
+def keys_cmd(d: "Daemon", *args: str) -> subprocess.CompletedProcess:
+    """`tidepoold keys ...` against the daemon's data dir."""
+    return subprocess.run([str(d.binary), "keys", *args, "--data-dir", d.data_dir],
+                          capture_output=True, text=True, timeout=30)
+
+
+def new_key(d: "Daemon", scope: str, name: str = "") -> str:
+    """A new API key of `scope` (admin or user) for the daemon."""
+    r = keys_cmd(d, "create", "--scope", scope, "--name", name or scope)
+    assert r.returncode == 0, r.stderr
+    key = r.stdout.strip()
+    assert key.startswith("tpk_"), r.stdout
+    return key
+
+
 def _comm(pid: int) -> str:
     try:
         with open(f"/proc/{pid}/comm") as f:

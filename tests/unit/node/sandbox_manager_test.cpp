@@ -297,18 +297,22 @@ TEST_F(ManagerTest, BackgroundProcessOutputLivesInFilesUntilTheSandboxEnds) {
   EXPECT_FALSE(std::filesystem::exists(dir));
 }
 
+// A running sandbox's record as an earlier daemon run stored it, on uid range `base`.
+SandboxRecord running_record(const std::string& id, uint32_t base) {
+  SandboxRecord r;
+  r.id = id;
+  r.state = "running";
+  r.tier = "container";
+  r.image = "host";
+  r.node = "n0";
+  r.created_at_ms = 1;
+  r.expires_at_ms = now_ms() + 3600 * 1000;
+  r.uid_base = base;
+  return r;
+}
+
 TEST_F(ManagerTest, RecoverAdoptsWhatItCanAndStoresTheRestStopped) {
-  auto rec = [](const std::string& id) {
-    SandboxRecord r;
-    r.id = id;
-    r.state = "running";
-    r.tier = "container";
-    r.image = "host";
-    r.node = "n0";
-    r.created_at_ms = 1;
-    r.expires_at_ms = now_ms() + 3600 * 1000;
-    return r;
-  };
+  auto rec = [](const std::string& id) { return running_record(id, 0); };
   for (const char* id : {"n0-adopt", "n0-gone", "n0-mute", "n0-tier"}) {
     auto r = rec(id);
     if (std::string(id) == "n0-tier") r.tier = "microvm";
@@ -589,18 +593,7 @@ TEST_F(ManagerTest, FailedCreateFreesItsRangeAndFailedDestroyKeepsIt) {
 TEST_F(ManagerTest, RecoverHoldsTheRangesOfAdoptedSandboxesAndFreesTheOthers) {
   // Far from any daemon's ranges: recover() also holds ranges that host processes run in.
   constexpr uint32_t kFirst = 0x70000000u, S = UidRanges::kSize;
-  auto rec = [](const std::string& id, uint32_t base) {
-    SandboxRecord r;
-    r.id = id;
-    r.state = "running";
-    r.tier = "container";
-    r.image = "host";
-    r.node = "n0";
-    r.created_at_ms = 1;
-    r.expires_at_ms = now_ms() + 3600 * 1000;
-    r.uid_base = base;
-    return r;
-  };
+  auto rec = running_record;
   ASSERT_TRUE(store_.insert(rec("n0-kept", kFirst + 2 * S)));
   ASSERT_TRUE(store_.insert(rec("n0-gone", kFirst)));
   ASSERT_TRUE(store_.insert(rec("n0-legacy", 0)));  // from before per-sandbox ranges
@@ -716,18 +709,7 @@ struct FakeHostIds {
 // finds a process with its ids (the tick's, a create's), and freed once none does.
 TEST_F(ManagerTest, RangeSeenInUseAtRecoveryIsFreedOnceItsProcessesAreGone) {
   constexpr uint32_t kFirst = 0x70200000u, S = UidRanges::kSize;
-  auto rec = [](const std::string& id, uint32_t base) {
-    SandboxRecord r;
-    r.id = id;
-    r.state = "running";
-    r.tier = "container";
-    r.image = "host";
-    r.node = "n0";
-    r.created_at_ms = 1;
-    r.expires_at_ms = now_ms() + 3600 * 1000;
-    r.uid_base = base;
-    return r;
-  };
+  auto rec = running_record;
   ASSERT_TRUE(store_.insert(rec("n0-kept", kFirst)));
   ASSERT_TRUE(store_.insert(rec("n0-hung", kFirst + S)));
   backend_->adoptable = {"n0-kept", "n0-hung"};
