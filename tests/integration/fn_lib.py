@@ -5,7 +5,8 @@ The function tier's workers are container sandboxes of its own (not in the sandb
 so the session's final check proves nothing of them remains after the daemon stopped.
 `settled` is the per-test leak check of calls: once no call runs, every worker holds
 exactly its warm children again (one process each, two for a prestarted runtime), in
-cgroups of their own, and its processes hold as many descriptors as before the test.
+cgroups of their own, and its long-lived processes hold as many descriptors as before the
+test.
 """
 from __future__ import annotations
 
@@ -41,9 +42,16 @@ def fncall_procs(worker_id: str) -> int:
 
 
 def worker_fds(worker_id: str) -> int:
+    """Descriptors of the worker's long-lived processes (its agent, zygote and forker).
+    Warm children are left out: each serves one call and is replaced by a new one, whose
+    count depends on how far its runtime got in starting (node opens its descriptors
+    over a while after it is forked, seconds under load), not on what calls left."""
     n = 0
     for pid in pids_in_cgroups_matching(worker_id):
         try:
+            with open(f"/proc/{pid}/cgroup") as f:
+                if "/fncall-" in f.read():
+                    continue
             n += len(os.listdir(f"/proc/{pid}/fd"))
         except OSError:
             pass
@@ -63,8 +71,8 @@ def expected_warm_procs(c: tidepool.Client) -> int:
 
 def settled(c: tidepool.Client, baseline: Dict[str, Tuple[int, int]], timeout: float = LEAK_POLL) -> None:
     """Waits until no call runs and every worker is back at its warm state: its per-call
-    cgroups hold only warm children, and (a worker that was there before) its processes
-    hold as many descriptors as then. Fails otherwise."""
+    cgroups hold only warm children, and (a worker that was there before) its long-lived
+    processes hold as many descriptors as then. Fails otherwise."""
     want = expected_warm_procs(c)
     deadline = time.monotonic() + timeout
     while True:
