@@ -89,4 +89,9 @@ size_t MemorySandboxStore::size() {
   return rows_.size();
 }
 
+void MemorySandboxStore::clear() {
+  std::lock_guard lk(mu_);
+  rows_.clear();
+}
+
 }  // namespace tp::control

@@ -3,6 +3,7 @@
 //
 // Thread rules: any thread; one mutex inside. fail_writes() makes every later
 // insert/update fail with kInternal (to test what callers do on a full disk).
+// clear() forgets every record.
 #pragma once
 
 #include <map>
@@ -23,6 +24,8 @@ class MemorySandboxStore : public SandboxStore {
 
   void fail_writes(bool on);
   size_t size();
+  // Forgets every record (a test that runs many rounds on one store starts each anew).
+  void clear();
 
  private:
   Result<uint64_t> write(const SandboxRecord& r, bool labels);
