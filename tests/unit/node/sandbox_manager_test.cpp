@@ -9,9 +9,11 @@
 #include <unistd.h>
 
 #include <boost/asio/executor_work_guard.hpp>
+#include <condition_variable>
 #include <cstdlib>
 #include <filesystem>
 #include <future>
+#include <mutex>
 #include <random>
 #include <set>
 #include <thread>
@@ -910,7 +912,32 @@ TEST_F(ManagerTest, RandomInterleavingsEndConsistent) {
     for (int i = 0; i < 10000 && Sandbox::ops_in_flight() > ops_before; ++i)
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     EXPECT_EQ(Sandbox::ops_in_flight(), ops_before) << "seed " << seed;
-    mgr_.reset();
+    // An op can end (and be counted out) on a pool thread while the io thread that posted
+    // it there is still inside that post: hold both io threads, so that every handler
+    // that ran or was queued before is done, before the manager and its pool go.
+    {
+      std::mutex m;
+      std::condition_variable cv;
+      int held = 0;
+      bool go = false;
+      for (int i = 0; i < 2; ++i)
+        asio::post(io_, [&] {
+          std::unique_lock lk(m);
+          ++held;
+          cv.notify_all();
+          cv.wait(lk, [&] { return go; });
+        });
+      {
+        std::unique_lock lk(m);
+        cv.wait(lk, [&] { return held == 2; });
+      }
+      mgr_.reset();
+      {
+        std::lock_guard lk(m);
+        go = true;
+      }
+      cv.notify_all();
+    }
     // The next seed starts with an empty store: the manager lists records (its tick, its
     // shutdown), and 2,000 seeds' worth of them made each seed slower than the last.
     store_.clear();
