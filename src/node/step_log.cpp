@@ -9,11 +9,13 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <limits>
 #include <set>
+#include <thread>
 #include <unordered_set>
 
 #include "common/ids.h"
@@ -407,19 +409,39 @@ Result<void> StepLog::load_all() {
     ::closedir(d);
   }
   TP_TRY(load(0));
-  for (const auto& s : found) {
-    uint32_t id;
-    {
-      std::lock_guard lk(mu_);
-      id = log_id_locked(s);
-    }
-    if (auto r = load(id); !r) {
-      spdlog::error("step log of {}: {}; it is left as it is and not written", s,
-                    r.error().message());
-      std::lock_guard lk(mu_);
-      logs_[id]->unusable = true;
-    }
+  std::vector<uint32_t> ids;
+  {
+    std::lock_guard lk(mu_);
+    for (const auto& s : found) ids.push_back(log_id_locked(s));
   }
+  // Several at a time: a restart reads back every log the retention keeps (thousands
+  // of small files on a busy node), mostly waiting on the file system, and the daemon
+  // serves nothing before that is done. Each load() touches its own log and file;
+  // what they share (the index, the list of interrupted calls) is under mu_.
+  std::atomic<size_t> next{0};
+  auto work = [&] {
+    for (size_t i; (i = next++) < ids.size();) {
+      Result<void> r;
+      try {
+        r = load(ids[i]);
+      } catch (const std::exception& e) {  // e.g. bad_alloc: never past a joinable thread
+        r = fail(Code::kInternal, e.what());
+      }
+      if (!r) {
+        spdlog::error("step log of {}: {}; it is left as it is and not written", found[i],
+                      r.error().message());
+        std::lock_guard lk(mu_);
+        logs_[ids[i]]->unusable = true;
+      }
+    }
+  };
+  std::vector<std::thread> loaders;
+  try {
+    for (size_t i = 1; i < std::min<size_t>(kLoaders, ids.size()); ++i) loaders.emplace_back(work);
+  } catch (const std::system_error&) {  // fewer threads: the others do the rest
+  }
+  work();
+  for (auto& t : loaders) t.join();
   return {};
 }
 

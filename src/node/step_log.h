@@ -263,6 +263,8 @@ class StepLog {
   struct Log;
   class SyncPool;
   explicit StepLog(Options opts);
+  // Threads that read the logs back at open (load_all()).
+  static constexpr size_t kLoaders = 4;
   Result<void> load_all();
   Result<void> load(uint32_t log);
   uint32_t log_id_locked(const std::string& scope);
