@@ -916,27 +916,30 @@ TEST_F(ManagerTest, RandomInterleavingsEndConsistent) {
     // it there is still inside that post: hold both io threads, so that every handler
     // that ran or was queued before is done, before the manager and its pool go.
     {
-      std::mutex m;
-      std::condition_variable cv;
-      int held = 0;
-      bool go = false;
+      struct Hold {  // shared: the io threads still read it after this scope is left
+        std::mutex m;
+        std::condition_variable cv;
+        int held = 0;
+        bool go = false;
+      };
+      auto h = std::make_shared<Hold>();
       for (int i = 0; i < 2; ++i)
-        asio::post(io_, [&] {
-          std::unique_lock lk(m);
-          ++held;
-          cv.notify_all();
-          cv.wait(lk, [&] { return go; });
+        asio::post(io_, [h] {
+          std::unique_lock lk(h->m);
+          ++h->held;
+          h->cv.notify_all();
+          h->cv.wait(lk, [&] { return h->go; });
         });
       {
-        std::unique_lock lk(m);
-        cv.wait(lk, [&] { return held == 2; });
+        std::unique_lock lk(h->m);
+        h->cv.wait(lk, [&] { return h->held == 2; });
       }
       mgr_.reset();
       {
-        std::lock_guard lk(m);
-        go = true;
+        std::lock_guard lk(h->m);
+        h->go = true;
       }
-      cv.notify_all();
+      h->cv.notify_all();
     }
     // The next seed starts with an empty store: the manager lists records (its tick, its
     // shutdown), and 2,000 seeds' worth of them made each seed slower than the last.
