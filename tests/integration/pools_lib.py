@@ -2,10 +2,11 @@
 daemon, answers decoded."""
 import base64
 import json
+import os
 
 import pytest
 
-from tp_testlib import api_call
+from tp_testlib import api_call, cgroup_dirs_of
 
 
 def call(daemon, method, path, body=None, timeout=120):
@@ -32,6 +33,16 @@ def pool(daemon, name):
     for p in ok(daemon, "GET", "/v1/pools")["pools"]:
         if p["template"] == name:
             return p
+    return None
+
+
+def freezer_state(sid):
+    """The sandbox's freezer state: FROZEN/THAWED (v1) or 1/0 (v2); None without one."""
+    for d in cgroup_dirs_of(sid):
+        for f in ("freezer.state", "cgroup.freeze"):
+            p = os.path.join(d, f)
+            if os.path.exists(p) and ("freezer" in d or f == "cgroup.freeze"):
+                return open(p).read().strip()
     return None
 
 

@@ -7,7 +7,7 @@ import uuid
 
 import pytest
 
-from pools_lib import call, job, ok, pool, sh  # noqa: F401 (job: a fixture)
+from pools_lib import call, freezer_state, job, ok, pool, sh  # noqa: F401 (job: a fixture)
 from tp_testlib import api_call, cgroup_dirs_of, wait_until
 
 
@@ -148,15 +148,6 @@ def test_a_gang_batch_that_cannot_complete_releases_everything(daemon, track, jo
         track(s["id"])
     assert len(r["sandboxes"]) == 3 and r["errors"] == []
     delete_all(daemon, [s["id"] for s in r["sandboxes"]])
-
-
-def freezer_state(sid):
-    for d in cgroup_dirs_of(sid):
-        for f in ("freezer.state", "cgroup.freeze"):
-            p = os.path.join(d, f)
-            if os.path.exists(p) and ("freezer" in d or f == "cgroup.freeze"):
-                return open(p).read().strip()
-    return None
 
 
 def test_a_lapsed_lease_pauses_and_a_later_exec_resumes_with_files_and_processes_intact(daemon, track, job):

@@ -5,15 +5,14 @@ that resumes a sandbox of a still-lapsed job, and the pool, pause and job series
 import datetime
 import http.client
 import json
-import os
 import re
 import time
 import uuid
 
 import pytest
 
-from pools_lib import call, job, ok, pool, sh  # noqa: F401 (job: a fixture)
-from tp_testlib import api_call, cgroup_dirs_of, wait_until
+from pools_lib import call, freezer_state, job, ok, pool, sh  # noqa: F401 (job: a fixture)
+from tp_testlib import api_call, wait_until
 
 
 # -- helpers ----------------------------------------------------------------------
@@ -34,15 +33,6 @@ def state_of(daemon, sid):
 
 def job_state(daemon, jid):
     return ok(daemon, "GET", f"/v1/jobs/{jid}")["state"]
-
-
-def freezer_state(sid):
-    for d in cgroup_dirs_of(sid):
-        for f in ("freezer.state", "cgroup.freeze"):
-            p = os.path.join(d, f)
-            if os.path.exists(p) and ("freezer" in d or f == "cgroup.freeze"):
-                return open(p).read().strip()
-    return None
 
 
 def delete_all(daemon, ids):

@@ -138,6 +138,15 @@ class ManagerTest : public ::testing::Test {
   std::optional<asio::executor_work_guard<asio::io_context::executor_type>> guard_{
       asio::make_work_guard(io_)};
   // recover() runs the io_context itself: the fixture's runners stop first.
+  // A manager that recover()s first, as a restarted daemon's does; recover() runs the
+  // io_context itself, so the fixture's runners stop meanwhile.
+  void make_recovered(ManagerOptions o) {
+    stop_runners();
+    make(std::move(o));
+    ASSERT_TRUE(mgr_->recover());
+    guard_.emplace(asio::make_work_guard(io_));
+    for (int i = 0; i < 2; ++i) threads_.emplace_back([this] { io_.run(); });
+  }
   void stop_runners() {
     guard_.reset();
     io_.stop();

@@ -348,12 +348,7 @@ TEST_F(ManagerTest, RecoverAdoptsWhatItCanAndStoresTheRestStopped) {
     };
     return adopted;
   };
-  // recover() runs the io_context itself: stop the fixture's runners meanwhile.
-  stop_runners();
-  make(o);
-  ASSERT_TRUE(mgr_->recover());
-  guard_.emplace(asio::make_work_guard(io_));
-  for (int i = 0; i < 2; ++i) threads_.emplace_back([this] { io_.run(); });
+  make_recovered(o);
 
   EXPECT_EQ(stored("n0-adopt").state, "running");
   EXPECT_EQ(stored("n0-adopt").end_reason, "");
@@ -607,11 +602,7 @@ TEST_F(ManagerTest, RecoverHoldsTheRangesOfAdoptedSandboxesAndFreesTheOthers) {
                         std::string) -> Result<std::shared_ptr<AgentClient>> {
     return std::make_shared<FakeAgent>(io);
   };
-  stop_runners();
-  make(o);
-  ASSERT_TRUE(mgr_->recover());
-  guard_.emplace(asio::make_work_guard(io_));
-  for (int i = 0; i < 2; ++i) threads_.emplace_back([this] { io_.run(); });
+  make_recovered(o);
 
   EXPECT_EQ(backend_->uid_bases["n0-kept"], kFirst + 2 * S);  // adopted with its own range
   EXPECT_EQ(backend_->uid_bases["n0-legacy"], 0u);            // in the shared one, as before
@@ -727,11 +718,7 @@ TEST_F(ManagerTest, RangeSeenInUseAtRecoveryIsFreedOnceItsProcessesAreGone) {
                         std::string id) -> Result<std::shared_ptr<AgentClient>> {
     return std::make_shared<FakeAgent>(io, id == "n0-kept");  // the hung one never answers
   };
-  stop_runners();
-  make(o);
-  ASSERT_TRUE(mgr_->recover());
-  guard_.emplace(asio::make_work_guard(io_));
-  for (int i = 0; i < 2; ++i) threads_.emplace_back([this] { io_.run(); });
+  make_recovered(o);
 
   EXPECT_EQ(stored("n0-hung").end_reason, "agent_lost");
   EXPECT_EQ(stored("n0-kept").state, "running");
@@ -779,11 +766,7 @@ TEST_F(ManagerTest, CreateChecksRangesHeldForTheHostAgainBeforeRefusing) {
   o.uid_ranges = ranges;
   o.host_ids_in_use = host.scan();
   o.uid_recheck = std::chrono::hours(1);  // the tick does not re-check
-  stop_runners();
-  make(o);
-  ASSERT_TRUE(mgr_->recover());
-  guard_.emplace(asio::make_work_guard(io_));
-  for (int i = 0; i < 2; ++i) threads_.emplace_back([this] { io_.run(); });
+  make_recovered(o);
   EXPECT_EQ(ranges->holder(kFirst), UidRanges::kInUseOnHost);
   int n = host.count();
   mgr_->tick();  // scans once (none before)...
@@ -1169,11 +1152,7 @@ TEST_F(ManagerTest, RecoverReportsTheKeyedCallsItFindsUnanswered) {
   o.on_step_lost = [&](const std::string& id, const std::string& tag, uint32_t pid) {
     lost.push_back(id + " " + tag + " " + std::to_string(pid));
   };
-  stop_runners();
-  make(o);
-  ASSERT_TRUE(mgr_->recover());
-  guard_.emplace(asio::make_work_guard(io_));
-  for (int i = 0; i < 2; ++i) threads_.emplace_back([this] { io_.run(); });
+  make_recovered(o);
   // Before serving: the process runs on (its handle), the request's command was stopped.
   EXPECT_EQ(lost, (std::vector<std::string>{"n0-steps P 7", "n0-steps E 0"}));
   EXPECT_EQ(adopted->signalled(), (std::vector<uint32_t>{41, 42}));
