@@ -1125,14 +1125,7 @@ TEST_F(ManagerTest, TrajectoryHooksSeeCreationsProcessEndsAndStepTags) {
 }
 
 TEST_F(ManagerTest, RecoverReportsTheKeyedCallsItFindsUnanswered) {
-  SandboxRecord r;
-  r.id = "n0-steps";
-  r.state = "running";
-  r.tier = "container";
-  r.image = "host";
-  r.node = "n0";
-  r.created_at_ms = 1;
-  r.expires_at_ms = now_ms() + 3600 * 1000;
+  SandboxRecord r = running_record("n0-steps", 0);
   ASSERT_TRUE(store_.insert(r));
   backend_->adoptable = {"n0-steps"};
   std::shared_ptr<FakeAgent> adopted;
