@@ -101,10 +101,10 @@ SAN_ENV = ASAN_OPTIONS=halt_on_error=1:detect_leaks=1:detect_stack_use_after_ret
 # -O0 with line tables only (SAN_OPT, read when $(SAN_BUILD) is configured): on 2 cores
 # it builds in 220 s against 380 s at -O1, and the sanitizer tests run about 15% slower.
 # The fuzzers execute 4-12x fewer inputs per second than at -O1: enough for CI's smoke
-# run; a long fuzzing run wants its own -O1 build (fuzz/README.md). A unity build (CMAKE_UNITY_BUILD: batches of up to 8
-# .cpp files per compile, so Beast, Asio, JSON, CLI11 and gtest are parsed and
-# instantiated once per batch) needs about 2/3 of the CPU time of one compile per file;
-# CMakeLists.txt lists the files kept out of batches.
+# run; a long fuzzing run wants its own -O1 build (fuzz/README.md). A unity build
+# (CMAKE_UNITY_BUILD: batches of up to 8 .cpp files per compile, so Beast, Asio, JSON,
+# CLI11 and gtest are parsed and instantiated once per batch) needs about 2/3 of the CPU
+# time of one compile per file; CMakeLists.txt lists the files kept out of batches.
 SAN_OPT ?= -O0 -g1
 SAN_CMAKE = -DCMAKE_BUILD_TYPE=Debug -DCMAKE_C_FLAGS_DEBUG="$(SAN_OPT)" -DCMAKE_CXX_FLAGS_DEBUG="$(SAN_OPT)" \
 	-DCMAKE_C_COMPILER=clang-19 -DCMAKE_CXX_COMPILER=clang++-19 -DTP_SANITIZE=ON -DTP_FUZZ=ON \

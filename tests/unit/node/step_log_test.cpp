@@ -815,6 +815,33 @@ std::string crash_image(const std::string& dir) {
   return to;
 }
 
+// Logs are read back several at a time at open: every key of every log is found, each
+// log continues at its own next seq, and a damaged one among them is set aside alone.
+TEST_F(StepLogTest, ManyLogsReadBackAtOnceKeepEveryKeyAndTheirOwnSeqs) {
+  constexpr int kLogs = 64;
+  {
+    auto l = open();
+    for (int i = 0; i < kLogs; ++i)
+      for (int j = 0; j <= i % 3; ++j)
+        ASSERT_TRUE(l->append_sync(fmt_id(i),
+                                   rec("k" + std::to_string(i) + "-" + std::to_string(j)),
+                                   "a" + std::to_string(i)));
+  }
+  write_file(dir_ + "/sandboxes/" + fmt_id(7) + "/steps.log", "not a step log at all");
+  auto l = open();
+  for (int i = 0; i < kLogs; ++i) {
+    for (int j = 0; j <= i % 3; ++j) {
+      const std::string key = "k" + std::to_string(i) + "-" + std::to_string(j);
+      EXPECT_EQ(answer_of(*l, key), i == 7 ? "<missing>" : "a" + std::to_string(i)) << key;
+    }
+    if (i != 7) {
+      EXPECT_EQ(l->info(fmt_id(i)).last_seq, static_cast<uint64_t>(i % 3 + 1)) << i;
+    }
+  }
+  ASSERT_TRUE(l->append_sync(fmt_id(5), rec("later"), "b"));
+  EXPECT_EQ(l->info(fmt_id(5)).last_seq, 4u);
+}
+
 TEST_F(StepLogTest, AnIntentThenItsAnswerIsOneResultAndNoEntry) {
   {
     auto l = open();
