@@ -287,6 +287,12 @@ int daemon_main(int argc, char** argv) {
                  "warm-pool refills in flight at once (none while a client's create runs)")
       ->capture_default_str()
       ->check(CLI::Range(size_t{1}, size_t{64}));
+  uint32_t pool_quiet_ms = 10;
+  app.add_option("--pool-quiet-ms", pool_quiet_ms,
+                 "warm-pool refills wait until no sandbox request started or ended for this "
+                 "long, unless the pool is down to a quarter of its target (0: no wait)")
+      ->capture_default_str()
+      ->check(CLI::Range(uint32_t{0}, uint32_t{60000}));
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -487,6 +493,7 @@ int daemon_main(int argc, char** argv) {
   popts.budget_mb = pool_budget_mb;
   popts.idle_cost_kb = pool_idle_kb;
   popts.refills_at_once = pool_refills;
+  popts.quiet_s = pool_quiet_ms / 1000.0;
   node::WarmPools pools(mgr, template_store, metrics, popts);
   node::JobManager jobs(mgr, job_store, metrics, {});
   if (auto r = jobs.start(); !r) return die("jobs: " + r.error().message());
@@ -495,6 +502,7 @@ int daemon_main(int argc, char** argv) {
     pools.create(std::move(p), std::move(cb));
   });
   api.set_client_work([&pools](int d) { pools.client_work(d); });
+  api.set_client_request([&pools] { pools.client_request(); });
   api.add_provider(std::make_shared<LifecycleRoutes>(pools, jobs));
   AuthOptions aopts;
   aopts.key_file = KeyFile::in_data_dir(data_dir);

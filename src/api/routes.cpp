@@ -45,8 +45,11 @@ void feed_stdin(std::shared_ptr<const BodyFile> body, StdinWrite write,
 // Wraps a Responder to count the answer's status in the metrics.
 class CountingResponder : public Responder {
  public:
-  CountingResponder(std::shared_ptr<Responder> inner, Metrics& m)
-      : inner_(std::move(inner)), m_(m) {}
+  CountingResponder(std::shared_ptr<Responder> inner, Metrics& m, std::function<void()> done = {})
+      : inner_(std::move(inner)), m_(m), done_(std::move(done)) {}
+  ~CountingResponder() override {
+    if (done_) done_();
+  }
   void send(int status, std::string ct, std::string body) override {
     m_.count_http(status);
     inner_->send(status, std::move(ct), std::move(body));
@@ -69,6 +72,7 @@ class CountingResponder : public Responder {
  private:
   std::shared_ptr<Responder> inner_;
   Metrics& m_;
+  std::function<void()> done_;  // the request is over (its last reference went)
 };
 
 json::object entry_json(const node::FileEntry& e) {
@@ -184,7 +188,14 @@ bool Api::takes_upload(const std::string& method, const std::string& path) {
 }
 
 void Api::handle(Request& req, std::shared_ptr<Responder> raw) {
-  std::shared_ptr<Responder> res = std::make_shared<CountingResponder>(std::move(raw), metrics_);
+  std::function<void()> done;
+  if (client_request_ &&
+      (req.path.starts_with("/v1/sandboxes") || req.path.starts_with("/v1/functions"))) {
+    client_request_();  // at its start and at its end
+    done = client_request_;
+  }
+  std::shared_ptr<Responder> res =
+      std::make_shared<CountingResponder>(std::move(raw), metrics_, std::move(done));
   if (req.method == "POST" || req.method == "PUT" || req.method == "DELETE") {
     auto key = req.headers.find("idempotency-key");
     if (key != req.headers.end()) {

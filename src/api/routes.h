@@ -67,6 +67,9 @@ class Api {
   // Cold work a client is waiting for (creates and batches): the pools refill only
   // while there is none. Set before serving.
   void set_client_work(std::function<void(int)> f) { client_work_ = std::move(f); }
+  // Called when a request that uses a sandbox or a function starts and when it ends
+  // (the pools pace their refills by it). Set before serving.
+  void set_client_request(std::function<void()> f) { client_request_ = std::move(f); }
   // The tiers /version lists (the node's registry). Set before serving.
   void set_tiers(std::vector<std::string> tiers) { tiers_ = std::move(tiers); }
   static constexpr uint64_t kDefaultMaxDownload = 8ull << 30;
@@ -124,6 +127,7 @@ class Api {
   std::vector<std::string> tiers_{"container"};
   CreateFn creator_;
   std::function<void(int)> client_work_;
+  std::function<void()> client_request_;
 };
 
 }  // namespace tp::api

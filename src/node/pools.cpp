@@ -308,9 +308,12 @@ void WarmPools::client_work(int delta) {
 
 // ---- sizing and refills ----------------------------------------------------------
 
+void WarmPools::client_request() { last_request_.store(now(), std::memory_order_relaxed); }
+
 void WarmPools::tick() {
   std::vector<std::string> surplus;
   std::vector<PoolPtr> to_refill;
+  int64_t quiet_ms = -1;  // >= 0: tick again then
   {
     std::lock_guard lk(mu_);
     if (stopped_) return;
@@ -339,7 +342,10 @@ void WarmPools::tick() {
     }
     const uint64_t budget = opts_.budget_mb * 1024 / std::max<uint64_t>(1, opts_.idle_cost_kb);
     // Refills: none while a client's cold work is in flight, a few at a time, the
-    // emptiest pool (relative to its target) first, within the budget.
+    // emptiest pool (relative to its target) first, within the budget; while
+    // clients are busy, only for pools down to a quarter of their target.
+    const double busy_for = last_request_.load(std::memory_order_relaxed) + opts_.quiet_s - t;
+    bool held_back = false;
     if (client_work_ == 0) {
       std::vector<PoolPtr> short_of;
       for (auto& [name, p] : pools_)
@@ -352,12 +358,31 @@ void WarmPools::tick() {
       });
       for (auto& p : short_of) {
         if (refilling_ >= opts_.refills_at_once || held >= budget) break;
+        if (busy_for > 0 && (p->ready.size() + p->creating) * 4 >= p->target) {
+          held_back = true;
+          continue;
+        }
         refilling_++;
         p->creating++;
         held++;
         to_refill.push_back(p);
       }
     }
+    if (held_back && !quiet_tick_) {
+      quiet_tick_ = true;
+      quiet_ms = 1 + static_cast<int64_t>(busy_for * 1000);
+    }
+  }
+  if (quiet_ms >= 0) {
+    // Refill as soon as clients are quiet, not at the next regular tick.
+    svc_.after(std::chrono::milliseconds(quiet_ms), [this, alive = std::weak_ptr<bool>(alive_)] {
+      if (!alive.lock()) return;
+      {
+        std::lock_guard lk(mu_);
+        quiet_tick_ = false;
+      }
+      tick();
+    });
   }
   drain(surplus);
   for (auto& p : to_refill) refill(p);

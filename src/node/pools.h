@@ -20,7 +20,13 @@
 //
 // Pacing: refills never compete with clients. At most refills_at_once pooled
 // creates run at a time, and none starts while a client's cold create or batch
-// is in flight, so a client's create never waits for a refill's thread.
+// is in flight, so a client's create never waits for a refill's thread. Nor does
+// one start while clients are busy (a request started or ended in the last
+// Options::quiet_s, see client_request()) unless its pool is down to a quarter
+// of its target: a refill takes a core for a few milliseconds, and on a small
+// node the execs of the sandboxes just handed out would pay for it. A pool that
+// low refills anyway, or demand would outrun it and its hits would turn into
+// cold creates.
 //
 // Templates are stored (control/template_store.h); replacing one drains its
 // pool (the sandboxes of the old shape end with pool_drained) and deleting one
@@ -31,6 +37,7 @@
 // callbacks run on the Service's io threads.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <deque>
@@ -81,6 +88,8 @@ class WarmPools {
     double rate_half_life_s = 10;  // the request rate's memory
     // What a cold create is assumed to take until one has been measured.
     double cold_guess_s = 0.05;
+    // Clients count as busy this long after a request started or ended (see Pacing).
+    double quiet_s = 0.01;
     // Monotonic seconds (a seam for tests).
     std::function<double()> now_s;
   };
@@ -109,6 +118,10 @@ class WarmPools {
   void create(CreateParams p, CreateCb cb);
   // A client's cold work in flight (creates, batches): refills wait meanwhile.
   void client_work(int delta);
+  // A client's request started or ended (any that uses a sandbox or a function):
+  // refills of pools above a quarter of their target wait until clients have been
+  // quiet for Options::quiet_s. Lock-free: the API calls it twice per such request.
+  void client_request();
 
   std::vector<PoolStatus> status();
   // One sizing, refill and drain pass (the timer calls it; tests call it).
@@ -145,6 +158,8 @@ class WarmPools {
   std::mutex mu_;
   std::map<std::string, PoolPtr> pools_;  // by template name
   int client_work_ = 0;
+  std::atomic<double> last_request_{-1e300};  // now() of the last client_request()
+  bool quiet_tick_ = false;                   // a tick is due when clients are quiet
   size_t refilling_ = 0;
   bool stopped_ = false;
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);

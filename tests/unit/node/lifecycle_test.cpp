@@ -179,6 +179,32 @@ TEST_F(LifecycleTest, RefillsWaitWhileAClientsColdWorkIsInFlight) {
   ASSERT_TRUE(fill("t", 3));
 }
 
+TEST_F(LifecycleTest, RefillsWaitWhileClientsAreBusyUnlessThePoolIsDownToAQuarter) {
+  WarmPools::Options o;
+  o.quiet_s = 100;  // busy from a request until the clock moves on by 100 s
+  make_pools(o);
+  ASSERT_TRUE(pools_->put_template(tpl("t", 8, 8)));
+  ASSERT_TRUE(fill("t", 8));  // no request yet: quiet
+  CreateParams p;
+  p.template_name = "t";
+  ASSERT_TRUE(pool_create(p).first);
+  pools_->client_request();
+  for (int i = 0; i < 5; ++i) pools_->tick();
+  EXPECT_EQ(pool("t").creating, 0u) << "a refill started while clients were busy";
+  EXPECT_EQ(pool("t").ready, 7u);
+  // Down to 1 of 8 (under a quarter): it refills while clients are busy, up to a quarter.
+  for (int i = 0; i < 6; ++i) ASSERT_TRUE(pool_create(p).first);
+  pools_->client_request();
+  ASSERT_TRUE(fill("t", 2));
+  for (int i = 0; i < 5; ++i) pools_->tick();
+  EXPECT_EQ(pool("t").creating, 0u);
+  EXPECT_EQ(pool("t").ready, 2u) << "refilled beyond a quarter while clients were busy";
+  // Quiet again: the rest.
+  clock_s_.fetch_add(200);
+  ASSERT_TRUE(fill("t", 8));
+  EXPECT_EQ(pool("t").hits, 7u);
+}
+
 TEST_F(LifecycleTest, ThePoolTargetFollowsDemandWithinItsBoundsAndTheBudget) {
   WarmPools::Options o;
   o.budget_mb = 4;
