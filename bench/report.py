@@ -496,8 +496,11 @@ def lifecycle_rows(res):
             stop += f"; asked for no more than {d['capped_by']} allows"
         L.append(f"| idle sandboxes alive at once (asked {d['asked']}){stop} | {d['alive']} | 10,000 | "
                  f"{verdict(d['alive'] >= 10000)} |")
+        maps = d.get("kmalloc_1k_kb_per_sandbox")
+        maps = (f"; of the kernel's, {maps:.0f} kB in kmalloc-1k, mostly the per-memory-cgroup shrinker maps that "
+                f"grow with every superblock on the host" if maps is not None else "")
         L.append(f"| idle memory per sandbox at that count (kernel {d['kernel_kb_per_sandbox']:.0f} + agent PSS "
-                 f"{d['agent_pss_kb_per_sandbox']:.0f} kB) | {d['total_kb_per_sandbox'] / 1024:.2f} MiB | "
+                 f"{d['agent_pss_kb_per_sandbox']:.0f} kB{maps}) | {d['total_kb_per_sandbox'] / 1024:.2f} MiB | "
                  f"≤ 0.67 MiB | {verdict(d['total_kb_per_sandbox'] / 1024 <= 0.67)} |")
         L.append(f"| daemon descriptors / RSS per idle sandbox | {d['daemon_fds_per_sandbox']:.2f} fds, "
                  f"{d['daemon_rss_kb_per_sandbox']:.1f} kB | | |")
