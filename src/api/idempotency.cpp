@@ -129,17 +129,12 @@ class IdempotencyCache::Recorder : public Responder {
     rec_.status = status;
     rec_.content_type = ct;
     events_ = ct.starts_with("application/x-ndjson");
-    auto side = log_->new_side(scope_);
-    if (side)
-      side_ = std::move(*side);
-    else
-      spdlog::error("step log: key {}: {}", key_, side.error().message());
     inner_->start_stream(status, std::move(ct));
   }
   void write_chunk(std::string d) override {
     std::lock_guard lk(mu_);
     if (done_ || d.empty()) return;
-    if (side_) (void)side_->write(d);  // a failure is seen at commit
+    keep(d);
     if (events_) stream_summary_.feed(d);
     if (!held_.empty()) inner_->write_chunk(std::move(held_));
     held_.clear();
@@ -159,7 +154,7 @@ class IdempotencyCache::Recorder : public Responder {
       if (written) written(false);
       return;
     }
-    if (side_ && !d.empty()) (void)side_->write(d);
+    if (!d.empty()) keep(d);
     if (!held_.empty()) inner_->write_chunk(std::move(held_));
     held_.clear();
     inner_->write_chunk(std::move(d), std::move(written));
@@ -180,6 +175,7 @@ class IdempotencyCache::Recorder : public Responder {
     rec_.status = 503;
     rec_.content_type = "application/json";
     side_.reset();
+    kept_.clear();
     held_.clear();
     commit(kIncomplete, false);
   }
@@ -189,11 +185,35 @@ class IdempotencyCache::Recorder : public Responder {
   }
 
  private:
+  // What a stream sent, for its record: in memory up to kStreamInline (it goes inline
+  // with the record: no side file to make and sync, which cost a streamed exec about
+  // a millisecond), then in a side file (a failure there is seen at commit).
+  void keep(std::string_view d) {
+    if (side_failed_) return;
+    if (!side_ && kept_.size() + d.size() <= kStreamInline) {
+      kept_.append(d);
+      return;
+    }
+    if (!side_) {
+      auto side = log_->new_side(scope_);
+      if (!side) {
+        spdlog::error("step log: key {}: {}", key_, side.error().message());
+        side_failed_ = true;
+        kept_ = std::string();
+        return;
+      }
+      side_ = std::move(*side);
+      (void)side_->write(kept_);
+      kept_ = std::string();
+    }
+    (void)side_->write(d);
+  }
   // Appends the record; the answer goes to the client (and the waiters) when it is durable.
   void commit(std::string body, bool stream) {
     rec_.finished_us = log_->now_us();
     if (stream && events_) rec_.summary = stream_summary_.json();
-    if (stream && !side_) {
+    if (stream && !side_ && !side_failed_) body = std::move(kept_);  // a short stream: inline
+    if (stream && side_failed_) {
       // The side file could not be made: nothing can be recorded; the client gets its answer.
       if (!held_.empty()) inner_->write_chunk(std::move(held_));
       inner_->end_stream();
@@ -241,7 +261,12 @@ class IdempotencyCache::Recorder : public Responder {
   std::mutex mu_;
   node::StepRecord rec_;
   std::shared_ptr<Responder> inner_;
+  // A stream's answer up to this size stays in memory until its record (bounded: one
+  // such buffer per stream in flight).
+  static constexpr size_t kStreamInline = 4096;
   std::unique_ptr<node::StepSideFile> side_;
+  std::string kept_;          // a stream's answer until it outgrows kStreamInline
+  bool side_failed_ = false;  // its side file could not be made: not recorded
   std::string held_;
   bool events_ = false;  // an NDJSON exec stream
   StreamSummary stream_summary_;

@@ -6,6 +6,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <filesystem>
+#include <map>
 #include <random>
 #include <thread>
 
@@ -220,6 +221,44 @@ TEST_F(Idempotency, AnAbortedStreamIsRecordedAsIncomplete) {
   EXPECT_EQ(cache->begin(post("/v1/x"), "k", retry), nullptr);
   EXPECT_EQ(retry->wait(), 503);
   EXPECT_NE(retry->body.find("did not complete"), std::string::npos) << retry->body;
+}
+
+TEST_F(Idempotency, AStreamedAnswerIsReplayedWholeAShortOneInlineALongOneFromASideFile) {
+  auto side_files = [&] {
+    size_t n = 0;
+    for (const auto& e : std::filesystem::recursive_directory_iterator(dir_))
+      if (e.path().extension() == ".body") n++;
+    return n;
+  };
+  std::map<std::string, std::string> sent;
+  for (size_t size : {size_t{10}, size_t{10000}}) {
+    const std::string key = "s" + std::to_string(size);
+    auto first = std::make_shared<FakeResponder>();
+    auto rec = cache->begin(post("/v1/x", key), key, first);
+    ASSERT_NE(rec, nullptr);
+    rec->start_stream(200, "application/octet-stream");
+    for (size_t i = 0; i < size; i += 1000) {
+      std::string part(std::min<size_t>(1000, size - i), static_cast<char>('a' + i / 1000));
+      sent[key] += part;
+      rec->write_chunk(part);
+    }
+    rec->end_stream();
+    first->wait();
+    rec.reset();
+    EXPECT_EQ(first->body, sent[key]);
+    // 10 bytes fit the record (the fixture's inline_max is 16): no side file made;
+    // 10,000 outgrow what a stream keeps in memory and go to one as they stream.
+    EXPECT_EQ(side_files(), size < 16 ? 0u : 1u) << size;
+  }
+  for (int pass = 0; pass < 2; ++pass) {
+    if (pass == 1) reopen();  // and after a restart
+    for (const auto& [key, body] : sent) {
+      auto retry = std::make_shared<FakeResponder>();
+      EXPECT_EQ(cache->begin(post("/v1/x", key), key, retry), nullptr);
+      EXPECT_EQ(retry->wait(), 200);
+      EXPECT_EQ(retry->body, body) << key << " pass " << pass;
+    }
+  }
 }
 
 TEST_F(Idempotency, AnAnswerThatNeverCameIsRecordedAs503) {
