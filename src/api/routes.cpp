@@ -625,10 +625,24 @@ void Api::get(Request&, const Params& p, std::shared_ptr<Responder> res) {
   res->send_json(200, node::sandbox_json(*r));
 }
 
-void Api::destroy(Request&, const Params& p, std::shared_ptr<Responder> res) {
-  mgr_.destroy(p[0], node::EndReason::kDeleted, [res](Result<SandboxRecord> r) {
+void Api::destroy(Request& req, const Params& p, std::shared_ptr<Responder> res) {
+  bool wait = true;
+  if (const std::string* w = req.q("wait")) {
+    if (*w == "false" || *w == "0" || *w == "no")
+      wait = false;
+    else if (!truthy(w))
+      return res->send_error(
+          Error{Code::kInvalidArgument, 0, "wait must be true or false, not '" + *w + "'"});
+  }
+  if (wait)
+    return mgr_.destroy(p[0], node::EndReason::kDeleted, [res](Result<SandboxRecord> r) {
+      if (!r) return res->send_error(r.error());
+      res->send_json(200, node::sandbox_json(*r));
+    });
+  // Answered once the stop is durable; the teardown goes on (202, state "stopping").
+  mgr_.destroy_nowait(p[0], node::EndReason::kDeleted, [res](Result<SandboxRecord> r) {
     if (!r) return res->send_error(r.error());
-    res->send_json(200, node::sandbox_json(*r));
+    res->send_json(r->state == "stopping" ? 202 : 200, node::sandbox_json(*r));
   });
 }
 

@@ -133,7 +133,9 @@ Action add_run(CLI::App& root, Context& ctx) {
         remover = fresh.get();
       }
     }
-    auto removed = remover->call_json(Method::kDelete, sandbox_path(id));
+    // Answered once its stop is durable: the teardown (about 2 ms) goes on in the
+    // daemon while this process exits (api/openapi.yaml, DELETE ?wait=false).
+    auto removed = remover->call_json(Method::kDelete, sandbox_path(id) + "?wait=false");
     if (!removed && removed.error().code != Code::kNotFound) {
       report(Error{removed.error().code, 0,
                    "could not remove sandbox " + id + ": " + removed.error().message()});

@@ -30,10 +30,8 @@ json::object sandbox_json(const control::SandboxRecord& r) {
   if (!r.template_name.empty()) o["template"] = r.template_name;
   if (!r.job.empty()) o["job"] = r.job;
   if (!r.step.empty()) o["step"] = r.step;
-  if (r.ended_at_ms) {
-    o["ended_at"] = json_util::rfc3339(r.ended_at_ms);
-    o["end_reason"] = r.end_reason;
-  }
+  if (r.ended_at_ms) o["ended_at"] = json_util::rfc3339(r.ended_at_ms);
+  if (!r.end_reason.empty()) o["end_reason"] = r.end_reason;  // ended, or stopping
   return o;
 }
 

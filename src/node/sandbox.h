@@ -98,6 +98,9 @@ class Sandbox : public std::enable_shared_from_this<Sandbox> {
   // (so that nobody hears of an end before it is stored).
   bool settled = false;
   std::vector<RecordCb> stop_waiters;
+  // destroy_nowait() callers: answered once the stop's intent is stored (its
+  // record still running, with the end reason), before the teardown.
+  std::vector<RecordCb> accept_waiters;
   ResolvedImage image;
   uint64_t disk_bytes = 0;
   int64_t last_active_ms = 0;

@@ -289,7 +289,16 @@ Result<bool> SandboxManager::adopt_one(SandboxRecord r) {
       inst = std::unexpected(img.error());
     }
   }
-  if (inst) {
+  // Its stop was accepted and answered (destroy_nowait) before the daemon went: it
+  // is finished, not adopted.
+  std::optional<EndReason> accepted_end;
+  if (r.ended_at_ms == 0 && !r.end_reason.empty())
+    accepted_end = end_reason_from_string(r.end_reason);
+  if (accepted_end) {
+    why = *accepted_end;
+    detail = "its stop was accepted before the daemon went";
+    if (inst) (void)(*inst)->destroy();
+  } else if (inst) {
     std::string addr = (*inst)->agent_address();
     Result<std::shared_ptr<AgentClient>> agent =
         fail(Code::kUnavailable, "no way to reach its agent");
@@ -811,7 +820,8 @@ void SandboxManager::watch_agent(const std::shared_ptr<Sandbox>& sb) {
   });
 }
 
-void SandboxManager::request_stop(std::shared_ptr<Sandbox> sb, EndReason reason, RecordCb cb) {
+void SandboxManager::request_stop(std::shared_ptr<Sandbox> sb, EndReason reason, RecordCb cb,
+                                  bool nowait) {
   {
     std::lock_guard lk(sb->mu);
     if (sb->state == State::kReleased ||
@@ -829,7 +839,11 @@ void SandboxManager::request_stop(std::shared_ptr<Sandbox> sb, EndReason reason,
       }
       return;
     }
-    if (cb) sb->stop_waiters.push_back(std::move(cb));
+    if (cb && nowait && sb->stop_reason == EndReason::kNone &&
+        (sb->state == State::kRunning || sb->state == State::kPaused))
+      sb->accept_waiters.push_back(std::move(cb));  // its stop op (queued below) answers
+    else if (cb)
+      sb->stop_waiters.push_back(std::move(cb));
     if (sb->stop_reason != EndReason::kNone) return;  // its stop op is queued already
     sb->stop_reason = reason;
     // From now on exec and file calls are refused; a creating sandbox leaves
@@ -847,6 +861,8 @@ void SandboxManager::request_stop(std::shared_ptr<Sandbox> sb, EndReason reason,
 void SandboxManager::stop_now(const std::shared_ptr<Sandbox>& sb) {
   EndReason reason;
   std::vector<std::shared_ptr<BgProc>> procs;
+  std::vector<RecordCb> accepted;
+  SandboxRecord intent;
   {
     std::lock_guard lk(sb->mu);
     if (is_final(sb->state)) {
@@ -854,12 +870,34 @@ void SandboxManager::stop_now(const std::shared_ptr<Sandbox>& sb) {
       // before this op): answer what it ended as.
       std::vector<RecordCb> waiters;
       waiters.swap(sb->stop_waiters);
+      for (auto& w : sb->accept_waiters) waiters.push_back(std::move(w));
+      sb->accept_waiters.clear();
       for (auto& w : waiters) asio::post(io_, [w, r = sb->rec] { w(r); });
       return;
     }
     if (sb->state == State::kCreating) sb->apply(Event::kStop);
     reason = sb->stop_reason;
     for (auto& [h, bg] : sb->procs) procs.push_back(bg);
+    accepted.swap(sb->accept_waiters);
+    intent = sb->rec;
+  }
+  if (!accepted.empty()) {
+    // destroy_nowait: the intent is stored (still running, with its end reason) before
+    // they hear of it, so that a daemon that dies during the teardown finishes it
+    // after its restart (adopt_one) instead of adopting the sandbox again.
+    intent.end_reason = std::string(to_string(reason));
+    auto v = store_.update(intent);
+    std::lock_guard lk(sb->mu);
+    if (v) {
+      sb->rec.version = *v;
+      intent.version = *v;
+      intent.state = "stopping";
+      for (auto& w : accepted) asio::post(io_, [w, intent] { w(intent); });
+    } else {
+      TP_SB_WARN(sb->id(), "cannot store its stop ahead: {}; answered when stopped",
+                 v.error().message());
+      for (auto& w : accepted) sb->stop_waiters.push_back(std::move(w));
+    }
   }
   if (sb->agent) sb->agent->close();
   Result<void> d = sb->inst ? sb->inst->destroy() : Result<void>{};
@@ -1365,6 +1403,13 @@ void SandboxManager::destroy(const std::string& id, EndReason reason, RecordCb c
     return;
   }
   request_stop(sb, reason, std::move(cb));
+}
+
+void SandboxManager::destroy_nowait(const std::string& id, EndReason reason, RecordCb cb) {
+  auto sb = find_live(id);
+  if (sb && reason == EndReason::kDeleted && is_pooled(*sb)) sb = nullptr;
+  if (!sb) return destroy(id, reason, std::move(cb));  // ended or unknown: as destroy()
+  request_stop(sb, reason, std::move(cb), /*nowait=*/true);
 }
 
 // ---- exec ------------------------------------------------------------------------

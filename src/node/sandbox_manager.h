@@ -158,6 +158,8 @@ class SandboxManager : public Service {
   Result<std::vector<control::SandboxRecord>> list(const ListFilter& f) override;
   void destroy(const std::string& id, EndReason reason,
                std::function<void(Result<control::SandboxRecord>)> cb) override;
+  void destroy_nowait(const std::string& id, EndReason reason,
+                      std::function<void(Result<control::SandboxRecord>)> cb) override;
   Result<uint32_t> exec(const std::string& id, ExecParams p, ExecCallbacks cb) override;
   void signal_exec(const std::string& id, uint32_t exec_id, int signo) override;
   void credit_exec(const std::string& id, uint32_t exec_id, uint64_t bytes) override;
@@ -217,7 +219,10 @@ class SandboxManager : public Service {
   void agent_ready(std::shared_ptr<Sandbox> sb, RecordCb cb, Sandbox::Done done, int64_t start_us,
                    Result<void> ready);
   // Requests the end of a sandbox; cb (optional) gets the final record.
-  void request_stop(std::shared_ptr<Sandbox> sb, EndReason reason, RecordCb cb);
+  // nowait: cb is answered once the stop's intent is stored (destroy_nowait), when
+  // the stop had not begun yet; else with the final record.
+  void request_stop(std::shared_ptr<Sandbox> sb, EndReason reason, RecordCb cb,
+                    bool nowait = false);
   void request_release(std::shared_ptr<Sandbox> sb, std::function<void()> done);
   // The stop op's body (on a blocking thread, on the strand).
   void stop_now(const std::shared_ptr<Sandbox>& sb);

@@ -133,6 +133,13 @@ class Service {
   // with the first request's end reason.
   virtual void destroy(const std::string& id, EndReason reason,
                        std::function<void(Result<control::SandboxRecord>)> cb) = 0;
+  // As destroy(), but answers as soon as the stop is durable, before the teardown:
+  // its record is stored still running with `reason` as its end reason (a restarted
+  // daemon finishes the stop instead of adopting it), and the answer is that record
+  // with state "stopping". A sandbox already ended, or still being created, is
+  // answered as destroy() answers (its final record).
+  virtual void destroy_nowait(const std::string& id, EndReason reason,
+                              std::function<void(Result<control::SandboxRecord>)> cb) = 0;
 
   // Starts a command. Fails at once with kNotFound / kConflict (not running).
   // Returns the exec id, usable with signal_exec().

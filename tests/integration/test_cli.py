@@ -29,7 +29,7 @@ from typing import Dict, List, Optional
 
 import pytest
 
-from tp_testlib import free_port
+from tp_testlib import free_port, wait_until
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 BUILD = pathlib.Path(os.environ.get("TIDEPOOL_BUILD") or REPO / "build").resolve()
@@ -389,7 +389,8 @@ def test_fake_exit_codes_and_streams(fake):
 def test_real_exit_codes_and_streams(daemon):
     before = set(live_ids(daemon.url))
     exit_code_cases(daemon.url)
-    assert set(live_ids(daemon.url)) <= before
+    # run answers once a sandbox's stop is stored (DELETE ?wait=false); the teardown follows.
+    wait_until(lambda: set(live_ids(daemon.url)) <= before, timeout=30, what="run's sandboxes to end")
 
 
 def output_streams_live(url: str) -> None:
@@ -419,7 +420,7 @@ def test_fake_streams_live_and_ctrl_c_removes_sandbox(fake):
 def test_real_streams_live_and_ctrl_c_removes_sandbox(daemon):
     before = set(live_ids(daemon.url))
     output_streams_live(daemon.url)
-    assert set(live_ids(daemon.url)) <= before
+    wait_until(lambda: set(live_ids(daemon.url)) <= before, timeout=30, what="run's sandbox to end")
 
 
 def test_fake_sigterm_during_run_removes_sandbox(fake):

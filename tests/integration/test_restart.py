@@ -8,12 +8,13 @@ sandbox of the previous run ends in one of the two documented outcomes (src/node
   agent_lost (its agent did not answer), with nothing of it left on the host.
 
 A daemon stopped with SIGTERM under --stop-sandboxes-on-exit (the test harness) stops them."""
+import json
 import uuid
 
 import pytest
 
 import tidepool
-from tp_testlib import leaks_of, processes_of, wait_until
+from tp_testlib import api_call, leaks_of, processes_of, wait_until
 
 
 def test_restart_adopts_or_cleans_up_previous_sandboxes(client, daemon):
@@ -61,6 +62,31 @@ def test_restart_adopts_or_cleans_up_previous_sandboxes(client, daemon):
     # The restarted daemon serves new sandboxes.
     with client.create(ttl=600) as sb:
         assert sb.exec("echo after").stdout == "after\n"
+
+
+def test_delete_without_wait_answers_202_and_ends_like_any_delete_across_a_kill9(client, daemon):
+    """DELETE ?wait=false is answered once the stop is stored (202, "stopping"); the
+    teardown goes on, and a daemon killed meanwhile finishes it after its restart: the
+    sandbox is never adopted back, whichever came first."""
+    sbs = [client.create(ttl=600) for _ in range(3)]
+    for sb in sbs:
+        assert sb.exec("sleep 1000 &").exit_code == 0
+    st, _, body = api_call(daemon, "DELETE", f"/v1/sandboxes/{sbs[0].id}?wait=maybe")
+    assert st == 400 and b"wait" in body, body
+    answers = [api_call(daemon, "DELETE", f"/v1/sandboxes/{sb.id}?wait=false") for sb in sbs]
+    for st, _, body in answers:
+        rec = json.loads(body)
+        assert (st, rec["state"], rec["end_reason"]) == (202, "stopping", "deleted"), (st, rec)
+    daemon.restart(kill9=True)
+    for sb in sbs:
+        info = wait_until(lambda: (i := client.get(sb.id).info).state == "stopped" and i, timeout=30,
+                          what=f"{sb.id} to be stopped")
+        assert info.end_reason == "deleted", info
+        wait_until(lambda: not leaks_of(sb.id, daemon.pid, daemon.data_dir), timeout=15, interval=0.2,
+                   what=f"{sb.id} to be cleaned up")
+    # An ended sandbox: its final record, 200, either way.
+    st, _, body = api_call(daemon, "DELETE", f"/v1/sandboxes/{sbs[0].id}?wait=false")
+    assert st == 200 and json.loads(body)["state"] == "stopped", body
 
 
 def test_graceful_restart(client, daemon):

@@ -109,6 +109,13 @@ class ManagerTest : public ::testing::Test {
     mgr_->destroy(id, why, [pr](Result<SandboxRecord> r) { pr->set_value(r); });
     return f;
   }
+  std::future<Result<SandboxRecord>> destroy_nowait_async(const std::string& id) {
+    auto pr = std::make_shared<std::promise<Result<SandboxRecord>>>();
+    auto f = pr->get_future();
+    mgr_->destroy_nowait(id, EndReason::kDeleted,
+                         [pr](Result<SandboxRecord> r) { pr->set_value(r); });
+    return f;
+  }
   SandboxRecord stored(const std::string& id) {
     auto r = store_.get(id);
     EXPECT_TRUE(r && *r) << id;

@@ -478,6 +478,57 @@ TEST_F(ManagerTest, ImageLayersReachTheSpecAndTheRecordAsDigests) {
   EXPECT_TRUE(backend_->specs[h->id].layers.empty());
 }
 
+TEST_F(ManagerTest, ADeleteWithoutWaitIsAnsweredOnceItsStopIsStoredAndEndsLikeAnyDelete) {
+  make();
+  auto a = create_sync();
+  ASSERT_TRUE(a);
+  auto f = destroy_nowait_async(a->id);
+  auto r = get_or_fail(f);
+  ASSERT_TRUE(r) << r.error().message();
+  EXPECT_EQ(r->state, "stopping");
+  EXPECT_EQ(r->end_reason, "deleted");
+  EXPECT_EQ(r->ended_at_ms, 0);
+  EXPECT_GT(r->version, a->version) << "answered before its stop was stored";
+  // Then it ends as a waited-for delete does: stored stopped, nothing of it left.
+  auto d = destroy_async(a->id);
+  ASSERT_TRUE(get_or_fail(d));
+  EXPECT_EQ(stored(a->id).state, "stopped");
+  EXPECT_EQ(stored(a->id).end_reason, "deleted");
+  EXPECT_FALSE(backend_->is_live(a->id));
+  // Deleting it again without waiting answers its final record; an unknown id, 404.
+  auto f2 = destroy_nowait_async(a->id);
+  auto again = get_or_fail(f2);
+  ASSERT_TRUE(again);
+  EXPECT_EQ(again->state, "stopped");
+  auto f3 = destroy_nowait_async("n0-nosuchthing");
+  auto none = get_or_fail(f3);
+  ASSERT_FALSE(none);
+  EXPECT_EQ(none.error().code, Code::kNotFound);
+}
+
+TEST_F(ManagerTest, ARestartFinishesADeleteThatWasAnsweredBeforeItsTeardown) {
+  // What a daemon that died during a DELETE ?wait=false teardown leaves: the record
+  // still running with its end reason, the instance still there.
+  auto r = running_record("n0-accepted", 0);
+  r.end_reason = "deleted";
+  ASSERT_TRUE(store_.insert(r));
+  ASSERT_TRUE(store_.insert(running_record("n0-other", 0)));
+  backend_->adoptable = {"n0-accepted", "n0-other"};
+  ManagerOptions o;
+  o.agent_connect = [&](asio::io_context& io, const std::string&,
+                        std::string) -> Result<std::shared_ptr<AgentClient>> {
+    return std::make_shared<FakeAgent>(io);
+  };
+  make_recovered(o);
+  EXPECT_EQ(stored("n0-accepted").state, "stopped");
+  EXPECT_EQ(stored("n0-accepted").end_reason, "deleted");
+  EXPECT_NE(stored("n0-accepted").ended_at_ms, 0);
+  EXPECT_FALSE(backend_->is_live("n0-accepted"));
+  EXPECT_FALSE(mgr_->get("n0-accepted")->state == "running");
+  EXPECT_EQ(stored("n0-other").state, "running");
+  EXPECT_EQ(backend_->kept, std::vector<std::string>{"n0-other"});
+}
+
 TEST_F(ManagerTest, AdoptionPinsTheRecordedLayersEvenWhenTheImageMoved) {
   FakeImages imgs;
   imgs.stored = {digest('a'), digest('b')};
@@ -800,6 +851,7 @@ TEST_F(ManagerTest, RandomInterleavingsEndConsistent) {
     make(o);
     std::vector<std::string> ids;
     std::vector<std::future<Result<SandboxRecord>>> creates, deletes, pauses;
+    std::vector<bool> nowait;  // of each delete
     std::vector<bool> gate_open;
     int steps = 4 + pick(12);
     for (int s = 0; s < steps; ++s) {
@@ -817,7 +869,9 @@ TEST_F(ManagerTest, RandomInterleavingsEndConsistent) {
         if (!gate_open[i]) backend_->release_create(ids[i]);
         gate_open[i] = true;
       } else if (what == 3) {
-        deletes.push_back(destroy_async(ids[pick(static_cast<int>(ids.size()))]));
+        const std::string& id = ids[pick(static_cast<int>(ids.size()))];
+        nowait.push_back(pick(2) == 0);
+        deletes.push_back(nowait.back() ? destroy_nowait_async(id) : destroy_async(id));
       } else if (what == 4) {
         ExecParams p;
         p.argv = {"true"};
@@ -848,9 +902,9 @@ TEST_F(ManagerTest, RandomInterleavingsEndConsistent) {
         EXPECT_EQ(r->state, "running") << "seed " << seed;
       }
     }
-    for (auto& d : deletes) {
-      auto r = get_or_fail(d);
-      if (r) {
+    for (size_t i = 0; i < deletes.size(); ++i) {
+      auto r = get_or_fail(deletes[i]);
+      if (r && !(nowait[i] && r->state == "stopping")) {
         EXPECT_EQ(r->state, "stopped") << "seed " << seed;
       }
     }
