@@ -45,14 +45,23 @@ def worker_fds(worker_id: str) -> int:
     """Descriptors of the worker's long-lived processes (its agent, zygote and forker).
     Warm children are left out: each serves one call and is replaced by a new one, whose
     count depends on how far its runtime got in starting (node opens its descriptors
-    over a while after it is forked, seconds under load), not on what calls left."""
+    over a while after it is forked, seconds under load), not on what calls left. So are
+    the mount namespace handles the zygote holds, one per warm child once that child is
+    ready (sent as it starts waiting for its call): how many depends on how far the warm
+    children got, and the warm children themselves are counted by fncall_procs."""
     n = 0
     for pid in pids_in_cgroups_matching(worker_id):
         try:
             with open(f"/proc/{pid}/cgroup") as f:
                 if "/fncall-" in f.read():
                     continue
-            n += len(os.listdir(f"/proc/{pid}/fd"))
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                try:
+                    if os.readlink(f"/proc/{pid}/fd/{fd}").startswith("mnt:["):
+                        continue
+                except OSError:
+                    continue
+                n += 1
         except OSError:
             pass
     return n
