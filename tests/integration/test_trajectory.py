@@ -602,8 +602,11 @@ def test_step_retention_deletes_a_removed_sandboxs_log_and_keeps_a_live_ones(bui
             s, _, b = call(d, "GET", f"/v1/sandboxes/{gone.id}/log")
             # (the sandbox is still known, stopped: an empty log; a node that forgot it: 404)
             assert s == 404 or (s == 200 and json.loads(b)["entries"] == [] and json.loads(b)["records"] == 0), (s, b)
-            log = d.log_tail(500)
-            assert f"step log of {gone.id} removed (retention)" in log
+            # Logged once the sweep removed the log's files (after the file the wait saw go).
+            def removal_logged():
+                t = d.log_tail(10**6)
+                return t if f"step log of {gone.id} removed (retention)" in t else None
+            log = wait_until(removal_logged, timeout=30, what="the removal to be logged")
             assert f"step log of {live.id} removed" not in log
             # The live one's log goes too once it has ended.
             live.kill()
