@@ -35,6 +35,14 @@ std::vector<std::string> Request::q_all(const std::string& name) const {
   return out;
 }
 
+Result<bool> Request::q_bool(const std::string& name, bool absent) const {
+  const std::string* v = q(name);
+  if (!v) return absent;
+  if (*v == "false" || *v == "0" || *v == "no") return false;
+  if (*v == "true" || *v == "1" || *v == "yes" || v->empty()) return true;
+  return fail(Code::kInvalidArgument, name + " must be true or false: " + *v);
+}
+
 void Responder::send_json(int status, const boost::json::value& v) {
   // Strings may echo request bytes or sandbox file names: keep the answer valid UTF-8.
   send(status, "application/json", json_util::serialize_utf8(v) + "\n");

@@ -76,6 +76,9 @@ struct Request {
   // First value of a query parameter, or nullptr.
   const std::string* q(const std::string& name) const;
   std::vector<std::string> q_all(const std::string& name) const;
+  // A boolean query parameter: true/1/yes (or present without a value), false/0/no;
+  // `absent` when it is not given; kInvalidArgument naming it for anything else.
+  Result<bool> q_bool(const std::string& name, bool absent) const;
 };
 
 class Responder {

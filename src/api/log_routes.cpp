@@ -75,13 +75,6 @@ Result<uint64_t> uint_param(const Request& req, const char* name, uint64_t dflt,
   return n;
 }
 
-Result<bool> bool_param(const Request& req, const char* name) {
-  const std::string* v = req.q(name);
-  if (!v || *v == "false" || *v == "0" || *v == "no") return false;
-  if (*v == "true" || *v == "1" || *v == "yes" || v->empty()) return true;
-  return fail(Code::kInvalidArgument, std::string(name) + " must be true or false: " + *v);
-}
-
 bool live_state(const std::string& s) { return s == "creating" || s == "running" || s == "paused"; }
 
 // The answer of a call served in process, captured whole. A handler that drops its
@@ -305,8 +298,8 @@ bool LogRoutes::handle(Request& req, std::shared_ptr<Responder> res) {
 void LogRoutes::list(Request& req, const std::string& id, std::shared_ptr<Responder> res) {
   auto after = uint_param(req, "after", 0, UINT64_MAX >> 1);
   auto limit = uint_param(req, "limit", kDefaultLimit, kMaxLimit);
-  auto output = bool_param(req, "output");
-  auto follow = bool_param(req, "follow");
+  auto output = req.q_bool("output", false);
+  auto follow = req.q_bool("follow", false);
   for (auto* e : {&after, &limit})
     if (!*e) return res->send_error(e->error());
   for (auto* e : {&output, &follow})

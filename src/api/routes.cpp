@@ -626,15 +626,9 @@ void Api::get(Request&, const Params& p, std::shared_ptr<Responder> res) {
 }
 
 void Api::destroy(Request& req, const Params& p, std::shared_ptr<Responder> res) {
-  bool wait = true;
-  if (const std::string* w = req.q("wait")) {
-    if (*w == "false" || *w == "0" || *w == "no")
-      wait = false;
-    else if (!truthy(w))
-      return res->send_error(
-          Error{Code::kInvalidArgument, 0, "wait must be true or false, not '" + *w + "'"});
-  }
-  if (wait)
+  auto wait = req.q_bool("wait", true);
+  if (!wait) return res->send_error(wait.error());
+  if (*wait)
     return mgr_.destroy(p[0], node::EndReason::kDeleted, [res](Result<SandboxRecord> r) {
       if (!r) return res->send_error(r.error());
       res->send_json(200, node::sandbox_json(*r));

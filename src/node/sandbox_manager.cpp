@@ -879,7 +879,7 @@ void SandboxManager::stop_now(const std::shared_ptr<Sandbox>& sb) {
     reason = sb->stop_reason;
     for (auto& [h, bg] : sb->procs) procs.push_back(bg);
     accepted.swap(sb->accept_waiters);
-    intent = sb->rec;
+    if (!accepted.empty()) intent = sb->rec;
   }
   if (!accepted.empty()) {
     // destroy_nowait: the intent is stored (still running, with its end reason) before
