@@ -18,6 +18,7 @@
 
 #include "common/ids.h"
 #include "common/log.h"
+#include "common/parallel.h"
 
 namespace tp::node {
 
@@ -207,32 +208,22 @@ Result<void> SandboxManager::recover() {
   // time one after the other takes.
   {
     std::mutex mu;
-    std::atomic<size_t> next{0};
-    auto work = [&] {
-      for (size_t i; (i = next++) < recs->size();) {
-        Result<bool> kept = false;
-        try {
-          kept = adopt_one((*recs)[i]);
-        } catch (const std::exception& e) {  // e.g. bad_alloc: never past a joinable thread
-          kept = fail(Code::kInternal, std::string("adopting: ") + e.what());
-        }
-        std::lock_guard lk(mu);
-        if (!kept) {
-          if (!unrecorded) unrecorded = kept.error();
-        } else if (*kept) {
-          keep.push_back((*recs)[i].id);
-        }
+    const size_t used = parallel_for(recs->size(), kAdoptersAtOnce, [&](size_t i) {
+      Result<bool> kept = false;
+      try {
+        kept = adopt_one((*recs)[i]);
+      } catch (const std::exception& e) {  // e.g. bad_alloc: never past a joinable thread
+        kept = fail(Code::kInternal, std::string("adopting: ") + e.what());
       }
-    };
-    std::vector<std::thread> adopters;
-    const size_t n = std::min<size_t>(kAdoptersAtOnce, recs->size());
-    try {
-      for (size_t i = 1; i < n; ++i) adopters.emplace_back(work);
-    } catch (const std::system_error& e) {  // fewer threads: the others do the rest
-      spdlog::warn("recover: adopting with {} threads: {}", adopters.size() + 1, e.what());
-    }
-    work();
-    for (auto& t : adopters) t.join();
+      std::lock_guard lk(mu);
+      if (!kept) {
+        if (!unrecorded) unrecorded = kept.error();
+      } else if (*kept) {
+        keep.push_back((*recs)[i].id);
+      }
+    });
+    if (used < std::min<size_t>(kAdoptersAtOnce, recs->size()))
+      spdlog::warn("recover: adopted with {} threads (no more could start)", used);
   }
   guard.reset();
   io_.stop();

@@ -15,11 +15,11 @@
 #include <fstream>
 #include <limits>
 #include <set>
-#include <thread>
 #include <unordered_set>
 
 #include "common/ids.h"
 #include "common/log.h"
+#include "common/parallel.h"
 #include "sys/mountinfo.h"
 
 namespace tp::node {
@@ -418,30 +418,20 @@ Result<void> StepLog::load_all() {
   // of small files on a busy node), mostly waiting on the file system, and the daemon
   // serves nothing before that is done. Each load() touches its own log and file;
   // what they share (the index, the list of interrupted calls) is under mu_.
-  std::atomic<size_t> next{0};
-  auto work = [&] {
-    for (size_t i; (i = next++) < ids.size();) {
-      Result<void> r;
-      try {
-        r = load(ids[i]);
-      } catch (const std::exception& e) {  // e.g. bad_alloc: never past a joinable thread
-        r = fail(Code::kInternal, e.what());
-      }
-      if (!r) {
-        spdlog::error("step log of {}: {}; it is left as it is and not written", found[i],
-                      r.error().message());
-        std::lock_guard lk(mu_);
-        logs_[ids[i]]->unusable = true;
-      }
+  parallel_for(ids.size(), kLoaders, [&](size_t i) {
+    Result<void> r;
+    try {
+      r = load(ids[i]);
+    } catch (const std::exception& e) {  // e.g. bad_alloc: never past a joinable thread
+      r = fail(Code::kInternal, e.what());
     }
-  };
-  std::vector<std::thread> loaders;
-  try {
-    for (size_t i = 1; i < std::min<size_t>(kLoaders, ids.size()); ++i) loaders.emplace_back(work);
-  } catch (const std::system_error&) {  // fewer threads: the others do the rest
-  }
-  work();
-  for (auto& t : loaders) t.join();
+    if (!r) {
+      spdlog::error("step log of {}: {}; it is left as it is and not written", found[i],
+                    r.error().message());
+      std::lock_guard lk(mu_);
+      logs_[ids[i]]->unusable = true;
+    }
+  });
   return {};
 }
 
