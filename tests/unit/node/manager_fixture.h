@@ -121,6 +121,11 @@ class ManagerTest : public ::testing::Test {
     EXPECT_TRUE(r && *r) << id;
     return r && *r ? **r : SandboxRecord{};
   }
+  // The end reason of a stored record that is stopped, else "not stopped: <state>".
+  std::string stopped_reason(const std::string& id) {
+    SandboxRecord s = stored(id);
+    return s.state == "stopped" ? s.end_reason : "not stopped: " + s.state;
+  }
   // Every stored record consistent with the backend and with itself.
   void expect_consistent(bool released_ok) {
     auto all = store_.list({});

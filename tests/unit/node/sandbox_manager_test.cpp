@@ -81,8 +81,7 @@ TEST_F(ManagerTest, DeleteDuringCreateAnswersConflictAndStoresStopped) {
   ASSERT_TRUE(d);
   EXPECT_EQ(d->state, "stopped");
   EXPECT_EQ(d->end_reason, "deleted");
-  EXPECT_EQ(stored(id).state, "stopped");
-  EXPECT_EQ(stored(id).end_reason, "deleted");
+  EXPECT_EQ(stopped_reason(id), "deleted");
   EXPECT_EQ(backend_->live_count(), 0u);
   EXPECT_TRUE(backend_->destroyed.count(id));
   expect_consistent(false);
@@ -151,8 +150,7 @@ TEST_F(ManagerTest, AgentNotReadyFailsTheCreate) {
   ASSERT_FALSE(c);
   EXPECT_EQ(c.error().code, Code::kInternal);
   // The answer comes after the stop: the record is final already.
-  EXPECT_EQ(stored(id).state, "stopped");
-  EXPECT_EQ(stored(id).end_reason, "failed");
+  EXPECT_EQ(stopped_reason(id), "failed");
   EXPECT_EQ(backend_->live_count(), 0u);
 }
 
@@ -161,8 +159,7 @@ TEST_F(ManagerTest, BackendFailureStoresFailed) {
   make();
   auto [id, created] = create_async();
   ASSERT_FALSE(get_or_fail(created));
-  EXPECT_EQ(stored(id).state, "stopped");
-  EXPECT_EQ(stored(id).end_reason, "failed");
+  EXPECT_EQ(stopped_reason(id), "failed");
   EXPECT_EQ(mgr_->live_count(), 0u);
 }
 
@@ -173,8 +170,7 @@ TEST_F(ManagerTest, AgentDeathStopsTheSandbox) {
   agent(r->id)->die();
   for (int i = 0; i < 6000 && mgr_->live_count() > 0; ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  EXPECT_EQ(stored(r->id).state, "stopped");
-  EXPECT_EQ(stored(r->id).end_reason, "failed");
+  EXPECT_EQ(stopped_reason(r->id), "failed");
   EXPECT_EQ(backend_->live_count(), 0u);
 }
 
@@ -190,8 +186,7 @@ TEST_F(ManagerTest, StoreFailureKeepsTheFinalRecordUntilItCanBeStored) {
   EXPECT_EQ(mgr_->get(r->id)->end_reason, "deleted");
   store_.fail_writes(false);
   mgr_->tick();
-  EXPECT_EQ(stored(r->id).state, "stopped");
-  EXPECT_EQ(stored(r->id).end_reason, "deleted");
+  EXPECT_EQ(stopped_reason(r->id), "deleted");
   EXPECT_EQ(mgr_->live_count(), 0u);
 }
 
@@ -215,8 +210,7 @@ TEST_F(ManagerTest, StoreFailureAtFirstWriteFailsTheCreateAndStoresItLater) {
   EXPECT_EQ(mgr_->get(id)->state, "stopped");  // but answered as it is
   store_.fail_writes(false);
   mgr_->tick();
-  EXPECT_EQ(stored(id).state, "stopped");
-  EXPECT_EQ(stored(id).end_reason, "failed");
+  EXPECT_EQ(stopped_reason(id), "failed");
   EXPECT_EQ(stored(id).version, 1u);
   EXPECT_EQ(mgr_->live_count(), 0u);
 }
@@ -262,8 +256,7 @@ TEST_F(ManagerTest, ShutdownStopsWhenAskedOrWhenTheTierCannotHandOver) {
     auto r = create_sync();
     ASSERT_TRUE(r);
     mgr_->shutdown();
-    EXPECT_EQ(stored(r->id).state, "stopped");
-    EXPECT_EQ(stored(r->id).end_reason, "daemon_shutdown");
+    EXPECT_EQ(stopped_reason(r->id), "daemon_shutdown");
     EXPECT_EQ(backend_->live_count(), 0u);
     EXPECT_FALSE(backend_->released.count(r->id));
   }
@@ -353,11 +346,9 @@ TEST_F(ManagerTest, RecoverAdoptsWhatItCanAndStoresTheRestStopped) {
   EXPECT_EQ(stored("n0-adopt").state, "running");
   EXPECT_EQ(stored("n0-adopt").end_reason, "");
   EXPECT_EQ(mgr_->get("n0-adopt")->state, "running");
-  EXPECT_EQ(stored("n0-gone").state, "stopped");
-  EXPECT_EQ(stored("n0-gone").end_reason, "daemon_restart");
+  EXPECT_EQ(stopped_reason("n0-gone"), "daemon_restart");
   EXPECT_EQ(stored("n0-tier").end_reason, "daemon_restart");
-  EXPECT_EQ(stored("n0-mute").state, "stopped");
-  EXPECT_EQ(stored("n0-mute").end_reason, "agent_lost");
+  EXPECT_EQ(stopped_reason("n0-mute"), "agent_lost");
   EXPECT_EQ(stored("n0-old").end_reason, "ttl");
   EXPECT_EQ(backend_->kept, std::vector<std::string>{"n0-adopt"});
   EXPECT_FALSE(backend_->is_live("n0-mute"));
@@ -492,8 +483,7 @@ TEST_F(ManagerTest, ADeleteWithoutWaitIsAnsweredOnceItsStopIsStoredAndEndsLikeAn
   // Then it ends as a waited-for delete does: stored stopped, nothing of it left.
   auto d = destroy_async(a->id);
   ASSERT_TRUE(get_or_fail(d));
-  EXPECT_EQ(stored(a->id).state, "stopped");
-  EXPECT_EQ(stored(a->id).end_reason, "deleted");
+  EXPECT_EQ(stopped_reason(a->id), "deleted");
   EXPECT_FALSE(backend_->is_live(a->id));
   // Deleting it again without waiting answers its final record; an unknown id, 404.
   auto f2 = destroy_nowait_async(a->id);
@@ -520,8 +510,7 @@ TEST_F(ManagerTest, ARestartFinishesADeleteThatWasAnsweredBeforeItsTeardown) {
     return std::make_shared<FakeAgent>(io);
   };
   make_recovered(o);
-  EXPECT_EQ(stored("n0-accepted").state, "stopped");
-  EXPECT_EQ(stored("n0-accepted").end_reason, "deleted");
+  EXPECT_EQ(stopped_reason("n0-accepted"), "deleted");
   EXPECT_NE(stored("n0-accepted").ended_at_ms, 0);
   EXPECT_FALSE(backend_->is_live("n0-accepted"));
   EXPECT_FALSE(mgr_->get("n0-accepted")->state == "running");
@@ -571,8 +560,7 @@ TEST_F(ManagerTest, AdoptionPinsTheRecordedLayersEvenWhenTheImageMoved) {
   }
   EXPECT_EQ(stored("n0-moved").state, "running");
   EXPECT_EQ(stored("n0-orphan").state, "running");
-  EXPECT_EQ(stored("n0-lost").state, "stopped");
-  EXPECT_EQ(stored("n0-lost").end_reason, "daemon_restart");
+  EXPECT_EQ(stopped_reason("n0-lost"), "daemon_restart");
   // Layer a is what n0-moved and n0-orphan run on: pinned, whatever "app" means now.
   EXPECT_EQ(imgs.pinned(digest('a')), 2);
   EXPECT_EQ(imgs.pinned(digest('b')), 1);
