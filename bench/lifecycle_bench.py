@@ -27,6 +27,8 @@ import sys
 import time
 import uuid
 
+from benchlib import meminfo_kb, slab_kb
+
 
 class Api:
     def __init__(self, url):
@@ -111,29 +113,9 @@ def burst(api, n, pool, image):
         api.call("DELETE", f"/v1/templates/{name}")
 
 
-def meminfo_kb():
-    m = {}
-    for line in open("/proc/meminfo"):
-        k, v = line.split(":", 1)
-        m[k] = int(v.split()[0])
-    return m
-
-
 def kernel_kb():
     m = meminfo_kb()
     return sum(m.get(k, 0) for k in ("Slab", "KernelStack", "PageTables", "Percpu"))
-
-
-def slab_kb(cache):
-    """Bytes a slab cache holds, in kB (/proc/slabinfo: num_objs x objsize)."""
-    try:
-        for line in open("/proc/slabinfo"):
-            f = line.split()
-            if f and f[0] == cache:
-                return int(f[2]) * int(f[3]) / 1024
-    except OSError:
-        pass
-    return 0.0
 
 
 def agents_pss_kb():
@@ -191,10 +173,7 @@ def density(api, n, daemon_pid, image, chunk=500):
     _, probe = api.call("POST", "/v1/sandboxes", {"image": image, "memory_mb": 16})
     probe_id = probe.get("id") if isinstance(probe, dict) else None
     time.sleep(1)
-    # kmalloc-1k holds the kernel's per-memory-cgroup shrinker maps: every memory cgroup
-    # gets one entry per shrinker on the host (one per mounted superblock, a sandbox's
-    # proc, tmpfs and devpts included), so a sandbox costs more the more exist, and the
-    # maps never shrink until a reboot. Reported apart to tell that from our own.
+    # kmalloc-1k: the per-memory-cgroup shrinker maps (benchlib.slab_kb), reported apart.
     k0, a0, s0 = kernel_kb(), agents_pss_kb(), slab_kb("kmalloc-1k")
     t0 = time.monotonic()
     try:

@@ -35,6 +35,8 @@ import tempfile
 import threading
 import time
 
+from benchlib import meminfo_kb, slab_kb
+
 DEVNULL = subprocess.DEVNULL
 KERNEL_KEYS = ("Slab", "KernelStack", "PageTables", "Percpu")
 USER_KEYS = ("AnonPages", "Shmem")
@@ -240,22 +242,13 @@ def rate_round(ctx: Ctx, tool: str, conc: int, seconds: float) -> dict:
 # ---- idle memory -------------------------------------------------------------------
 
 
-def meminfo() -> dict:
-    m = {}
-    with open("/proc/meminfo") as f:
-        for line in f:
-            k, v = line.split(":", 1)
-            m[k] = int(v.split()[0])
-    return m
-
-
 def counters() -> dict:
     """Median of three readings of the kernel and user counters, in kB."""
     reads = []
     for i in range(3):
         if i:
             time.sleep(0.3)
-        m = meminfo()
+        m = meminfo_kb()
         reads.append((sum(m.get(k, 0) for k in KERNEL_KEYS), sum(m.get(k, 0) for k in USER_KEYS)))
     return {"kernel": statistics.median(r[0] for r in reads), "user": statistics.median(r[1] for r in reads)}
 
@@ -412,6 +405,7 @@ def idle_run(tool, n: int, cap_s: float) -> dict:
     log(f"idle: {tool.name}: starting up to {n} (cap {cap_s:.0f}s)")
     over = tool.overhead_pids()
     before = counters()
+    maps0 = slab_kb("kmalloc-1k")
     over0 = pss_kb(over)
     handles, err = [], None
     t0 = time.monotonic()
@@ -427,11 +421,14 @@ def idle_run(tool, n: int, cap_s: float) -> dict:
         if handles:
             time.sleep(2)
             alive = counters()
+            maps1 = slab_kb("kmalloc-1k")
             procs = tool.pids(handles)
             k = len(handles)
             res.update({
                 "kernel_kb": (alive["kernel"] - before["kernel"]) / k,
                 "meminfo_user_kb": (alive["user"] - before["user"]) / k,
+                # Part of kernel_kb: the per-memory-cgroup shrinker maps (benchlib.slab_kb).
+                "kmalloc_1k_kb": (maps1 - maps0) / k,
                 "pss_kb": pss_kb(procs) / k,
                 "overhead_pss_kb": (pss_kb(over) - over0) / k if over else 0.0,
                 "processes": len(procs),
@@ -505,7 +502,7 @@ def machine() -> dict:
         "nproc": os.cpu_count(),
         "model": model,
         "kernel": platform.release(),
-        "mem_total_mib": meminfo()["MemTotal"] // 1024,
+        "mem_total_mib": meminfo_kb()["MemTotal"] // 1024,
         "loadavg_start": open("/proc/loadavg").read().split()[:3],
         "date": time.strftime("%Y-%m-%d %H:%M %Z"),
         "versions": {
