@@ -565,8 +565,8 @@ def write_readme(res, path):
     body = ["Reproduce with one command (root, Debian 12; installs crun, runc, bubblewrap, hyperfine and",
             "matplotlib from Debian's archive, builds a static-busybox root shared by every tool, starts a",
             "private `tidepoold`, and cleans up everything it made):", "",
-            "    make bench                  # ~10 min on 2 cores",
-            "    BENCH_QUICK=1 make bench    # ~2 min smoke run", "",
+            "    make bench                  # 20-30 min on 2 cores",
+            "    BENCH_QUICK=1 make bench    # ~5 min smoke run", "",
             "It writes `bench/results/latest.md` (tables), `latest.json` (every sample) and PNG charts",
             "(`latency.png`, `throughput.png`, `memory.png`). All tools run interleaved, round-robin with the",
             "order rotated, so that machine noise hits everyone alike. Latest run on this machine:", ""]

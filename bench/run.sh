@@ -13,9 +13,9 @@
 # bench/lifecycle_bench.py: a burst of 1,000 with a warm pool of 100, 10,000 idle
 # sandboxes alive at once, pause and resume of a sandbox holding 100 MB.
 #
-#   make bench                      ~10 min on 2 cores: 20 latency rounds x 30 runs per tool,
+#   make bench                      20-30 min on 2 cores: 20 latency rounds x 30 runs per tool,
 #                                   5 s per tool and concurrency, 1,000 idle sandboxes per tool
-#   BENCH_QUICK=1 make bench        ~2-3 min smoke run (3 x 5 runs, 1.5 s, 100 idle)
+#   BENCH_QUICK=1 make bench        ~5 min smoke run (3 x 5 runs, 1.5 s, 100 idle)
 #   BENCH_UPDATE_README=1 ...       also rewrite README.md's "## Benchmarks" table
 #   BUILD=build-x / TP_BIN=DIR      binaries to measure (default build/bin)
 #   BENCH_RESTART_N=N               sandboxes alive across the restart (default 500)
