@@ -172,7 +172,7 @@ def tables(res, for_readme=False):
     if tot is not None and maps is not None:
         L.append(f"Of that total, {maps:.0f} kB per sandbox is kmalloc-1k: mostly the kernel's per-memory-cgroup "
                  f"shrinker maps, sized by the most superblocks this host has had mounted at once since it booted "
-                 f"(not by this run); without them, {(tot - maps) / 1024:.2f} MiB.")
+                 f"(in this run or before it); without them, {(tot - maps) / 1024:.2f} MiB.")
         L.append("")
 
     L += daemon_rows(res)
