@@ -310,8 +310,9 @@ void LifecycleRoutes::jobs(Request& req, const std::vector<std::string>& s,
   };
   if (s.size() == 2) {
     if (get) {
-      const std::string* all = req.q("all");
-      auto list = jobs_.list(all && (*all == "true" || *all == "1"));
+      auto all = req.q_bool("all", false);
+      if (!all) return res->send_error(all.error());
+      auto list = jobs_.list(*all);
       if (!list) return res->send_error(list.error());
       json::array arr;
       for (const auto& v : *list) arr.push_back(job_json(v));

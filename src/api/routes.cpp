@@ -106,8 +106,6 @@ Result<std::string> file_path(const Request& req) {
   return *p;
 }
 
-bool truthy(const std::string* v) { return v && (*v == "1" || *v == "true" || *v == "yes"); }
-
 }  // namespace
 
 Api::Api(node::Service& mgr, Metrics& metrics) : mgr_(mgr), metrics_(metrics) {
@@ -606,10 +604,12 @@ void Api::list(Request& req, const Params&, std::shared_ptr<Responder> res) {
                                                 "paused", "stopped",  "lost"};
   if (!kStates.count(state))
     return res->send_error(Error{Code::kInvalidArgument, 0, "unknown state '" + state + "'"});
+  auto all = req.q_bool("all", false);
+  if (!all) return res->send_error(all.error());
   node::ListFilter f;
   f.labels = std::move(labels);
   f.state = state;
-  f.all = truthy(req.q("all"));
+  f.all = *all;
   if (const std::string* j = req.q("job")) f.job = *j;
   if (const std::string* s = req.q("step")) f.step = *s;
   auto recs = mgr_.list(f);
@@ -762,9 +762,11 @@ void Api::file_remove(Request& req, const Params& p, std::shared_ptr<Responder> 
   if (!path) return res->send_error(path.error());
   if (*path == "/")
     return res->send_error(Error{Code::kInvalidArgument, 0, "refusing to remove /"});
+  auto recursive = req.q_bool("recursive", false);
+  if (!recursive) return res->send_error(recursive.error());
   auto sb = mgr_.ref(p[0]);
   if (!sb) return res->send_error(sb.error());
-  sb->agent->remove(*path, truthy(req.q("recursive")), [res](Result<void> r) {
+  sb->agent->remove(*path, *recursive, [res](Result<void> r) {
     if (!r) return res->send_error(r.error());
     res->send(204, "application/json", "");
   });
@@ -799,9 +801,11 @@ void Api::file_mkdir(Request& req, const Params& p, std::shared_ptr<Responder> r
   if (!path) return res->send_error(path.error());
   auto sb = mgr_.ref(p[0]);
   if (!sb) return res->send_error(sb.error());
+  auto parents = req.q_bool("parents", false);
+  if (!parents) return res->send_error(parents.error());
   auto agent = sb->agent;
   std::string path_copy = *path;
-  agent->mkdir(*path, 0755, truthy(req.q("parents")), [res, agent, path_copy](Result<void> r) {
+  agent->mkdir(*path, 0755, *parents, [res, agent, path_copy](Result<void> r) {
     if (!r) return res->send_error(r.error());
     agent->stat(path_copy, [res](Result<node::FileEntry> e) {
       if (!e) return res->send_error(e.error());
@@ -857,7 +861,9 @@ void Api::process_wait(Request& req, const Params& p, std::shared_ptr<Responder>
 void Api::process_stdin(Request& req, const Params& p, std::shared_ptr<Responder> res) {
   auto pid = pid_param(p[1]);
   if (!pid) return res->send_error(pid.error());
-  bool eof = truthy(req.q("eof"));
+  auto eof_param = req.q_bool("eof", false);
+  if (!eof_param) return res->send_error(eof_param.error());
+  const bool eof = *eof_param;
   if (req.upload) {
     // Large: paced, answered once all of it is in the process's stdin.
     StdinWrite write = [this, id = p[0], pid = *pid, eof](std::string d, bool last,

@@ -12,7 +12,7 @@
 
 namespace tp {
 
-// Returns how many threads ran items (the caller's included).
+// Returns how many threads it used: the caller plus the helpers that started.
 size_t parallel_for(size_t n, size_t threads, const std::function<void(size_t)>& fn);
 
 }  // namespace tp

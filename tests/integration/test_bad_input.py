@@ -169,3 +169,20 @@ def test_upload_larger_than_disk(client, witness):
 def test_missing_path_query(daemon, witness):
     status, ctype, resp = http_raw(daemon.url, "GET", f"/v1/sandboxes/{witness.id}/files")
     _assert_json_error(status, ctype, resp, 400, "invalid_argument")
+
+
+@pytest.mark.parametrize("method,route,param", [
+    ("GET", "/v1/sandboxes?all=maybe", "all"),
+    ("GET", "/v1/jobs?all=maybe", "all"),
+    ("DELETE", "/v1/sandboxes/{id}/files?path=/state.txt&recursive=maybe", "recursive"),
+    ("POST", "/v1/sandboxes/{id}/files/mkdir?path=/d&parents=maybe", "parents"),
+    ("POST", "/v1/sandboxes/{id}/processes/1/stdin?eof=maybe", "eof"),
+    ("DELETE", "/v1/sandboxes/{id}?wait=maybe", "wait"),
+])
+def test_a_boolean_query_parameter_that_is_neither_true_nor_false(daemon, witness, method, route, param):
+    """Every boolean query parameter reads true/1/yes and false/0/no; anything else is a
+    400 naming it, and nothing is done (the witness's file and the sandbox stay)."""
+    status, ctype, resp = http_raw(daemon.url, method, route.format(id=witness.id))
+    _assert_json_error(status, ctype, resp, 400, "invalid_argument")
+    assert param in json.loads(resp)["message"], resp
+    assert not witness.files.exists("/d")
