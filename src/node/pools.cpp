@@ -429,9 +429,10 @@ void WarmPools::refill(PoolPtr pool) {
     if (!keep) return drain({r->id});
     // The next refill starts now rather than at the next tick (tick() still starts
     // none while a client's cold work is in flight).
-    svc_.after(std::chrono::milliseconds(0), [this, alive = std::weak_ptr<bool>(alive_)] {
-      if (alive.lock()) tick();
-    });
+    svc_.after(std::chrono::milliseconds(0),
+               [this, alive] {  // not alive_: the destructor resets it meanwhile
+                 if (alive.lock()) tick();
+               });
   });
 }
 
