@@ -250,7 +250,12 @@ TEST_P(AgentExecTest, MainExitEndsBackgroundProcesses) {
 }
 
 TEST_P(AgentExecTest, TermSignalIsForwarded) {
-  auto o = exec(sh("trap 'echo term; exit 7' TERM; echo ready; while :; do sleep 0.05; done"),
+  // The signal reaches every process of the command. A child that dash has
+  // forked but not yet exec'd still runs the trap, so the shell forks once,
+  // waits until the child is `sleep`, and only then says ready.
+  auto o = exec(sh("trap 'echo term; exit 7' TERM; sleep 1000 & c=; "
+                   "until [ \"$c\" = sleep ]; do read -r c < /proc/$!/comm; done; "
+                   "echo ready; wait"),
                 nullptr, [&](uint32_t id, ExecOutcome& o) {
                   if (o.out == "ready\n") client_->signal(id, SIGTERM);
                 });
