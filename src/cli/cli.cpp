@@ -157,6 +157,40 @@ std::string sandbox_path(const std::string& id) {
   return "/v1/sandboxes/" + safe;
 }
 
+namespace {
+
+struct Command {
+  std::string_view name;
+  Action (*add)(CLI::App&, Context&);
+};
+
+constexpr Command kCommands[] = {
+    {"create", add_create},   {"run", add_run},     {"exec", add_exec},
+    {"cp", add_cp},           {"ls", add_ls},       {"rm", add_rm},
+    {"version", add_version}, {"image", add_image}, {"log", add_log},
+    {"replay", add_replay},   {"fn", add_fn},       {"templates", add_templates},
+    {"pools", add_pools},     {"jobs", add_jobs},   {"pause", add_pause},
+    {"resume", add_resume},   {"top", add_top},
+};
+
+// The first word of the line that is neither an option of the root nor its value: the
+// command's name, or "" (none, or --help/--version before it).
+std::string_view command_word(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    std::string_view a = argv[i];
+    if (a == "--url" || a == "--api-key") {
+      ++i;
+      continue;
+    }
+    if (a.starts_with("--url=") || a.starts_with("--api-key=")) continue;
+    if (a.starts_with("-")) return "";
+    return a;
+  }
+  return "";
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   // A closed pipe (`tidepool ... | head`) must give a write error, not kill us before
   // `run` has removed its sandbox.
@@ -181,28 +215,17 @@ int main(int argc, char** argv) {
       "exit with the command's code (128+N if killed by signal N, 124 on timeout); replay\n"
       "exits 3 when a step diverged.");
 
+  // Only the command named on the line is built when there is one (its options are most
+  // of what a start costs); the help, a missing or an unknown command get them all.
+  const std::string_view named = command_word(argc, argv);
+  const bool known = std::any_of(std::begin(kCommands), std::end(kCommands),
+                                 [&](const Command& c) { return c.name == named; });
   std::vector<std::pair<CLI::App*, Action>> actions;
-  auto add = [&](const char* name, Action (*fn)(CLI::App&, Context&)) {
-    Action a = fn(app, ctx);
-    actions.emplace_back(app.get_subcommand(name), std::move(a));
-  };
-  add("create", add_create);
-  add("run", add_run);
-  add("exec", add_exec);
-  add("cp", add_cp);
-  add("ls", add_ls);
-  add("rm", add_rm);
-  add("version", add_version);
-  add("image", add_image);
-  add("log", add_log);
-  add("replay", add_replay);
-  add("fn", add_fn);
-  add("templates", add_templates);
-  add("pools", add_pools);
-  add("jobs", add_jobs);
-  add("pause", add_pause);
-  add("resume", add_resume);
-  add("top", add_top);
+  for (const Command& c : kCommands) {
+    if (known && c.name != named) continue;
+    Action a = c.add(app, ctx);
+    actions.emplace_back(app.get_subcommand(std::string(c.name)), std::move(a));
+  }
 
   try {
     app.parse(argc, argv);

@@ -548,9 +548,31 @@ def test_fake_version(fake):
     assert lines[1].startswith("tidepoold 9.9.9-fake")
 
 
+COMMANDS = ("create", "run", "exec", "cp", "ls", "rm", "version", "image", "log", "replay", "fn",
+            "templates", "pools", "jobs", "pause", "resume", "top")
+
+
+def test_help_lists_every_command_and_each_command_has_its_own():
+    """Only the command named on the line is built (a faster start); the top-level help,
+    and a line whose first word is a root option's value, still see every command."""
+    top = cli("http://127.0.0.1:1", "--help")
+    assert top.returncode == 0
+    listed = set(re.findall(r"^  (\w+)\s", top.stdout.decode(), re.M))
+    assert set(COMMANDS) <= listed, set(COMMANDS) - listed
+    for c in COMMANDS:
+        h = cli("http://127.0.0.1:1", c, "--help")
+        assert h.returncode == 0 and f"tidepool {c}" in h.stdout.decode(), (c, h.stdout[:200])
+    # "--url run": run is the URL here, not the command; ls is the command (and finds
+    # no daemon there).
+    p = cli("http://127.0.0.1:1", "--url", "run", "ls")
+    assert_one_error_line(p, "cannot reach tidepoold at http://run", rc=1)
+    assert_one_error_line(cli("http://127.0.0.1:1", "--api-key", "ls", "frobnicate"), rc=2)
+
+
 def test_fake_url_flag_overrides_environment(fake):
     nowhere = f"http://127.0.0.1:{free_port()}"
     assert cli(nowhere, "--url", fake.url, "ls").returncode == 0
+    assert cli(nowhere, "--url=" + fake.url, "ls").returncode == 0
     assert cli(nowhere, "ls", "--url", fake.url).returncode == 0
     assert_one_error_line(cli(fake.url, "ls", "--url", nowhere), "cannot reach tidepoold at " + nowhere)
 
