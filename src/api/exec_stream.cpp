@@ -36,11 +36,13 @@ node::ExecCallbacks ExecStream::callbacks() {
   };
   cb.on_done = [self = shared_from_this()](Result<node::ExecOutcome> r) {
     bool open;
+    json::object epilogue;
     {
       std::lock_guard lk(self->mu_);
       if (self->stopped_) return;
       self->stopped_ = true;
       open = !std::exchange(self->started_, true);
+      epilogue = std::move(self->epilogue_);
     }
     if (!r && open) return self->res_->send_error(r.error());
     if (open) self->res_->start_stream(200, kContentType);
@@ -55,7 +57,9 @@ node::ExecCallbacks ExecStream::callbacks() {
     }
     // Without flow control: an idempotent request's recorder holds the last
     // event until its record is stored.
-    self->res_->write_chunk(json_util::serialize_utf8(j) + "\n");
+    std::string lines = json_util::serialize_utf8(j) + "\n";
+    if (!epilogue.empty()) lines += json_util::serialize_utf8(epilogue) + "\n";
+    self->res_->write_chunk(std::move(lines));
     self->res_->end_stream();
   };
   return cb;

@@ -11,7 +11,8 @@
 // the client, rather than buffered without bound.
 //
 // A failure before the first event is answered as a plain JSON error with its
-// status; after it, as an "error" event.
+// status; after it, as an "error" event. An epilogue (an exec with "remove": the
+// "removed" event) is the last line, after the exit or error event.
 //
 // Thread rules: the callbacks may come from any thread; state is serialised inside.
 #pragma once
@@ -47,6 +48,11 @@ class ExecStream : public std::enable_shared_from_this<ExecStream> {
   node::ExecCallbacks callbacks();
   // The exec started (Service::exec returned its id).
   void attach(uint32_t exec_id) { ctl_.attach(exec_id); }
+  // One more event written after the exit (or error) event; set before on_done runs.
+  void set_epilogue(boost::json::object event) {
+    std::lock_guard lk(mu_);
+    epilogue_ = std::move(event);
+  }
 
   // For tests: encoded bytes handed to the responder and not written yet.
   uint64_t unwritten() {
@@ -67,6 +73,7 @@ class ExecStream : public std::enable_shared_from_this<ExecStream> {
   uint64_t unwritten_ = 0;
   bool started_ = false;
   bool stopped_ = false;  // ended or cut off
+  boost::json::object epilogue_;
 };
 
 }  // namespace tp::api

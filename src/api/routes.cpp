@@ -337,6 +337,7 @@ namespace {
 struct ExecSpec {
   node::ExecParams params;
   bool stream = false;
+  bool remove = false;  // the sandbox is removed when the command ends
 };
 
 // Parses an ExecRequest; `extra` names keys allowed beyond the common ones.
@@ -345,8 +346,8 @@ Result<ExecSpec> parse_exec(const json::object& o, bool background) {
     TP_TRY(json_util::only_keys(o, {"cmd", "env", "cwd", "user", "timeout", "stdin",
                                     "max_output_bytes", "stream", "stdin_open"}));
   } else {
-    TP_TRY(json_util::only_keys(
-        o, {"cmd", "env", "cwd", "user", "timeout", "stdin", "max_output_bytes", "stream"}));
+    TP_TRY(json_util::only_keys(o, {"cmd", "env", "cwd", "user", "timeout", "stdin",
+                                    "max_output_bytes", "stream", "remove"}));
   }
   ExecSpec spec;
   node::ExecParams& ep = spec.params;
@@ -385,7 +386,12 @@ Result<ExecSpec> parse_exec(const json::object& o, bool background) {
   ep.output_limit = static_cast<uint64_t>(*maxout);
   ep.stdin_data = std::move(*stdin_data);
   ep.stdin_open = *stdin_open;
+  auto remove = json_util::get_bool(o, "remove", false);
+  if (!remove) return std::unexpected(remove.error());
+  if (*remove && !*stream)
+    return fail(Code::kInvalidArgument, "field 'remove' needs \"stream\": true");
   spec.stream = *stream && !background;
+  spec.remove = *remove && !background;
   return spec;
 }
 
@@ -681,6 +687,24 @@ void Api::exec(Request& req, const Params& p, std::shared_ptr<Responder> res) {
       j["stdout"] = base64_encode(std::exchange(acc->out, {}));
       j["stderr"] = base64_encode(std::exchange(acc->err, {}));
       res->send_json(200, j);
+    };
+  }
+  if (spec->remove) {
+    // The sandbox's stop is stored before the exit is answered (as DELETE ?wait=false
+    // answers), whatever ended the command: its end, its timeout, a client gone.
+    cb.on_done = [this, id, paced, done = std::move(cb.on_done)](Result<node::ExecOutcome> r) {
+      mgr_.destroy_nowait(id, node::EndReason::kDeleted,
+                          [paced, done, r = std::move(r)](Result<SandboxRecord> s) mutable {
+                            json::object e{{"type", "removed"}};
+                            if (s) {
+                              e["sandbox"] = node::sandbox_json(*s);
+                            } else {
+                              e["code"] = std::string(code_name(s.error().code));
+                              e["message"] = s.error().message();
+                            }
+                            paced->set_epilogue(std::move(e));
+                            done(std::move(r));
+                          });
     };
   }
   auto exec_id = mgr_.exec(id, std::move(ep), std::move(cb));

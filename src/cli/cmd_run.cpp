@@ -1,6 +1,8 @@
 // tidepool run: create a sandbox, run one command in it with streamed output, remove
 // the sandbox (always: on success, on error, on Ctrl-C or SIGTERM), and exit with the
-// command's exit code.
+// command's exit code. The exec asks the daemon to remove the sandbox when the command
+// ends (one request fewer, and a client killed with SIGKILL leaves nothing behind);
+// when the stream did not say it was removed, a DELETE follows.
 #include <signal.h>
 #include <sys/socket.h>
 
@@ -98,6 +100,11 @@ Action add_run(CLI::App& root, Context& ctx) {
 
     int rc = kExitError;
     std::optional<Error> failure;
+    // The daemon removes the sandbox when the command ends ("remove"), whatever ends
+    // it, and says so in the stream's last event; without that word (the stream was
+    // cut, a signal came) this process removes it below.
+    (*exec_req)["remove"] = true;
+    Removal removal;
     if (g_signal.load() == 0) {
       // The stream reuses the create's keep-alive connection (one connect per run);
       // a signal may cut it, and the removal below then takes a fresh one.
@@ -109,7 +116,7 @@ Action add_run(CLI::App& root, Context& ctx) {
         g_stream_fd.store((*client)->native_handle());
         // Checked after publishing the fd: a signal either saw the fd or is seen here.
         if (g_signal.load() == 0) {
-          auto code = stream_exec(**client, id, *exec_req);
+          auto code = stream_exec(**client, id, *exec_req, &removal);
           if (code)
             rc = *code;
           else
@@ -125,6 +132,14 @@ Action add_run(CLI::App& root, Context& ctx) {
     }
     if (failure) rc = report(*failure);
 
+    if (removal.reported) {
+      if (removal.error && removal.error->code != Code::kNotFound) {
+        report(Error{removal.error->code, 0,
+                     "could not remove sandbox " + id + ": " + removal.error->message()});
+        if (rc == kExitOk) rc = kExitError;
+      }
+      return rc;
+    }
     std::unique_ptr<HttpClient> fresh;
     HttpClient* remover = *client;
     if (sig != 0) {

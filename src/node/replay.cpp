@@ -127,6 +127,17 @@ std::string rewrite_target(const std::string& target, const std::string& from,
   return "/v1/sandboxes/" + to + target.substr(prefix.size());
 }
 
+// An exec that removed its sandbox when it ended ("remove": true) replays without
+// that: the replay's sandbox outlives the step (a branch goes on from it). Its exit
+// event is compared as any exec's; the "removed" event after it is not.
+std::string without_remove(const std::string& method, const std::string& target, std::string body) {
+  if (method != "POST" || !target.substr(0, target.find('?')).ends_with("/exec")) return body;
+  boost::system::error_code ec;
+  auto v = json::parse(body, ec);
+  if (ec || !v.is_object() || !v.get_object().erase("remove")) return body;
+  return json::serialize(v);
+}
+
 }  // namespace
 
 bool Replayer::replayable(const std::string& method, const std::string& target) {
@@ -289,7 +300,7 @@ Result<ReplayReport> Replayer::run(const Env& env, const std::string& source,
     ReplayCall c;
     c.method = r.request.method;
     c.target = rewrite_target(r.request.target, source, id);
-    c.body = std::move(**body);
+    c.body = without_remove(c.method, c.target, std::move(**body));
     if (!rq.rekey_from.empty() && r.key.starts_with(rq.rekey_from))
       c.key = rq.rekey_to + r.key.substr(rq.rekey_from.size());
     ReplayAnswer a = env.dispatch(c);

@@ -101,6 +101,11 @@ class FakeDaemon:
         self.sandboxes: Dict[str, FakeSandbox] = {}
         self.requests: List[tuple] = []   # (method, path, query dict, json body or None)
         self.exec_started = threading.Event()
+        # An exec with "remove": true: the sandbox is removed after the exit event and a
+        # "removed" event says so (the real daemon's contract). False: the request is
+        # served as if the field were unknown to this daemon (no such event). A dict:
+        # the "removed" event says the removal failed with this error.
+        self.honor_remove: object = True
         self.lock = threading.Lock()
         self.counter = 0
         self.port = free_port()
@@ -267,6 +272,12 @@ class FakeDaemon:
                     if rc < 0:
                         end["signal"] = -rc
                     self._chunk(end)
+                    if req.get("remove") and fake.honor_remove:
+                        if isinstance(fake.honor_remove, dict):
+                            self._chunk({"type": "removed", **fake.honor_remove})
+                        else:
+                            sb.destroy()
+                            self._chunk({"type": "removed", "sandbox": sb.to_json()})
                     self.wfile.write(b"0\r\n\r\n")
                     self.wfile.flush()
                 except (BrokenPipeError, ConnectionResetError):
@@ -421,6 +432,27 @@ def test_real_streams_live_and_ctrl_c_removes_sandbox(daemon):
     before = set(live_ids(daemon.url))
     output_streams_live(daemon.url)
     wait_until(lambda: set(live_ids(daemon.url)) <= before, timeout=30, what="run's sandbox to end")
+
+
+def test_fake_run_asks_the_daemon_to_remove_its_sandbox(fake):
+    """`run` asks for the removal with its exec; the daemon's "removed" event ends it, and
+    no DELETE follows. A daemon that did not say it removed the sandbox gets a DELETE; one
+    that says the removal failed makes a one-line error and a non-zero exit."""
+    p = cli(fake.url, "run", "--", "sh", "-c", "echo hi")
+    assert (p.returncode, p.stdout, p.stderr) == (0, b"hi\n", b"")
+    execs = [r for r in fake.requests if r[0] == "POST" and r[1].endswith("/exec")]
+    assert execs and execs[-1][3].get("remove") is True and execs[-1][3].get("stream") is True
+    assert not [r for r in fake.requests if r[0] == "DELETE"] and fake.live() == []
+
+    fake.honor_remove = False
+    p = cli(fake.url, "run", "--", "sh", "-c", "exit 4")
+    assert p.returncode == 4, p.stderr
+    assert len([r for r in fake.requests if r[0] == "DELETE"]) == 1 and fake.live() == []
+
+    fake.honor_remove = {"code": "internal", "message": "umount failed"}
+    p = cli(fake.url, "run", "--", "true")
+    assert_one_error_line(p, "could not remove sandbox")
+    assert "umount failed" in p.stderr.decode()
 
 
 def test_fake_sigterm_during_run_removes_sandbox(fake):

@@ -49,6 +49,29 @@ TEST(ExecControl, HoldsCreditsAndAKillUntilAttached) {
   EXPECT_EQ(k.credited, 0u) << "a kill wanted before attach wins over credits";
 }
 
+TEST(ExecStream, TheEpilogueIsTheLastEventAfterTheExitOrTheError) {
+  for (bool failed : {false, true}) {
+    FakeExec e{9};
+    auto res = std::make_shared<SlowResponder>();
+    auto s = std::make_shared<ExecStream>(res, e.fns());
+    auto cb = s->callbacks();
+    s->attach(9);
+    cb.on_started(2);
+    s->set_epilogue(boost::json::object{{"type", "removed"}});
+    if (failed)
+      cb.on_done(std::unexpected(Error{Code::kUnavailable, 0, "agent gone"}));
+    else
+      cb.on_done(exited(0));
+    cb.on_output(1, "late");  // after the end: dropped
+    res->drain_all();
+    EXPECT_TRUE(res->ended);
+    auto ev = events(res->body);
+    ASSERT_EQ(ev.size(), 3u) << res->body;
+    EXPECT_EQ(ev[1].at("type"), failed ? "error" : "exit");
+    EXPECT_EQ(ev[2].at("type"), "removed");
+  }
+}
+
 TEST(ExecStream, EventsInOrderAndOutputCreditedOnlyOnceWritten) {
   FakeExec e{9};
   auto res = std::make_shared<SlowResponder>();
