@@ -30,6 +30,15 @@ std::vector<boost::json::object> events(const std::string& body) {
   return out;
 }
 
+// A stream attached to exec 9 of a fake agent, with its responder and callbacks.
+struct Attached {
+  FakeExec e{9};
+  std::shared_ptr<SlowResponder> res = std::make_shared<SlowResponder>();
+  std::shared_ptr<ExecStream> s = std::make_shared<ExecStream>(res, e.fns());
+  node::ExecCallbacks cb = s->callbacks();
+  Attached() { s->attach(9); }
+};
+
 TEST(ExecControl, HoldsCreditsAndAKillUntilAttached) {
   FakeExec e{9};
   ExecControl c(e.fns());
@@ -51,11 +60,8 @@ TEST(ExecControl, HoldsCreditsAndAKillUntilAttached) {
 
 TEST(ExecStream, TheEpilogueIsTheLastEventAfterTheExitOrTheError) {
   for (bool failed : {false, true}) {
-    FakeExec e{9};
-    auto res = std::make_shared<SlowResponder>();
-    auto s = std::make_shared<ExecStream>(res, e.fns());
-    auto cb = s->callbacks();
-    s->attach(9);
+    Attached a;
+    auto& [e, res, s, cb] = a;
     cb.on_started(2);
     s->set_epilogue(boost::json::object{{"type", "removed"}});
     if (failed)
@@ -73,11 +79,8 @@ TEST(ExecStream, TheEpilogueIsTheLastEventAfterTheExitOrTheError) {
 }
 
 TEST(ExecStream, EventsInOrderAndOutputCreditedOnlyOnceWritten) {
-  FakeExec e{9};
-  auto res = std::make_shared<SlowResponder>();
-  auto s = std::make_shared<ExecStream>(res, e.fns());
-  auto cb = s->callbacks();
-  s->attach(9);
+  Attached a;
+  auto& [e, res, s, cb] = a;
   cb.on_started(42);
   cb.on_output(1, "hello");
   cb.on_output(2, "oops");
@@ -135,11 +138,8 @@ TEST(ExecStream, ASlowClientHoldsAtMostOneWindow) {
 }
 
 TEST(ExecStream, AnAgentThatIgnoresTheWindowIsCutOffAndKilled) {
-  FakeExec e{9};
-  auto res = std::make_shared<SlowResponder>();
-  auto s = std::make_shared<ExecStream>(res, e.fns());
-  auto cb = s->callbacks();
-  s->attach(9);
+  Attached a;
+  auto& [e, res, s, cb] = a;
   const std::string piece(64 << 10, 'x');
   for (int i = 0; i < 200; ++i) cb.on_output(1, piece);  // 12.5 MiB, never read
   EXPECT_TRUE(res->aborted);
@@ -161,11 +161,8 @@ TEST(ExecStream, FailureBeforeTheFirstEventKeepsItsStatus) {
 }
 
 TEST(ExecStream, FailureAfterTheFirstEventIsAnErrorEvent) {
-  FakeExec e{9};
-  auto res = std::make_shared<SlowResponder>();
-  auto s = std::make_shared<ExecStream>(res, e.fns());
-  auto cb = s->callbacks();
-  s->attach(9);
+  Attached a;
+  auto& [e, res, s, cb] = a;
   cb.on_started(1);
   cb.on_done(std::unexpected(Error{Code::kUnavailable, 0, "agent lost"}));
   res->drain_all();
@@ -181,11 +178,8 @@ TEST(ExecStream, FailureAfterTheFirstEventIsAnErrorEvent) {
 // exit still reach the responder (with an Idempotency-Key, a recorder that
 // keeps them for the retry).
 TEST(ExecStream, AGoneClientNeitherStallsTheCommandNorLosesItsEnd) {
-  FakeExec e{9};
-  auto res = std::make_shared<SlowResponder>();
-  auto s = std::make_shared<ExecStream>(res, e.fns());
-  auto cb = s->callbacks();
-  s->attach(9);
+  Attached a;
+  auto& [e, res, s, cb] = a;
   cb.on_output(1, "a");
   cb.on_output(1, "bb");
   res->drain_one(false);
