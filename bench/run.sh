@@ -112,7 +112,7 @@ cleanup() {
   fi
   # Cgroups this run created and left (rmdir only removes empty ones), deepest first.
   ls -d /sys/fs/cgroup/*/*/ /sys/fs/cgroup/*/*/*/ 2>/dev/null | sort >"$WORK/cgroups.after"
-  comm -13 "$CG_BEFORE" "$WORK/cgroups.after" | grep -E "/(tidepool-[0-9a-f]+|tp-floor-[0-9a-f]+|tp-bench-[0-9a-f]+|$PREFIX-[^/]+)/" |
+  comm -13 "$CG_BEFORE" "$WORK/cgroups.after" | grep -E "/(tidepool-[0-9a-f]+(-microvm)?|tp-floor-[0-9a-f]+|tp-bench-[0-9a-f]+|$PREFIX-[^/]+)/" |
     sort -r | while read -r d; do rmdir "$d" 2>/dev/null; done
   # The host's /dev/null as it was at the start (see in_peer_ns): restored, loudly, if a
   # peer changed it anyway.
