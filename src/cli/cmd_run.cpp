@@ -102,7 +102,7 @@ Action add_run(CLI::App& root, Context& ctx) {
     std::optional<Error> failure;
     // The daemon removes the sandbox when the command ends ("remove"), whatever ends
     // it, and says so in the stream's last event; without that word (the stream was
-    // cut, a signal came) this process removes it below.
+    // cut, a signal came) or when it says the stop failed, this process removes it below.
     (*exec_req)["remove"] = true;
     Removal removal;
     if (g_signal.load() == 0) {
@@ -132,14 +132,9 @@ Action add_run(CLI::App& root, Context& ctx) {
     }
     if (failure) rc = report(*failure);
 
-    if (removal.reported) {
-      if (removal.error && removal.error->code != Code::kNotFound) {
-        report(Error{removal.error->code, 0,
-                     "could not remove sandbox " + id + ": " + removal.error->message()});
-        if (rc == kExitOk) rc = kExitError;
-      }
-      return rc;
-    }
+    // Removed by the daemon; else (not said, or its stop failed) a DELETE, whose error
+    // is the one to show.
+    if (removal.reported && !removal.error) return rc;
     std::unique_ptr<HttpClient> fresh;
     HttpClient* remover = *client;
     if (sig != 0) {

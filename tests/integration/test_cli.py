@@ -106,6 +106,7 @@ class FakeDaemon:
         # served as if the field were unknown to this daemon (no such event). A dict:
         # the "removed" event says the removal failed with this error.
         self.honor_remove: object = True
+        self.fail_delete = False  # DELETE of a sandbox answers 500
         self.lock = threading.Lock()
         self.counter = 0
         self.port = free_port()
@@ -187,6 +188,8 @@ class FakeDaemon:
                 if len(parts) == 3 and method == "GET":
                     return self._json(200, sb.to_json())
                 if len(parts) == 3 and method == "DELETE":
+                    if fake.fail_delete:
+                        return self._error(500, "internal", "delete refused")
                     sb.destroy()
                     return self._json(200, sb.to_json())
                 if parts[3:] == ["exec"] and method == "POST":
@@ -436,8 +439,8 @@ def test_real_streams_live_and_ctrl_c_removes_sandbox(daemon):
 
 def test_fake_run_asks_the_daemon_to_remove_its_sandbox(fake):
     """`run` asks for the removal with its exec; the daemon's "removed" event ends it, and
-    no DELETE follows. A daemon that did not say it removed the sandbox gets a DELETE; one
-    that says the removal failed makes a one-line error and a non-zero exit."""
+    no DELETE follows. A daemon that did not say it removed the sandbox, or says that the
+    removal failed, gets a DELETE; a DELETE that fails too is a one-line error and exit 1."""
     p = cli(fake.url, "run", "--", "sh", "-c", "echo hi")
     assert (p.returncode, p.stdout, p.stderr) == (0, b"hi\n", b"")
     execs = [r for r in fake.requests if r[0] == "POST" and r[1].endswith("/exec")]
@@ -451,8 +454,13 @@ def test_fake_run_asks_the_daemon_to_remove_its_sandbox(fake):
 
     fake.honor_remove = {"code": "internal", "message": "umount failed"}
     p = cli(fake.url, "run", "--", "true")
+    assert (p.returncode, p.stderr) == (0, b"")
+    assert len([r for r in fake.requests if r[0] == "DELETE"]) == 2 and fake.live() == []
+    fake.fail_delete = True
+    p = cli(fake.url, "run", "--", "true")
     assert_one_error_line(p, "could not remove sandbox")
-    assert "umount failed" in p.stderr.decode()
+    assert "delete refused" in p.stderr.decode()
+    fake.fail_delete = False
 
 
 def test_fake_sigterm_during_run_removes_sandbox(fake):
