@@ -391,7 +391,7 @@ Result<ExecSpec> parse_exec(const json::object& o, bool background) {
   if (*remove && !*stream)
     return fail(Code::kInvalidArgument, "field 'remove' needs \"stream\": true");
   spec.stream = *stream && !background;
-  spec.remove = *remove && !background;
+  spec.remove = *remove;  // background: refused by only_keys above
   return spec;
 }
 

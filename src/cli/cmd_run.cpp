@@ -104,7 +104,7 @@ Action add_run(CLI::App& root, Context& ctx) {
     // it, and says so in the stream's last event; without that word (the stream was
     // cut, a signal came) or when it says the stop failed, this process removes it below.
     (*exec_req)["remove"] = true;
-    Removal removal;
+    bool removed_by_daemon = false;
     if (g_signal.load() == 0) {
       // The stream reuses the create's keep-alive connection (one connect per run);
       // a signal may cut it, and the removal below then takes a fresh one.
@@ -116,7 +116,7 @@ Action add_run(CLI::App& root, Context& ctx) {
         g_stream_fd.store((*client)->native_handle());
         // Checked after publishing the fd: a signal either saw the fd or is seen here.
         if (g_signal.load() == 0) {
-          auto code = stream_exec(**client, id, *exec_req, &removal);
+          auto code = stream_exec(**client, id, *exec_req, &removed_by_daemon);
           if (code)
             rc = *code;
           else
@@ -134,7 +134,7 @@ Action add_run(CLI::App& root, Context& ctx) {
 
     // Removed by the daemon; else (not said, or its stop failed) a DELETE, whose error
     // is the one to show.
-    if (removal.reported && !removal.error) return rc;
+    if (removed_by_daemon) return rc;
     std::unique_ptr<HttpClient> fresh;
     HttpClient* remover = *client;
     if (sig != 0) {

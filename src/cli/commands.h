@@ -134,19 +134,13 @@ struct ExecFlags {
   Result<boost::json::object> to_request() const;
 };
 
-// What the daemon said of the removal that an exec with "remove": true asked for
-// (its "removed" event): nothing (the stream ended before it), done, or an error.
-struct Removal {
-  bool reported = false;
-  std::optional<Error> error;
-};
-
 // Runs a command with a streamed answer, copying its stdout and stderr to this process's
 // fds 1 and 2 as the pieces arrive. Returns the exit code this process should use
 // (see exit_status_for), or an error (daemon unreachable, exec refused, stream broken).
-// `removal`, when given, gets the "removed" event of an exec that asked for one.
+// `removed`, when given, is set when an exec that asked for "remove" ends with a
+// "removed" event that reports the sandbox's stop made (not an error).
 Result<int> stream_exec(HttpClient& client, const std::string& id,
-                        const boost::json::object& request, Removal* removal = nullptr);
+                        const boost::json::object& request, bool* removed = nullptr);
 
 // Maps a command's end to this process's exit code: 124 when timed out, 128+signal when
 // killed by a signal, else the exit code (1 if it is out of range).

@@ -73,7 +73,7 @@ int exit_status_for(int64_t exit_code, int64_t signal, bool timed_out) {
 }
 
 Result<int> stream_exec(HttpClient& client, const std::string& id,
-                        const boost::json::object& request, Removal* removal) {
+                        const boost::json::object& request, bool* removed) {
   const std::string body = boost::json::serialize(request);
   OutputSink out;
   NdjsonSplitter splitter;
@@ -101,12 +101,8 @@ Result<int> stream_exec(HttpClient& client, const std::string& id,
       if (!exit_status && !stream_error) {
         stream_error = Error{code_from_name(code), 0, code.empty() ? msg : code + ": " + msg};
       }
-    } else if (type == "removed" && removal != nullptr) {
-      removal->reported = true;
-      if (o.contains("code")) {
-        std::string code = string_field(o, "code");
-        removal->error = Error{code_from_name(code), 0, string_field(o, "message")};
-      }
+    } else if (type == "removed" && removed != nullptr) {
+      *removed = !o.contains("code");  // with a code: the stop failed
     }
     // "started" and types added later carry nothing this client needs.
     return {};
