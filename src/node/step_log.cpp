@@ -127,6 +127,41 @@ Result<bool> zeros_to_end(int fd, uint64_t from, uint64_t size) {
   return true;
 }
 
+// A log file being read back at open. A file up to kWholeMax is read in one go and its
+// records are parsed from memory: a restart reads back every log the retention keeps
+// (thousands of small files on a busy node), and one read per file costs it less than
+// two per record (header, payload). A larger file is read piece by piece.
+class LogReader {
+ public:
+  static constexpr uint64_t kWholeMax = 4 << 20;
+  LogReader(int fd, uint64_t size) : fd_(fd), size_(size) {}
+  Result<void> init() {
+    if (size_ > kWholeMax) return {};
+    whole_.resize(static_cast<size_t>(size_));
+    TP_TRY(pread_all(fd_, whole_.data(), whole_.size(), 0));
+    in_memory_ = true;
+    return {};
+  }
+  // [off, off + n) lies within the file's size (the caller checks).
+  Result<void> read(char* buf, size_t n, uint64_t off) const {
+    if (!in_memory_) return pread_all(fd_, buf, n, off);
+    std::memcpy(buf, whole_.data() + off, n);
+    return {};
+  }
+  // Whether everything from `from` to the end is zeros (a preallocated tail).
+  Result<bool> zeros_to_end(uint64_t from) const {
+    if (!in_memory_) return tp::node::zeros_to_end(fd_, from, size_);
+    return from >= size_ ||
+           whole_.find_first_not_of('\0', static_cast<size_t>(from)) == std::string::npos;
+  }
+
+ private:
+  int fd_;
+  uint64_t size_;
+  std::string whole_;
+  bool in_memory_ = false;
+};
+
 void set_mtime(const std::string& path, int64_t us) {
   struct timespec ts[2];
   ts[0].tv_sec = ts[1].tv_sec = us / 1000000;
@@ -466,10 +501,13 @@ Result<void> StepLog::load(uint32_t log) {
   uint64_t end = kFileHeader;  // end of the last good record
   bool damaged = false, torn = false;
   std::string hb(kFileHeader, '\0');
+  LogReader in(fd, size);
   if (size < kFileHeader) {
     torn = true;  // a crash while the file was being created
     end = 0;
-  } else if (auto r = pread_all(fd, hb.data(), kFileHeader, 0); !r) {
+  } else if (auto r = in.init(); !r) {
+    return r;
+  } else if (r = in.read(hb.data(), kFileHeader, 0); !r) {
     return r;
   } else if (auto v = parse_file_header(hb); !v) {
     if (std::memcmp(hb.data(), kFileMagic, sizeof kFileMagic) == 0)
@@ -490,15 +528,15 @@ Result<void> StepLog::load(uint32_t log) {
       uint64_t left = size - end;
       char rh[kRecordHeader];
       if (left < kRecordHeader) {
-        auto z = zeros_to_end(fd, end, size);
+        auto z = in.zeros_to_end(end);
         if (!z) return std::unexpected(z.error());
         if (!*z) torn = true;  // else: the preallocated tail (the log ends here)
         break;
       }
-      TP_TRY(pread_all(fd, rh, kRecordHeader, end));
+      TP_TRY(in.read(rh, kRecordHeader, end));
       uint32_t magic = get_u32(rh), len = get_u32(rh + 4), crc = get_u32(rh + 8);
       if (magic == 0 && len == 0 && crc == 0) {
-        auto z = zeros_to_end(fd, end, size);
+        auto z = in.zeros_to_end(end);
         if (!z) return std::unexpected(z.error());
         if (*z) break;  // the preallocated tail
       }
@@ -510,14 +548,14 @@ Result<void> StepLog::load(uint32_t log) {
       bool ok = sane;
       if (ok) {
         payload.resize(len);
-        TP_TRY(pread_all(fd, payload.data(), len, end + kRecordHeader));
+        TP_TRY(in.read(payload.data(), len, end + kRecordHeader));
         ok = record_crc(payload) == crc;
       }
       Result<StepRecord> rec = ok ? decode(payload) : fail(Code::kInternal, "bad record");
       if (!rec) {
         // The last record, or one followed only by zeros (a preallocated tail, or blocks
         // allocated but never written), is a torn tail; anything else is damage.
-        auto zeros = zeros_to_end(fd, sane ? end + kRecordHeader + len : end, size);
+        auto zeros = in.zeros_to_end(sane ? end + kRecordHeader + len : end);
         if (!zeros) return std::unexpected(zeros.error());
         if (ok || *zeros)
           torn = true;
@@ -558,7 +596,7 @@ Result<void> StepLog::load(uint32_t log) {
         continue;
       }
       buf.resize(g.len);
-      r = pread_all(fd, buf.data(), g.len, g.off);
+      r = in.read(buf.data(), g.len, g.off);
       if (r) r = pwrite_all(nfd, buf.data(), g.len, off);
       g.off = off;
       off += g.len;

@@ -209,6 +209,34 @@ TEST_F(StepLogTest, TornFinalRecordAtEveryByteIsTruncatedAway) {
   EXPECT_EQ(fs::file_size(log_path()), 16u);
 }
 
+// Open reads a small log in one go and a larger one (over 4 MiB) piece by piece: the
+// same records come back, and a preallocated tail or a torn record is cut the same way.
+TEST_F(StepLogTest, ALogTooLargeToReadInOneGoIsReadPieceByPiece) {
+  const std::string big_tail(5 << 20, '\0');
+  {
+    auto l = open();
+    ASSERT_TRUE(l->append_sync(kSb, rec("first"), "one"));
+    ASSERT_TRUE(l->append_sync(kSb, rec("second"), "two"));
+  }
+  const auto two = read_file(log_path());
+  write_file(log_path(), two + big_tail);  // a crash's preallocated zeros
+  {
+    auto l = open();
+    EXPECT_EQ(answer_of(*l, "first"), "one");
+    EXPECT_EQ(answer_of(*l, "second"), "two");
+    EXPECT_EQ(fs::file_size(log_path()), two.size());
+    ASSERT_TRUE(l->append_sync(kSb, rec("third"), "three"));
+  }
+  const auto three = read_file(log_path());
+  ASSERT_GT(three.size(), two.size() + 3);
+  write_file(log_path(), three.substr(0, three.size() - 3) + big_tail);  // torn, then zeros
+  auto l = open();
+  EXPECT_EQ(answer_of(*l, "second"), "two");
+  EXPECT_FALSE(l->find("third"));
+  EXPECT_EQ(fs::file_size(log_path()), two.size());
+  EXPECT_EQ(l->info(kSb).last_seq, 2u);
+}
+
 TEST_F(StepLogTest, CorruptMiddleRecordStopsReadingAndKeepsTheFileAside) {
   size_t second_at = 0;
   {
