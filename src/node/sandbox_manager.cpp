@@ -247,15 +247,13 @@ Result<void> SandboxManager::recover() {
           "or another daemon uses the same --uid-base); checked again every {} ms",
           h.base, h.id, opts_.uid_recheck.count());
   }
-  // Output directories of sandboxes that are no more.
-  if (!opts_.data_dir.empty()) {
-    std::error_code ec;
-    for (const auto& e : std::filesystem::directory_iterator(opts_.data_dir + "/sandboxes", ec)) {
-      std::string id = e.path().filename().string();
-      if (std::find(keep.begin(), keep.end(), id) == keep.end())
-        remove_process_files(e.path().string());
-    }
-  }
+  // Output files of the sandboxes that were live and are no more. Only theirs: a sandbox
+  // that ended under a daemon had its files removed before its end was stored, and a
+  // scan of every directory would cost a restart time in proportion to the node's
+  // history (the trajectory log keeps one per ended sandbox).
+  for (const auto& r : *recs)
+    if (std::find(keep.begin(), keep.end(), r.id) == keep.end())
+      if (std::string dir = sandbox_dir(r.id); !dir.empty()) remove_process_files(dir);
   // A record that cannot be marked stopped (e.g. a full disk) would stay "running"
   // for a sandbox that is gone: refuse to serve, so that the next start records it.
   if (unrecorded) return std::unexpected(*unrecorded);

@@ -8,7 +8,10 @@ sandbox of the previous run ends in one of the two documented outcomes (src/node
   agent_lost (its agent did not answer), with nothing of it left on the host.
 
 A daemon stopped with SIGTERM under --stop-sandboxes-on-exit (the test harness) stops them."""
+import glob
 import json
+import os
+import signal
 import uuid
 
 import pytest
@@ -64,6 +67,25 @@ def test_restart_adopts_or_cleans_up_previous_sandboxes(client, daemon):
         assert sb.exec("echo after").stdout == "after\n"
 
 
+def test_a_sandbox_that_died_while_the_daemon_was_down_is_lost_and_its_files_go(client, daemon):
+    """A sandbox whose processes are killed while no daemon runs cannot be adopted: the
+    restarted daemon records it agent_lost or daemon_restart and removes what it left,
+    its background processes' output files under the data dir included."""
+    sb = client.create(ttl=600)
+    sb.exec("echo out; sleep 1000", background=True)
+    proc_files = os.path.join(daemon.data_dir, "sandboxes", sb.id, "proc-*")
+    assert glob.glob(proc_files)
+    daemon.stop(signal.SIGKILL)
+    for pid in processes_of(sb.id):
+        os.kill(pid, signal.SIGKILL)
+    daemon.start()
+    info = client.get(sb.id).info
+    assert info.state == "stopped" and info.end_reason in ("daemon_restart", "agent_lost"), info
+    assert glob.glob(proc_files) == []
+    wait_until(lambda: not leaks_of(sb.id, daemon.pid, daemon.data_dir), timeout=15, interval=0.2,
+               what=f"{sb.id} to be cleaned up")
+
+
 def test_delete_without_wait_answers_202_and_ends_like_any_delete_across_a_kill9(client, daemon):
     """DELETE ?wait=false is answered once the stop is stored (202, "stopping"); the
     teardown goes on, and a daemon killed meanwhile finishes it after its restart: the
@@ -71,6 +93,10 @@ def test_delete_without_wait_answers_202_and_ends_like_any_delete_across_a_kill9
     sbs = [client.create(ttl=600) for _ in range(3)]
     for sb in sbs:
         assert sb.exec("sleep 1000 &").exit_code == 0
+    # A background process of the API: its output files under the data dir go with the stop.
+    sbs[1].exec("echo out; sleep 1000", background=True)
+    proc_files = lambda sb: glob.glob(os.path.join(daemon.data_dir, "sandboxes", sb.id, "proc-*"))
+    assert proc_files(sbs[1])
     st, _, body = api_call(daemon, "DELETE", f"/v1/sandboxes/{sbs[0].id}?wait=maybe")
     assert st == 400 and b"wait" in body, body
     answers = [api_call(daemon, "DELETE", f"/v1/sandboxes/{sb.id}?wait=false") for sb in sbs]
@@ -84,6 +110,7 @@ def test_delete_without_wait_answers_202_and_ends_like_any_delete_across_a_kill9
         assert info.end_reason == "deleted", info
         wait_until(lambda: not leaks_of(sb.id, daemon.pid, daemon.data_dir), timeout=15, interval=0.2,
                    what=f"{sb.id} to be cleaned up")
+        assert not proc_files(sb)
     # An ended sandbox: its final record, 200, either way.
     st, _, body = api_call(daemon, "DELETE", f"/v1/sandboxes/{sbs[0].id}?wait=false")
     assert st == 200 and json.loads(body)["state"] == "stopped", body
