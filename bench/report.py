@@ -75,7 +75,7 @@ def machine_line(res):
     v = m["versions"]
     return (f"{m['nproc']} × {m['model']}, kernel {m['kernel']}, {m['mem_total_mib'] / 1024:.0f} GiB RAM; "
             f"load average {' '.join(m['loadavg_start'])} at the start, {' '.join(m.get('loadavg_end', ['?']))} at "
-            f"the end (other builds were running); {m['date']}. Tools: {v['crun']}, {v['runc']}, {v['bwrap']}, "
+            f"the end (the benchmark's own load included); {m['date']}. Tools: {v['crun']}, {v['runc']}, {v['bwrap']}, "
             f"{v['hyperfine']}, {v['busybox'].split(' multi-call')[0]}.")
 
 
