@@ -77,7 +77,12 @@ def test_a_sandbox_that_died_while_the_daemon_was_down_is_lost_and_its_files_go(
     assert glob.glob(proc_files)
     daemon.stop(signal.SIGKILL)
     for pid in processes_of(sb.id):
-        os.kill(pid, signal.SIGKILL)
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass  # gone already, with its pid namespace's init
+    wait_until(lambda: not processes_of(sb.id), timeout=15, interval=0.1,
+               what=f"the processes of {sb.id} to be gone")
     daemon.start()
     info = client.get(sb.id).info
     assert info.state == "stopped" and info.end_reason in ("daemon_restart", "agent_lost"), info
