@@ -41,7 +41,7 @@ struct SandboxSpec {
   double cpus = 1.0;                     // cpu quota in cores
   uint32_t pids_max = 512;               // tasks in the sandbox, agent included
   uint64_t disk_bytes = 1ull << 30;      // writable layer (upper directory) size limit
-  uint64_t tmp_bytes = 256ull << 20;     // /tmp tmpfs size limit
+  uint64_t tmp_bytes = 256ull << 20;     // microvm: the guest's /tmp (containers: in disk_bytes)
   // RLIMIT_NOFILE (soft and hard) for everything inside. Open files are not
   // charged to memory cgroups, so pids x nofile is a sandbox's share of the
   // host's fs.file-max: 1024 (the usual soft limit) keeps it at 512 Ki files

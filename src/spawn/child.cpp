@@ -100,7 +100,9 @@ long run_op(const Op& op, const ExecPlan& p) {
       return raw::call(SYS_mount, op.a, op.b, op.c, op.flags, op.d);
     case OpKind::kMkdir: {
       long r = raw::call(SYS_mkdirat, AT_FDCWD, op.a, op.mode);
-      return r == -EEXIST ? 0 : r;
+      if (r == -EEXIST) return 0;
+      // The mode asked for, whatever the umask took away (a sticky 01777 /tmp).
+      return r == 0 ? raw::call(SYS_fchmodat, AT_FDCWD, op.a, op.mode) : r;
     }
     case OpKind::kTouch: {
       long fd =

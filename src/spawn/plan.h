@@ -34,7 +34,7 @@ enum class OpKind : uint8_t {
   kSethostname,   // a
   kLoopbackUp,    // ioctl(SIOCSIFFLAGS, lo, IFF_UP)
   kMount,         // mount(a=source, b=target, c=fstype, flags, d=data)
-  kMkdir,         // mkdir(a, mode), EEXIST is fine
+  kMkdir,         // mkdir(a, mode) and chmod(a, mode) past the umask; EEXIST is fine (left as is)
   kTouch,         // create empty file a (mount point for a file bind), EEXIST is fine
   kSymlink,       // symlink(a=target, b=linkpath)
   kChdir,         // chdir(a)

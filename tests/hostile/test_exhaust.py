@@ -71,13 +71,19 @@ def test_disk_fill_writable_layer(client):
 
 
 def test_disk_fill_tmp(client):
-    """Attempt: fill /tmp (and /dev/shm, a separate tmpfs) until writes fail.
-    Expected: ENOSPC at the tmpfs size, the sandbox is usable after deleting."""
-    with client.create(memory_mb=512, ttl=600) as sb:
+    """Attempt: fill /tmp, then /dev/shm, until writes fail.
+    Expected: ENOSPC at the sandbox's disk_mb, which they share with the writable layer
+    (directories of its tmpfs): while one is full nothing can be written in the others
+    either; the sandbox is usable after deleting."""
+    with client.create(disk_mb=64, memory_mb=512, ttl=600) as sb:
         for d in ("/tmp", "/dev/shm"):
             r = sb.exec(f"dd if=/dev/zero of={d}/fill bs=1M 2>&1; echo rc=$?", timeout=60)
             assert "No space left on device" in r.stdout and "rc=0" not in r.stdout, (d, r.stdout)
-            sb.exec(f"rm -f {d}/fill", check=True)
+            size = int(sb.exec(f"stat -c %s {d}/fill").stdout)
+            assert 32 << 20 <= size <= 64 << 20, (d, size)
+            for other in ("/tmp", "/dev/shm", "/root"):
+                assert sb.exec(f"head -c 65536 /dev/zero > {other}/more").exit_code != 0, (d, other)
+            sb.exec(f"rm -f {d}/fill /tmp/more /dev/shm/more /root/more", check=True)
             assert sb.exec(f"echo ok > {d}/after && cat {d}/after").stdout == "ok\n"
 
 

@@ -263,6 +263,12 @@ void build_root_ops(const RootRecipe& r, ChildPlan* p) {
            "size=" + std::to_string(r.disk_bytes) + ",mode=0755");
   p->mkdir(m + "/upper", 0755);
   p->mkdir(m + "/work", 0700);
+  // /tmp and /dev/shm are directories of this same tmpfs, bound below: every
+  // superblock registers a memcg-aware shrinker, and each memory cgroup on the host
+  // keeps a slot for every one there has been at once (see RootRecipe), so two
+  // tmpfs instances fewer per sandbox shrink every sandbox's kernel memory at density.
+  p->mkdir(m + "/tmp", 01777);
+  p->mkdir(m + "/shm", 01777);
   p->mkdir(root, 0755);
   std::string lower;
   if (!r.lower_fds.empty()) {
@@ -323,10 +329,9 @@ void build_root_ops(const RootRecipe& r, ChildPlan* p) {
   }
   p->mount("devpts", dev + "/pts", "devpts", MS_NOSUID | MS_NOEXEC,
            "newinstance,ptmxmode=0666,mode=0620,gid=5,max=" + std::to_string(kPtyMax));
-  p->mount("shm", dev + "/shm", "tmpfs", MS_NOSUID | MS_NODEV,
-           "size=" + std::to_string(r.tmp_bytes) + ",mode=1777");
-  p->mount("tmpfs", root + "/tmp", "tmpfs", MS_NOSUID | MS_NODEV,
-           "size=" + std::to_string(r.tmp_bytes) + ",mode=1777");
+  // Binds keep the tmpfs mount's nosuid and nodev.
+  p->mount(m + "/shm", dev + "/shm", "", MS_BIND, "");
+  p->mount(m + "/tmp", root + "/tmp", "", MS_BIND, "");
 
   p->simple(OpKind::kChdir, "chdir(" + root + ")", root);
   p->simple(OpKind::kPivotRoot, "pivot_root(., .)");

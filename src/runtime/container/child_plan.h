@@ -114,8 +114,8 @@ struct RootRecipe {
   std::vector<int> lower_fds;
   std::vector<std::pair<std::string, unsigned long>>
       ro_binds;  // host path (bound at same path), locked flags to keep
+  // Size of the sandbox tmpfs: the writable layer, /tmp and /dev/shm.
   uint64_t disk_bytes = 0;
-  uint64_t tmp_bytes = 0;
   // Host directory holding /dev's nodes, symlinks and mount points (made once by
   // the backend: a user namespace cannot mknod), bound read-only as the
   // sandbox's /dev; `dev_locked`: the flags locked on its mount. Empty when the

@@ -509,8 +509,8 @@ class ContainerBackend final : public Backend {
 Result<std::unique_ptr<SandboxInstance>> ContainerBackend::create_impl(const SandboxSpec& spec) {
   if (!valid_sandbox_name(spec.id))
     return fail(Code::kInvalidArgument, "invalid sandbox id '" + spec.id + "'");
-  if (spec.disk_bytes == 0 || spec.tmp_bytes == 0 || spec.memory_bytes == 0)
-    return fail(Code::kInvalidArgument, "memory, disk and tmp sizes must be > 0");
+  if (spec.disk_bytes == 0 || spec.memory_bytes == 0)
+    return fail(Code::kInvalidArgument, "memory and disk sizes must be > 0");
   if (spec.nofile < 16) return fail(Code::kInvalidArgument, "nofile must be >= 16");
   for (const auto& [k, v] : spec.env) {
     if (k.empty() || k.find_first_of("=", 0) != std::string::npos ||
@@ -521,7 +521,6 @@ Result<std::unique_ptr<SandboxInstance>> ContainerBackend::create_impl(const San
   container::RootRecipe recipe = sh_->common;
   recipe.id = spec.id;
   recipe.disk_bytes = spec.disk_bytes;
-  recipe.tmp_bytes = spec.tmp_bytes;
   if (spec.layers.empty()) {
     if (spec.image != "host" && !spec.image.empty())
       return fail(Code::kInvalidArgument, "image '" + spec.image + "' has no layers");

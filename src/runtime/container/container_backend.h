@@ -30,9 +30,10 @@
 //   empty read-only directory); a minimal /dev: one read-only bind of
 //   <data_dir>/containers/dev, which the backend fills once with root-owned
 //   nodes (null, zero, full, random, urandom, tty), symlinks and mount points,
-//   plus devpts newinstance and a /dev/shm tmpfs (a data dir on a nodev file
-//   system cannot hold working nodes: then /dev is a tmpfs with each host node
-//   bound); /tmp as a tmpfs of spec.tmp_bytes; pivot_root; old root detached.
+//   plus devpts newinstance (a data dir on a nodev file system cannot hold
+//   working nodes: then /dev is a tmpfs with each host node bound); /tmp and
+//   /dev/shm binds of tmp/ and shm/ of the sandbox tmpfs, so within disk_bytes
+//   (spec.tmp_bytes is the microvm tier's); pivot_root; old root detached.
 // NOTE: the writable layer (and /tmp, /dev/shm) lives in memory and is charged
 // to the sandbox's memory cgroup. Writes beyond disk_bytes fail with ENOSPC.
 // The agent is not inside the sandbox's tree and cannot be overwritten from

@@ -17,7 +17,6 @@ ChildPlan make_plan(std::vector<std::string> lowers,
   r.lowers = std::move(lowers);
   r.ro_binds = std::move(binds);
   r.disk_bytes = 1 << 20;
-  r.tmp_bytes = 2 << 20;
   r.dev_dir = std::move(dev_dir);
   r.dev_locked = MS_RELATIME;
   r.empty_dir = "/d/containers/empty";
@@ -127,11 +126,24 @@ TEST(ChildPlanTest, DevIsOneReadOnlyBindOfThePreparedDir) {
                      "mount(devpts, /d/containers/mnt/root/dev/pts, devpts, MS_NOSUID|MS_NOEXEC, "
                      "newinstance,ptmxmode=0666");
   EXPECT_GT(pts, dev);
-  EXPECT_GT(index_of(p, "mount(shm, /d/containers/mnt/root/dev/shm, tmpfs"), dev);
-  EXPECT_GE(index_of(p,
-                     "mount(tmpfs, /d/containers/mnt/root/tmp, tmpfs, MS_NOSUID|MS_NODEV, "
-                     "size=2097152,mode=1777)"),
-            0);
+  // /tmp and /dev/shm: directories of the writable layer's tmpfs (one superblock),
+  // sticky and world-writable, bound after /dev.
+  int tmp_dir = index_of(p, "mkdir(/d/containers/mnt/tmp)");
+  int shm_dir = index_of(p, "mkdir(/d/containers/mnt/shm)");
+  ASSERT_GE(tmp_dir, 0);
+  ASSERT_GE(shm_dir, 0);
+  EXPECT_EQ(p.ops[static_cast<size_t>(tmp_dir)].mode, 01777u);
+  EXPECT_EQ(p.ops[static_cast<size_t>(shm_dir)].mode, 01777u);
+  EXPECT_GT(index_of(p,
+                     "mount(/d/containers/mnt/shm, /d/containers/mnt/root/dev/shm, none, "
+                     "MS_BIND)"),
+            dev);
+  EXPECT_GT(index_of(p, "mount(/d/containers/mnt/tmp, /d/containers/mnt/root/tmp, none, MS_BIND)"),
+            tmp_dir);
+  // No tmpfs but the writable layer's (and none at all with a prepared /dev).
+  int tmpfs_mounts = 0;
+  for (const auto& s : p.steps) tmpfs_mounts += s.find(", tmpfs, ") != std::string::npos;
+  EXPECT_EQ(tmpfs_mounts, 1);
   EXPECT_GE(index_of(p, "sethostname(n0-abc)"), 0);
 }
 
