@@ -265,8 +265,8 @@ void build_root_ops(const RootRecipe& r, ChildPlan* p) {
   p->mkdir(m + "/work", 0700);
   // /tmp and /dev/shm are directories of this same tmpfs, bound below: every
   // superblock registers a memcg-aware shrinker, and each memory cgroup on the host
-  // keeps a slot for every one there has been at once (see RootRecipe), so two
-  // tmpfs instances fewer per sandbox shrink every sandbox's kernel memory at density.
+  // keeps a slot for every one there has been at once (docs/lifecycle.md, "Density"),
+  // so two tmpfs instances fewer per sandbox shrink every sandbox's kernel memory.
   p->mkdir(m + "/tmp", 01777);
   p->mkdir(m + "/shm", 01777);
   p->mkdir(root, 0755);
