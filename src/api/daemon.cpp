@@ -21,6 +21,7 @@
 #include <iostream>
 #include <memory>
 #include <thread>
+#include <unordered_set>
 #include <vector>
 
 #include "api/auth.h"
@@ -428,19 +429,28 @@ int daemon_main(int argc, char** argv) {
   auto retention = node::StepLog::parse_duration(step_retention);
   if (!retention) return die("--step-retention: " + retention.error().message());
   bool every_call = trajectory_log == "on";
-  auto steps = node::StepLog::open({.data_dir = data_dir,
-                                    .retention = *retention,
-                                    .is_live =
-                                        [&mgr](const std::string& id) {
-                                          auto r = mgr.get(id);
-                                          if (!r) return r.error().code != Code::kNotFound;
-                                          return r->state == "creating" || r->state == "running" ||
-                                                 r->state == "paused";
-                                        },
-                                    // Logs made ahead for new sandboxes (only with events: their
-                                    // created event is what makes a log).
-                                    .spares = every_call ? 32u : 0u,
-                                    .make_id = [node] { return ids::new_sandbox_id(node); }});
+  // The logs of the sandboxes a previous run left running are read before anything is
+  // served (recover() appends to them); those of ended ones, however many the retention
+  // keeps, by a background thread after.
+  auto unended = (*store)->list({.live_only = true, .include_pooled = true});
+  if (!unended) return die("step log: " + unended.error().message());
+  std::unordered_set<std::string> read_first;
+  for (const auto& r : *unended) read_first.insert(r.id);
+  auto steps = node::StepLog::open(
+      {.data_dir = data_dir,
+       .retention = *retention,
+       .is_live =
+           [&mgr](const std::string& id) {
+             auto r = mgr.get(id);
+             if (!r) return r.error().code != Code::kNotFound;
+             return r->state == "creating" || r->state == "running" || r->state == "paused";
+           },
+       // Logs made ahead for new sandboxes (only with events: their created event is
+       // what makes a log).
+       .spares = every_call ? 32u : 0u,
+       .make_id = [node] { return ids::new_sandbox_id(node); },
+       .read_first =
+           [first = std::move(read_first)](const std::string& id) { return first.count(id) > 0; }});
   if (!steps) return die("step log: " + steps.error().message());
   std::shared_ptr<node::StepLog> step_log = std::move(*steps);
   api.set_step_log(step_log);

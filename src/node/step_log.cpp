@@ -306,8 +306,10 @@ struct StepLog::Pending {
 
 struct StepLog::Log {
   std::string scope;
-  bool loaded = false;  // read at open, or created since
-  uint64_t end = 0;     // where the next record goes; 0 = no file yet
+  bool loaded = false;   // read at open, or created since
+  bool later = false;    // left by open() to the background reader, and not read yet
+  bool reading = false;  // (later) a thread reads it now
+  uint64_t end = 0;      // where the next record goes; 0 = no file yet
   uint64_t next_seq = 1;
   std::vector<std::pair<uint64_t, uint64_t>> seqs;  // (seq, offset), ascending
   uint64_t side_bytes = 0;
@@ -326,6 +328,12 @@ StepLog::StepLog(Options opts)
     : opts_(std::move(opts)), sync_pool_(std::make_unique<SyncPool>(kSyncThreads)) {}
 
 StepLog::~StepLog() {
+  {
+    std::lock_guard lk(mu_);
+    read_stop_ = true;
+  }
+  read_cv_.notify_all();
+  if (reader_.joinable()) reader_.join();
   {
     std::lock_guard lk(spare_mu_);
     spare_stop_ = true;
@@ -382,6 +390,9 @@ Result<std::unique_ptr<StepLog>> StepLog::open(Options opts) {
   log->sweep();
   TP_TRY(log->load_all());
   log->writer_ = std::thread([p = log.get()] { p->run(); });
+  if (!log->read_later_.empty())
+    log->reader_ = std::thread(
+        [p = log.get(), ids = std::move(log->read_later_)] { p->load_rest(std::move(ids)); });
   if (log->opts_.spares > 0 && log->opts_.make_id)
     log->spare_thread_ = std::thread([p = log.get()] { p->make_spares(); });
   return log;
@@ -443,35 +454,110 @@ Result<void> StepLog::load_all() {
     }
     ::closedir(d);
   }
-  TP_TRY(load(0));
+  TP_TRY(load(0, &interrupted_));
   std::vector<uint32_t> ids;
   {
     std::lock_guard lk(mu_);
-    for (const auto& s : found) ids.push_back(log_id_locked(s));
+    for (const auto& s : found) {
+      const uint32_t id = log_id_locked(s);
+      if (!opts_.read_first || opts_.read_first(s)) {
+        ids.push_back(id);
+      } else {
+        logs_[id]->later = true;
+        read_later_.push_back(id);
+      }
+    }
+    if (!read_later_.empty()) {
+      unread_ = read_later_.size();
+      all_read_ = false;
+    }
   }
   // Several at a time: a restart reads back every log the retention keeps (thousands
   // of small files on a busy node), mostly waiting on the file system, and the daemon
   // serves nothing before that is done. Each load() touches its own log and file;
   // what they share (the index, the list of interrupted calls) is under mu_.
   parallel_for(ids.size(), kLoaders, [&](size_t i) {
+    std::vector<std::pair<uint32_t, StepRecord>> lost;
     Result<void> r;
     try {
-      r = load(ids[i]);
+      r = load(ids[i], &lost);
     } catch (const std::exception& e) {  // e.g. bad_alloc: never past a joinable thread
       r = fail(Code::kInternal, e.what());
     }
+    std::lock_guard lk(mu_);
     if (!r) {
-      spdlog::error("step log of {}: {}; it is left as it is and not written", found[i],
+      spdlog::error("step log of {}: {}; it is left as it is and not written", logs_[ids[i]]->scope,
                     r.error().message());
-      std::lock_guard lk(mu_);
       logs_[ids[i]]->unusable = true;
     }
+    for (auto& x : lost) interrupted_.push_back(std::move(x));
   });
   return {};
 }
 
+void StepLog::load_locked(std::unique_lock<std::mutex>& lk, uint32_t log) {
+  for (;;) {
+    const Log& l = *logs_[log];
+    if (!l.later) return;
+    if (!l.reading) break;
+    read_cv_.wait(lk);
+  }
+  logs_[log]->reading = true;
+  const std::string scope = logs_[log]->scope;
+  lk.unlock();
+  std::vector<std::pair<uint32_t, StepRecord>> lost;
+  Result<void> r;
+  try {
+    r = load(log, &lost);
+  } catch (const std::exception& e) {
+    r = fail(Code::kInternal, e.what());
+  }
+  if (!r)
+    spdlog::error("step log of {}: {}; it is left as it is and not written", scope,
+                  r.error().message());
+  lk.lock();
+  Log& l = *logs_[log];
+  if (!r) l.unusable = true;
+  l.later = l.reading = false;
+  for (auto& x : lost) lost_later_.push_back(std::move(x));
+  unread_.fetch_sub(1, std::memory_order_release);
+  read_cv_.notify_all();
+}
+
+void StepLog::ensure_loaded(const std::string& scope) {
+  if (unread_.load(std::memory_order_acquire) == 0) return;
+  std::unique_lock lk(mu_);
+  auto it = scope_ids_.find(scope);
+  if (it != scope_ids_.end()) load_locked(lk, it->second);
+}
+
+void StepLog::load_rest(std::vector<uint32_t> logs) {
+  parallel_for(logs.size(), kLoaders, [&](size_t i) {
+    std::unique_lock lk(mu_);
+    if (!read_stop_) load_locked(lk, logs[i]);
+  });
+  std::vector<std::pair<uint32_t, StepRecord>> lost;
+  bool stopping;
+  {
+    std::lock_guard lk(mu_);
+    lost.swap(lost_later_);
+    stopping = read_stop_;
+  }
+  // Closing: their intents stay unanswered in the logs, and the next open finds them.
+  if (!stopping) answer_lost(std::move(lost));
+  {
+    std::lock_guard lk(mu_);
+    all_read_ = true;
+  }
+  read_cv_.notify_all();
+}
+
+void StepLog::wait_all_loaded(std::unique_lock<std::mutex>& lk) {
+  read_cv_.wait(lk, [&] { return all_read_ || read_stop_; });
+}
+
 // Reads one log back into the index (see the header: torn tails, damage, side files).
-Result<void> StepLog::load(uint32_t log) {
+Result<void> StepLog::load(uint32_t log, std::vector<std::pair<uint32_t, StepRecord>>* lost) {
   std::string scope;
   {
     std::lock_guard lk(mu_);
@@ -681,8 +767,7 @@ Result<void> StepLog::load(uint32_t log) {
     l.next_seq = seq + 1;
     for (size_t i = 0; i < good.size(); ++i) {  // in the log's order
       auto it = is_intent(good[i].rec) ? open.find(good[i].rec.key) : open.end();
-      if (it != open.end() && it->second == i)
-        interrupted_.emplace_back(log, std::move(good[i].rec));
+      if (it != open.end() && it->second == i) lost->emplace_back(log, std::move(good[i].rec));
     }
   }
   if (log == 0) {  // only the node-wide log stays open (see commit)
@@ -693,19 +778,26 @@ Result<void> StepLog::load(uint32_t log) {
 }
 
 std::optional<StepLocation> StepLog::find(const std::string& key) {
-  std::lock_guard lk(mu_);
+  std::unique_lock lk(mu_);
   auto it = index_.find(key);
+  if (it == index_.end() && !all_read_) {
+    // It may be in a log not read yet.
+    wait_all_loaded(lk);
+    it = index_.find(key);
+  }
   if (it == index_.end()) return std::nullopt;
   return it->second;
 }
 
 size_t StepLog::size() {
-  std::lock_guard lk(mu_);
+  std::unique_lock lk(mu_);
+  wait_all_loaded(lk);
   return index_.size();
 }
 
 bool StepLog::full() {
-  std::lock_guard lk(mu_);
+  std::unique_lock lk(mu_);
+  wait_all_loaded(lk);
   return index_.size() >= opts_.max_keys;
 }
 
@@ -761,6 +853,7 @@ Result<StepRecord> StepLog::read(const StepLocation& loc, bool with_answer) {
 }
 
 StepLogInfo StepLog::info(const std::string& scope) {
+  ensure_loaded(scope);
   std::lock_guard lk(mu_);
   StepLogInfo i;
   auto it = scope_ids_.find(scope);
@@ -780,6 +873,7 @@ Result<std::vector<StepRecord>> StepLog::list(const std::string& scope, uint64_t
                                               size_t limit, bool with_answer,
                                               uint64_t max_answer_bytes) {
   std::vector<std::pair<uint64_t, uint64_t>> want;
+  ensure_loaded(scope);
   {
     std::lock_guard lk(mu_);
     auto it = scope_ids_.find(scope);
@@ -832,6 +926,7 @@ Result<std::optional<std::string>> StepLog::request_body(const std::string& scop
 }
 
 void StepLog::when_after(const std::string& scope, uint64_t after, std::function<void()> cb) {
+  ensure_loaded(scope);
   {
     std::lock_guard lk(mu_);
     Log& l = *logs_[log_id_locked(scope)];
@@ -866,6 +961,7 @@ void StepLog::fire_waiters_locked(Log& l, std::vector<std::function<void()>>* ou
 }
 
 Result<std::unique_ptr<StepSideFile>> StepLog::new_side(const std::string& scope) {
+  ensure_loaded(scope);  // reading it back deletes the side files its records do not name
   std::string dir = dir_of(scope);
   TP_TRY(ensure_dir(dir, nullptr));
   TP_TRY(ensure_dir(dir + "/steps.d", nullptr));
@@ -895,6 +991,7 @@ void StepLog::append(const std::string& scope, StepRecord rec, std::string answe
   p.answer = std::move(answer);
   p.side = std::move(side);
   p.done = std::move(done);
+  ensure_loaded(scope);
   std::unique_lock lk(mu_);
   p.log = log_id_locked(scope);
   if (release_hold) {
@@ -964,6 +1061,7 @@ void StepLog::append_event(const std::string& scope, std::string event, std::str
   // the others come from hooks that may hold the caller's locks, and nobody waits.
   const bool may_inline = static_cast<bool>(done) && !after_calls;
   p.done = std::move(done);
+  ensure_loaded(scope);
   std::unique_lock lk(mu_);
   p.log = log_id_locked(scope);
   Log& l = *logs_[p.log];
@@ -981,12 +1079,22 @@ void StepLog::append_intent(const std::string& scope, const StepRecord& call) {
   Pending& p = ps.front();
   p.rec = intent_of(call);
   p.lazy = true;  // durable with the call's answer, which is synced
+  ensure_loaded(scope);
   std::unique_lock lk(mu_);
   p.log = log_id_locked(scope);
   submit_locked(lk, std::move(ps), true);
 }
 
 size_t StepLog::answer_interrupted() {
+  std::vector<std::pair<uint32_t, StepRecord>> lost;
+  {
+    std::lock_guard lk(mu_);
+    lost.swap(interrupted_);
+  }
+  return answer_lost(std::move(lost));
+}
+
+size_t StepLog::answer_lost(std::vector<std::pair<uint32_t, StepRecord>> lost) {
   static constexpr std::string_view kLost =
       R"({"code":"unavailable","message":"the daemon restarted while this call was being )"
       R"(answered: its outcome is unknown"})";
@@ -994,7 +1102,7 @@ size_t StepLog::answer_interrupted() {
   {
     std::lock_guard lk(mu_);
     std::unordered_set<std::string> seen;
-    for (auto& [log, in] : interrupted_) {
+    for (auto& [log, in] : lost) {
       // A key recorded since open (a keyed command's own outcome) keeps that record.
       if (index_.count(in.key) || !seen.insert(in.key).second) continue;
       Pending p;
@@ -1010,7 +1118,6 @@ size_t StepLog::answer_interrupted() {
       p.answer = std::string(kLost) + "\n";
       ps.push_back(std::move(p));
     }
-    interrupted_.clear();
   }
   if (ps.empty()) return 0;
   std::mutex m;
@@ -1037,11 +1144,13 @@ size_t StepLog::answer_interrupted() {
 }
 
 void StepLog::hold(const std::string& scope) {
+  ensure_loaded(scope);
   std::lock_guard lk(mu_);
   logs_[log_id_locked(scope)]->holds++;
 }
 
 void StepLog::release(const std::string& scope) {
+  ensure_loaded(scope);
   {
     std::lock_guard lk(mu_);
     Log& l = *logs_[log_id_locked(scope)];
@@ -1413,7 +1522,9 @@ void StepLog::run() {
       continue;  // commit everything queued before stopping
     }
     if (stop_) return;
-    if (std::chrono::steady_clock::now() >= next_sweep) {
+    if (std::chrono::steady_clock::now() >= next_sweep && !all_read_) {
+      next_sweep = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+    } else if (std::chrono::steady_clock::now() >= next_sweep) {
       busy_ = true;  // no inline commit while the sweep removes logs
       lk.unlock();
       sweep();
@@ -1433,6 +1544,7 @@ void StepLog::sandbox_ended(const std::string& sandbox_id) {
   Pending p;
   p.op = Pending::Op::kTrim;
   p.rec.finished_us = now;
+  ensure_loaded(sandbox_id);
   {
     std::lock_guard lk(mu_);
     p.log = log_id_locked(sandbox_id);
@@ -1453,7 +1565,8 @@ void StepLog::set_is_live(IsLive f) {
 void StepLog::sweep() {
   IsLive live;
   {
-    std::lock_guard lk(mu_);
+    std::unique_lock lk(mu_);
+    wait_all_loaded(lk);  // a log being read back is not removed under its reader
     live = is_live_;
   }
   int64_t now = now_us();

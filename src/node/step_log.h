@@ -29,9 +29,11 @@
 // blocks and its fdatasync need not commit a new file size; the zeros after the last record are cut
 // away when its sandbox ends, and at open.
 //
-// Recovery (open): each log is read record by record. A final record cut short (a crash
-// mid-write: too few bytes for its header or its len, or a bad crc on a record followed
-// only by zeros) is cut away and never returned. A bad record in the middle (or a bad
+// Recovery (open): each log is read record by record (with Options::read_first, only
+// the logs it names before open() returns; the rest by a background thread after, see
+// there). A final record cut short (a crash mid-write: too few bytes for its header or
+// its len, or a bad crc on a record followed only by zeros) is cut away and never
+// returned. A bad record in the middle (or a bad
 // file header) stops the reading there: the error is logged, the file is kept as
 // steps.log.damaged-<unix s> for inspection, and a fresh steps.log holds the good
 // records before the damage. A file of a newer format is left alone (and never
@@ -73,6 +75,7 @@
 // inline, or on the caller's, and must not block for long.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -155,10 +158,20 @@ class StepLog {
     // of spares (a fresh sandbox id each call); spares need it.
     size_t spares = 0;
     std::function<std::string()> make_id;
+    // The sandbox logs open() reads before it returns (the sandboxes still running,
+    // whose calls come first); the others are read after it by a background thread, so
+    // that a restart serves as soon as those are read, however long the node's history.
+    // A call that touches a log not read yet reads it on its own thread first (or waits
+    // for the thread reading it); find(), size() and full() wait until every log is read
+    // (a key may be in any of them), and so does sweep(). The intents those logs hold
+    // are answered as answer_interrupted() does, by that thread. Null: every log is read
+    // before open() returns.
+    std::function<bool(const std::string& sandbox_id)> read_first;
   };
 
-  // Reads every log under data_dir (recovering torn tails), deletes what retention
-  // allows, and starts the writer thread.
+  // Reads the logs under data_dir (recovering torn tails; all of them, or those of
+  // Options::read_first), deletes what retention allows, and starts the writer thread
+  // (and the one that reads the other logs).
   static Result<std::unique_ptr<StepLog>> open(Options opts);
   ~StepLog();
   StepLog(const StepLog&) = delete;
@@ -266,7 +279,18 @@ class StepLog {
   // Threads that read the logs back at open (load_all()).
   static constexpr size_t kLoaders = 4;
   Result<void> load_all();
-  Result<void> load(uint32_t log);
+  // Reads one log back; the intents it holds without an answer go to *lost.
+  Result<void> load(uint32_t log, std::vector<std::pair<uint32_t, StepRecord>>* lost);
+  // Reads a log that open() left for later, unless read already (mu_ held by lk; it is
+  // released while reading, and while another thread reads it).
+  void load_locked(std::unique_lock<std::mutex>& lk, uint32_t log);
+  // What every method that touches the log of `scope` calls first.
+  void ensure_loaded(const std::string& scope);
+  // The background reader: the logs open() left, then their intents answered.
+  void load_rest(std::vector<uint32_t> logs);
+  // Waits (mu_ held by lk) until every log is read, or the log is closing.
+  void wait_all_loaded(std::unique_lock<std::mutex>& lk);
+  size_t answer_lost(std::vector<std::pair<uint32_t, StepRecord>> lost);
   uint32_t log_id_locked(const std::string& scope);
   std::string dir_of(const std::string& scope) const;
   Result<File*> file_for(uint32_t log);
@@ -289,6 +313,14 @@ class StepLog {
   std::deque<Pending> pending_;
   // Intents without an answer found by open(): (log, intent), until answer_interrupted().
   std::vector<std::pair<uint32_t, StepRecord>> interrupted_;
+  // Logs open() left to the background reader (see Options::read_first).
+  std::vector<uint32_t> read_later_;
+  std::atomic<size_t> unread_{0};    // of them, not read yet (ensure_loaded's fast path)
+  bool all_read_ = true;             // every log read and its intents answered
+  bool read_stop_ = false;           // closing: the reader stops between logs
+  std::condition_variable read_cv_;  // with mu_: a log read, all_read_, read_stop_
+  std::vector<std::pair<uint32_t, StepRecord>> lost_later_;  // intents of those logs
+  std::thread reader_;
   IsLive is_live_;
   bool stop_ = false;
   bool busy_ = false;         // a commit (or the sweep) runs: at most one at a time, in queue order

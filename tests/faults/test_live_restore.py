@@ -24,6 +24,7 @@ same data directory:
 A retry of the interrupted batch's own key is test_batch_cut_by_kill9_is_reported_to_its_retry
 (and of a single create's, test_create_cut_by_kill9_is_answered_503_to_its_retry).
 """
+import base64
 import http.client
 import json
 import os
@@ -437,3 +438,63 @@ def test_sandboxes_of_a_previous_build_are_adopted_after_kill9(daemon, client):
         for sid in [sb.id for sb in sbs] + [new.id]:
             c.kill(sid)
     wait_no_host_leaks(daemon.data_dir, netns)
+
+
+def test_ended_sandboxes_logs_and_keys_are_served_right_after_a_restart(daemon):
+    """A restarted daemon reads the logs of ended sandboxes after it serves, in the
+    background (docs/trajectory-log.md, "Recovery"). Right after a kill -9 and a start:
+    each ended sandbox lists its whole history, a keyed exec sent again replays its
+    recorded answer (nothing runs), and a keyed exec on the running sandbox runs once."""
+
+    def call(method, path, body=None, key=None):
+        conn = http.client.HTTPConnection("127.0.0.1", daemon.port, timeout=60)
+        try:
+            headers = {"Content-Type": "application/json"}
+            if key:
+                headers["Idempotency-Key"] = key
+            conn.request(method, path, body=None if body is None else json.dumps(body).encode(),
+                         headers=headers)
+            r = conn.getresponse()
+            data = r.read()
+            return r.status, r.getheader("Idempotent-Replayed"), json.loads(data) if data else None
+        finally:
+            conn.close()
+
+    def stdout(answer):  # base64 in an exec's JSON answer
+        return base64.b64decode(answer["stdout"]).decode()
+
+    ended = []
+    for i in range(40):
+        s, _, sb = call("POST", "/v1/sandboxes", {"ttl_seconds": 600})
+        assert s == 201, sb
+        s, _, out = call("POST", f"/v1/sandboxes/{sb['id']}/exec", {"cmd": f"echo run {i}"},
+                         key=f"ended-{i}")
+        assert s == 200 and stdout(out) == f"run {i}\n", out
+        s, _, _ = call("DELETE", f"/v1/sandboxes/{sb['id']}")
+        assert s in (200, 204)
+        ended.append(sb["id"])
+    s, _, live = call("POST", "/v1/sandboxes", {"ttl_seconds": 600})
+    assert s == 201, live
+    daemon.stop(signal.SIGKILL)
+    daemon.start()
+    try:
+        # Newest first, and keys before anything else: what the reader reached last.
+        for i in reversed(range(len(ended))):
+            s, replayed, out = call("POST", f"/v1/sandboxes/{ended[i]}/exec", {"cmd": f"echo run {i}"},
+                                    key=f"ended-{i}")
+            assert (s, replayed) == (200, "true") and stdout(out) == f"run {i}\n", (s, replayed, out)
+        for i in reversed(range(len(ended))):
+            s, _, log = call("GET", f"/v1/sandboxes/{ended[i]}/log")
+            assert s == 200, log
+            entries = log["entries"]
+            assert [e["seq"] for e in entries] == list(range(1, len(entries) + 1)), entries
+            assert entries[0]["event"] == "created" and entries[-1]["event"] == "ended", entries
+            assert [e.get("key") for e in entries if e["kind"] == "call"][0] == f"ended-{i}", entries
+        s, replayed, out = call("POST", f"/v1/sandboxes/{live['id']}/exec",
+                                {"cmd": "echo x >> /tmp/once; wc -l < /tmp/once"}, key="live-1")
+        assert (s, replayed) == (200, None) and stdout(out).strip() == "1", (s, replayed, out)
+        s, replayed, out = call("POST", f"/v1/sandboxes/{live['id']}/exec",
+                                {"cmd": "echo x >> /tmp/once; wc -l < /tmp/once"}, key="live-1")
+        assert (s, replayed) == (200, "true") and stdout(out).strip() == "1", (s, replayed, out)
+    finally:
+        call("DELETE", f"/v1/sandboxes/{live['id']}")
