@@ -5,16 +5,21 @@
 // (errno is thread-local), so a libc wrapper that sets errno in the child would
 // clobber the errno of the parent thread. Every call made by such a child goes
 // through these helpers, which return -errno on failure and never allocate.
+// They are always inlined, at -O0 too: an out-of-line copy would be instrumented in a
+// ThreadSanitizer build, and such a child must run no sanitizer code (it would update
+// the parent thread's sanitizer state, which it shares through the TLS).
 // Thread rules: async-signal-safe, usable anywhere.
 #pragma once
 
 #include <sys/syscall.h>
 
+#define TP_RAW_INLINE inline __attribute__((always_inline))
+
 namespace tp::sys::raw {
 
 #if defined(__x86_64__)
-inline long syscall6(long nr, long a1 = 0, long a2 = 0, long a3 = 0, long a4 = 0, long a5 = 0,
-                     long a6 = 0) {
+TP_RAW_INLINE long syscall6(long nr, long a1 = 0, long a2 = 0, long a3 = 0, long a4 = 0,
+                            long a5 = 0, long a6 = 0) {
   long ret;
   register long r10 asm("r10") = a4;
   register long r8 asm("r8") = a5;
@@ -26,8 +31,8 @@ inline long syscall6(long nr, long a1 = 0, long a2 = 0, long a3 = 0, long a4 = 0
   return ret;
 }
 #elif defined(__aarch64__)
-inline long syscall6(long nr, long a1 = 0, long a2 = 0, long a3 = 0, long a4 = 0, long a5 = 0,
-                     long a6 = 0) {
+TP_RAW_INLINE long syscall6(long nr, long a1 = 0, long a2 = 0, long a3 = 0, long a4 = 0,
+                            long a5 = 0, long a6 = 0) {
   register long x8 asm("x8") = nr;
   register long x0 asm("x0") = a1;
   register long x1 asm("x1") = a2;
@@ -46,11 +51,11 @@ inline long syscall6(long nr, long a1 = 0, long a2 = 0, long a3 = 0, long a4 = 0
 #endif
 
 template <typename... A>
-inline long call(long nr, A... args) {
+TP_RAW_INLINE long call(long nr, A... args) {
   return syscall6(nr, ((long)args)...);
 }
 
-[[noreturn]] inline void exit_now(int code) {
+[[noreturn]] TP_RAW_INLINE void exit_now(int code) {
   for (;;) syscall6(SYS_exit_group, code);
 }
 

@@ -68,8 +68,12 @@ using sys::UniqueFd;
 using CloneFn = int (*)(int (*)(void*), void*, int, void*, ...);
 const CloneFn libc_clone = reinterpret_cast<CloneFn>(::dlsym(RTLD_NEXT, "clone"));
 #define TP_CLONE libc_clone
+// For code that runs in such a child: no instrumentation at all (not even the function
+// entry and exit hooks, which write the shared thread state).
+#define TP_CLONE_CHILD __attribute__((disable_sanitizer_instrumentation))
 #else
 #define TP_CLONE ::clone
+#define TP_CLONE_CHILD
 #endif
 // The namespaces of a sandbox's init (the cgroup namespace it unshares itself, once
 // it is in its cgroups).
@@ -286,7 +290,7 @@ struct IdmapChildArg {
   int rd, wr;
 };
 
-int idmap_child(void* a) {
+TP_CLONE_CHILD int idmap_child(void* a) {
   const auto* arg = static_cast<const IdmapChildArg*>(a);
   // Our copy of the daemon's fd table holds other creates' pipes too (this one's
   // write end included): keep only our read end, or two helpers made at once would
