@@ -472,10 +472,10 @@ Result<void> StepLog::load_all() {
       all_read_ = false;
     }
   }
-  // Several at a time: a restart reads back every log the retention keeps (thousands
-  // of small files on a busy node), mostly waiting on the file system, and the daemon
-  // serves nothing before that is done. Each load() touches its own log and file;
-  // what they share (the index, the list of interrupted calls) is under mu_.
+  // Several at a time: reading back is mostly waiting on the file system, and the
+  // daemon serves nothing before these (all logs, or those of read_first) are read. Each
+  // load() touches its own log and file; what they share (the index, the list of
+  // interrupted calls) is under mu_.
   parallel_for(ids.size(), kLoaders, [&](size_t i) {
     std::vector<std::pair<uint32_t, StepRecord>> lost;
     Result<void> r;

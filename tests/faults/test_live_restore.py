@@ -478,7 +478,9 @@ def test_ended_sandboxes_logs_and_keys_are_served_right_after_a_restart(daemon):
     daemon.stop(signal.SIGKILL)
     daemon.start()
     try:
-        # Newest first, and keys before anything else: what the reader reached last.
+        # Keys first, before anything reads those logs: find() must wait for the reader.
+        # (With 40 logs the reader may be done already; the races themselves are in
+        # tests/unit/node/step_log_test.cpp.)
         for i in reversed(range(len(ended))):
             s, replayed, out = call("POST", f"/v1/sandboxes/{ended[i]}/exec", {"cmd": f"echo run {i}"},
                                     key=f"ended-{i}")
