@@ -65,14 +65,17 @@ format: deps
 	@$(CLANG_FORMAT) -i --style=file $(FORMAT_FILES)
 
 # Lists every file clang-format would change and fails if there is one (make format
-# rewrites them).
+# rewrites them). One clang-format process for all files: one per file took 30 s of CI.
 format-check: deps
-	@bad=""; for f in $(FORMAT_FILES); do \
-		$(CLANG_FORMAT) --style=file --dry-run --Werror "$$f" >/dev/null 2>&1 || bad="$$bad $$f"; \
-	done; \
-	if [ -n "$$bad" ]; then \
-		echo "format-check: $(CLANG_FORMAT) would change these files (run make format):"; \
-		for f in $$bad; do echo "  $$f"; done; \
+	@out=$$($(CLANG_FORMAT) --style=file --dry-run --Werror $(FORMAT_FILES) 2>&1); rc=$$?; \
+	if [ $$rc -ne 0 ]; then \
+		bad=$$(echo "$$out" | sed -n 's/^\([^: ]*\):[0-9]*:[0-9]*: error: code should be clang-formatted.*/  \1/p' | sort -u); \
+		if [ -n "$$bad" ]; then \
+			echo "format-check: $(CLANG_FORMAT) would change these files (run make format):"; \
+			echo "$$bad"; \
+		else \
+			echo "format-check: $(CLANG_FORMAT) failed (exit $$rc):"; echo "$$out" | head -5; \
+		fi; \
 		exit 1; \
 	fi; \
 	echo "format-check: $(words $(FORMAT_FILES)) files formatted as .clang-format says"
