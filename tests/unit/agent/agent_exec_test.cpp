@@ -385,6 +385,23 @@ TEST_P(AgentExecTest, DollarDollarIsTheReportedPid) {
   EXPECT_EQ(o.out, std::to_string(o.pid) + "\nName:\tsh\n");
 }
 
+// Commands start at oom_score_adj 500, above the agent, whether the agent was given its
+// own score's descriptor (a sandbox's agent: the score comes with the clone) or not (it
+// then writes the command's own /proc/self/oom_score_adj). With the descriptor the agent
+// is back at its own score once the command has started.
+TEST_P(AgentExecTest, CommandsStartAtOomScore500) {
+  auto plain = exec(sh("cat /proc/self/oom_score_adj"));
+  ASSERT_TRUE(plain.result.has_value());
+  EXPECT_EQ(plain.out, "500\n");
+  const std::string own = read_host_file("/proc/self/oom_score_adj");
+  stop();
+  start(AgentOptions{.cgroup_fd = cg_ ? cg_->fd() : -1, .oom_fd = true});
+  auto o = exec(sh("cat /proc/self/oom_score_adj"));
+  ASSERT_TRUE(o.result.has_value());
+  EXPECT_EQ(o.out, "500\n") << o.err;
+  EXPECT_EQ(read_host_file("/proc/" + std::to_string(agent_->pid()) + "/oom_score_adj"), own);
+}
+
 // A process started by one exec is found and stopped by the next one.
 TEST_P(AgentExecTest, LaterExecFindsAndStopsAnEarlierOne) {
   // A duration nothing else on the host uses, as the process's marker.

@@ -118,6 +118,7 @@ struct AgentOptions {
   bool listen = false;        // --listen-fd 4: a unix socket at <root>.sock (see socket_path())
   int orphan_timeout_s = -1;  // --orphan-timeout, when >= 0
   bool serial = false;        // --serial: the socketpair stands in for a virtio-serial port
+  bool oom_fd = false;        // --oom-fd 6: its own oom_score_adj, as the spawner passes it
 };
 
 class AgentProcess {
@@ -152,6 +153,7 @@ class AgentProcess {
     }
     if (o.orphan_timeout_s >= 0)
       args.insert(args.end(), {"--orphan-timeout", std::to_string(o.orphan_timeout_s)});
+    if (o.oom_fd) args.insert(args.end(), {"--oom-fd", "6"});
     if (o.serial) {
       args.push_back("--serial");
       listen_ = true;  // EOF does not end it either: killed on destruction
@@ -178,6 +180,11 @@ class AgentProcess {
       if (::dup2(sv[1], 3) < 0) ::_exit(123);
       if (cg >= 0 && ::dup2(cg, 4) < 0) ::_exit(124);
       if (lfd2 >= 0 && ::dup2(lfd2, 5) < 0) ::_exit(125);
+      // This process becomes the agent at execv, so its own score is the agent's.
+      if (o.oom_fd) {
+        int score = ::open("/proc/self/oom_score_adj", O_RDWR);
+        if (score < 0 || ::dup2(score, 6) < 0) ::_exit(126);
+      }
       ::execv(argv[0], argv.data());
       ::_exit(127);
     }
