@@ -32,6 +32,9 @@ void Session::send(Message m, bool exec) {
   }
   Record& r = cmds_[m.id];
   if (m.type == MsgType::kExit || m.type == MsgType::kError) r.ended = true;
+  // Its pid, for a node that resumes the session later (kResumed PID).
+  if ((m.type == MsgType::kStarted || m.type == MsgType::kExit) && m.has(Tag::kPid))
+    r.pid = m.u64(Tag::kPid);
   uint64_t seq = next_seq_++;
   m.add_u64(Tag::kSeq, seq);
   std::string bytes = proto::encode(m);
@@ -56,6 +59,7 @@ void Session::begin(uint64_t pid) {
     Message m(MsgType::kResumed, id);
     m.add(Tag::kMeta, r.meta);
     m.add_bool(Tag::kRunning, !r.ended);
+    if (r.pid) m.add_u64(Tag::kPid, r.pid);
     send(std::move(m), false);
     ++listed;
   }

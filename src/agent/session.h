@@ -52,7 +52,8 @@ class Session {
   void send(proto::Message m, bool exec);
 
   // A new connection: drops what was queued for the previous one, then queues
-  // one kResumed per command record (id, META, RUNNING), kReady (VERSION,
+  // one kResumed per command record (id, META, RUNNING, and PID once its kStarted
+  // or kExit was sent), kReady (VERSION,
   // PID, HIGH_ID, SESSION, PREV_EPOCH, RESUMED = the number of kResumed) and
   // every held frame, in SEQ order.
   void begin(uint64_t pid);
@@ -84,6 +85,7 @@ class Session {
   struct Record {
     std::string meta;
     bool ended = false;
+    uint64_t pid = 0;  // from its kStarted (or kExit); 0 until then
     size_t held = 0;
   };
   void drop_front();

@@ -398,6 +398,7 @@ Result<ExecSpec> parse_exec(const json::object& o, bool background) {
 json::object process_json(const node::ProcessInfo& i, bool with_output) {
   json::object j;
   j["pid"] = i.pid;
+  if (i.os_pid) j["os_pid"] = i.os_pid;
   json::array cmd;
   for (const auto& a : i.argv) cmd.push_back(json::string(a));
   j["cmd"] = std::move(cmd);
@@ -844,9 +845,10 @@ void Api::process_start(Request& req, const Params& p, std::shared_ptr<Responder
   auto spec = parse_exec(*body, true);
   if (!spec) return res->send_error(spec.error());
   spec->params.step_tag = IdempotencyCache::step_tag(req);
-  auto info = mgr_.start_process(p[0], std::move(spec->params));
-  if (!info) return res->send_error(info.error());
-  res->send_json(201, process_json(*info, false));
+  mgr_.start_process(p[0], std::move(spec->params), [res](Result<node::ProcessInfo> info) {
+    if (!info) return res->send_error(info.error());
+    res->send_json(201, process_json(*info, false));
+  });
 }
 
 void Api::process_list(Request&, const Params& p, std::shared_ptr<Responder> res) {

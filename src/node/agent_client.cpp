@@ -629,6 +629,7 @@ class AgentClientImpl final : public AgentClient {
       c.id = m.id;
       c.meta = m.str(Tag::kMeta);
       c.running = m.flag(Tag::kRunning);
+      c.pid = static_cast<uint32_t>(m.u64(Tag::kPid));
       unattached_[c.id];
       std::lock_guard lock(resumed_mu_);
       attachable_.insert(c.id);

@@ -76,6 +76,7 @@ struct ResumedCommand {
   uint32_t id = 0;
   std::string meta;
   bool running = true;
+  uint32_t pid = 0;  // in the sandbox's pid namespace; 0: it never started (or an older agent)
 };
 
 struct ExecResult {

@@ -343,6 +343,7 @@ Result<bool> SandboxManager::adopt_one(SandboxRecord r) {
             handle->is_int64()) {
           auto bg = std::make_shared<BgProc>();
           bg->info.pid = static_cast<uint32_t>(handle->as_int64());
+          bg->info.os_pid = c.pid;
           if (auto* a = o->if_contains("argv"); a && a->is_array())
             for (const auto& s : a->as_array())
               if (s.is_string()) bg->info.argv.emplace_back(s.as_string());
@@ -1524,18 +1525,19 @@ void SandboxManager::credit_exec(const std::string& id, uint32_t exec_id, uint64
 
 // ---- background processes ----------------------------------------------------------
 
-Result<ProcessInfo> SandboxManager::start_process(const std::string& id, ExecParams p) {
+void SandboxManager::start_process(const std::string& id, ExecParams p,
+                                   std::function<void(Result<ProcessInfo>)> cb) {
   auto sb = find_for_request(id);
-  if (!sb) return std::unexpected(not_live_error(id));
+  if (!sb) return cb(std::unexpected(not_live_error(id)));
   auto bg = std::make_shared<BgProc>();
   {
     std::lock_guard lk(sb->mu);
     if (sb->state != State::kRunning || sb->stop_reason != EndReason::kNone ||
         sb->release_requested)
-      return fail(
+      return cb(fail(
           Code::kConflict,
           "sandbox " + id + " is " +
-              std::string(sb->stop_reason != EndReason::kNone ? "stopping" : name(sb->state)));
+              std::string(sb->stop_reason != EndReason::kNone ? "stopping" : name(sb->state))));
     bg->info.pid = sb->next_proc++;
   }
   bg->info.argv = p.argv;
@@ -1552,42 +1554,87 @@ Result<ProcessInfo> SandboxManager::start_process(const std::string& id, ExecPar
     if (bg->out_fd < 0 || bg->err_fd < 0)
       TP_SB_WARN(id, "process output files: {}", strerror(errno));
   }
-  ExecCallbacks cb;
-  cb.on_output = [bg](int stream, std::string_view data) { proc_output(bg, stream, data); };
-  cb.on_done = [bg, id, hook = opts_.on_process_exit](Result<ExecOutcome> r) {
+  // Answered once both hold: it is registered below (so that the next request finds
+  // it), and the agent said it runs or that it ended without running.
+  struct Answer {
+    std::mutex mu;
+    int pending = 2;
+    std::function<void(Result<ProcessInfo>)> cb;
+  };
+  auto answer = std::make_shared<Answer>();
+  answer->cb = std::move(cb);
+  auto one_done = [answer, bg] {
+    std::function<void(Result<ProcessInfo>)> fire;
+    {
+      std::lock_guard lk(answer->mu);
+      if (answer->pending <= 0 || --answer->pending > 0) return;
+      fire = std::move(answer->cb);
+    }
+    ProcessInfo snapshot;
+    {
+      std::lock_guard lk(bg->mu);
+      snapshot = bg->info;
+    }
+    fire(std::move(snapshot));
+  };
+  ExecCallbacks handlers;
+  handlers.on_started = [bg, one_done](uint32_t os_pid) {
+    {
+      std::lock_guard lk(bg->mu);
+      bg->info.os_pid = os_pid;
+    }
+    one_done();
+  };
+  handlers.on_output = [bg](int stream, std::string_view data) { proc_output(bg, stream, data); };
+  handlers.on_done = [bg, id, one_done, hook = opts_.on_process_exit](Result<ExecOutcome> r) {
+    bool started;
+    {
+      std::lock_guard lk(bg->mu);
+      started = bg->info.os_pid != 0;
+    }
     proc_done(bg, std::move(r), id, hook);
+    if (!started) one_done();
   };
   std::string meta = process_meta(bg->info, bg->limit, p.step_tag);
-  auto eid = start_exec(sb, std::move(p), std::move(cb), std::move(meta));
+  auto eid = start_exec(sb, std::move(p), std::move(handlers), std::move(meta));
   if (!eid) {
-    std::lock_guard lk(bg->mu);
-    bg->close_files();
-    std::error_code ec;
-    std::filesystem::remove(bg->out_path, ec);
-    std::filesystem::remove(bg->err_path, ec);
-    return std::unexpected(eid.error());
+    {
+      std::lock_guard lk(bg->mu);
+      bg->close_files();
+      std::error_code ec;
+      std::filesystem::remove(bg->out_path, ec);
+      std::filesystem::remove(bg->err_path, ec);
+    }
+    std::function<void(Result<ProcessInfo>)> fire;
+    {
+      std::lock_guard lk(answer->mu);
+      answer->pending = 0;
+      fire = std::move(answer->cb);
+    }
+    if (fire) fire(std::unexpected(eid.error()));
+    return;
   }
-  ProcessInfo snapshot;
   {
     std::lock_guard lk(bg->mu);
     bg->exec_id = *eid;
-    snapshot = bg->info;
   }
-  std::lock_guard lk(sb->mu);
-  if (sb->procs.size() >= kMaxProcs) {
-    for (auto it = sb->procs.begin(); it != sb->procs.end(); ++it) {
-      std::lock_guard lk2(it->second->mu);
-      if (it->second->info.exited) {
-        std::error_code ec;
-        std::filesystem::remove(it->second->out_path, ec);
-        std::filesystem::remove(it->second->err_path, ec);
-        sb->procs.erase(it);
-        break;
+  {
+    std::lock_guard lk(sb->mu);
+    if (sb->procs.size() >= kMaxProcs) {
+      for (auto it = sb->procs.begin(); it != sb->procs.end(); ++it) {
+        std::lock_guard lk2(it->second->mu);
+        if (it->second->info.exited) {
+          std::error_code ec;
+          std::filesystem::remove(it->second->out_path, ec);
+          std::filesystem::remove(it->second->err_path, ec);
+          sb->procs.erase(it);
+          break;
+        }
       }
     }
+    sb->procs[bg->info.pid] = bg;
   }
-  sb->procs[bg->info.pid] = bg;
-  return snapshot;
+  one_done();
 }
 
 Result<std::shared_ptr<BgProc>> SandboxManager::find_proc(const std::string& id, uint32_t pid) {

@@ -163,7 +163,8 @@ class SandboxManager : public Service {
   Result<uint32_t> exec(const std::string& id, ExecParams p, ExecCallbacks cb) override;
   void signal_exec(const std::string& id, uint32_t exec_id, int signo) override;
   void credit_exec(const std::string& id, uint32_t exec_id, uint64_t bytes) override;
-  Result<ProcessInfo> start_process(const std::string& id, ExecParams p) override;
+  void start_process(const std::string& id, ExecParams p,
+                     std::function<void(Result<ProcessInfo>)> cb) override;
   Result<std::vector<ProcessInfo>> list_processes(const std::string& id) override;
   Result<ProcessInfo> get_process(const std::string& id, uint32_t pid) override;
   void wait_process(const std::string& id, uint32_t pid, int64_t timeout_ms,

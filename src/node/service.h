@@ -103,6 +103,7 @@ struct ExecCallbacks {
 // the sandbox (not a Linux pid); it stays the same across a daemon restart.
 struct ProcessInfo {
   uint32_t pid = 0;
+  uint32_t os_pid = 0;  // its pid inside the sandbox (as `ps` there shows it); 0: not started
   std::vector<std::string> argv;
   int64_t started_ms = 0;
   bool exited = false;
@@ -150,7 +151,11 @@ class Service {
   // Background processes: they outlive the request that started them (and a
   // restart of the daemon) and keep their output (capped per stream by
   // output_limit) in files until the sandbox ends.
-  virtual Result<ProcessInfo> start_process(const std::string& id, ExecParams p) = 0;
+  // start_process answers once the process runs (os_pid set) or has ended without
+  // running (e.g. its command was not found), so that the next request finds it in the
+  // sandbox; an error (kNotFound, kConflict) at once when it cannot start at all.
+  virtual void start_process(const std::string& id, ExecParams p,
+                             std::function<void(Result<ProcessInfo>)> cb) = 0;
   virtual Result<std::vector<ProcessInfo>> list_processes(const std::string& id) = 0;
   virtual Result<ProcessInfo> get_process(const std::string& id, uint32_t pid) = 0;
   // Answers once the process exited or after timeout_ms (< 0: no timeout), with its output.

@@ -194,7 +194,10 @@ def test_restart_mid_work_keeps_every_sandbox(daemon, client, how):
                 for field in ("image", "tier", "memory_mb", "cpus", "pids", "disk_mb", "ttl_seconds",
                               "idle_timeout_seconds", "labels", "env", "created_at", "expires_at"):
                     assert getattr(got.info, field) == getattr(before[sb.id], field), (field, got.info, before[sb.id])
-            # The printer ran on through the restart; every line arrives once, in order.
+            # The printer ran on through the restart, under the same pid in its sandbox;
+            # every line arrives once, in order.
+            assert printer.info.os_pid and printer.info.os_pid > 1, printer.info
+            assert c.get(printer_sb.id).process(printer.pid).refresh().os_pid == printer.info.os_pid
             res = c.get(printer_sb.id).process(printer.pid).wait(timeout=60)
             assert res.exit_code == 0, res
             assert res.stdout == "".join(f"line {i}\n" for i in range(1, LINES + 1)), res.stdout[-400:]

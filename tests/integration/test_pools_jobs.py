@@ -252,8 +252,8 @@ def cpu_usage_ns(sid):
 def pin_to_one_cpu(sid, cpu):
     """Pins every thread of the sandbox's processes to `cpu` (host root may, whatever the
     sandbox's namespaces); again until a pass finds none left to pin, since a process that
-    forks meanwhile may copy the old mask. Waits first for its agent and both spinners: a
-    started process may show up in the sandbox's cgroup just after its start was answered."""
+    forks meanwhile may copy the old mask. Its agent and both spinners are there already
+    (a start is answered once its process runs): the wait is a check that they are."""
     wait_until(lambda: len(pids_in_cgroups_matching(sid)) >= 3, 30, what=f"3 processes in {sid}")
     for _ in range(20):
         pids, pinned = pids_in_cgroups_matching(sid), 0

@@ -58,6 +58,28 @@ def test_background_process_is_found_and_stopped_by_later_execs(sandbox):
             pass
 
 
+def test_a_started_process_is_answered_with_its_pid_once_it_runs(sandbox):
+    h = sandbox.start(["sleep", "1000"])
+    try:
+        pid = h.info.os_pid
+        assert pid and pid > 1, h.info
+        # No waiting: the answer came once the process ran, so the next request finds it.
+        assert sandbox.exec(f"cat /proc/{pid}/comm").stdout == "sleep\n"
+        assert [(p.pid, p.os_pid) for p in sandbox.processes()] == [(h.pid, pid)]
+        assert sandbox.exec(f"kill {pid}").exit_code == 0
+        assert h.wait(timeout=30).signal == 15
+    finally:
+        try:
+            h.kill()
+        except tidepool.TidepoolError:
+            pass
+    # A command that cannot run is answered ended, with no pid.
+    gone = sandbox.start(["/no/such/command"])
+    assert gone.info.state == "exited", gone.info
+    assert gone.info.os_pid is None
+    assert gone.info.result is not None and gone.info.result.exit_code != 0, gone.info
+
+
 def test_double_forked_daemon_dies_with_its_exec(sandbox):
     # The daemon's parent exits at once: it is reparented to PID 1 and in its own session.
     r = sandbox.exec("(setsid sleep 1000 </dev/null >/dev/null 2>&1 &); "
@@ -112,10 +134,9 @@ def test_no_command_cgroup_keeps_a_process(client):
     except tidepool.TidepoolError:
         pass
     h = sb.start(["sleep", "1000"])
-    # A start is answered at once (api/openapi.yaml): its process may come a moment later.
-    busy = lambda: [d for d in command_cgroups(sb.id) if cgroup_procs(d)]
-    wait_until(lambda: busy(), 10, what="the background command started")
-    assert len(busy()) == 1, "the running background command has a cgroup of its own"
+    # A start is answered once its process runs (api/openapi.yaml), in its own cgroup.
+    busy = [d for d in command_cgroups(sb.id) if cgroup_procs(d)]
+    assert len(busy) == 1, "the running background command has a cgroup of its own"
     h.kill()
     h.wait(timeout=30)
     # An ended command's cgroup is emptied; the agent keeps a few empty ones for

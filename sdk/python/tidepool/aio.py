@@ -557,7 +557,7 @@ class AsyncSandbox(SandboxBase["AsyncClient"]):
         stdin_open: bool = False,
         idempotency_key: Optional[str] = None,
     ) -> "AsyncProcessHandle":
-        """Starts a background command; returns its :class:`AsyncProcessHandle` at once.
+        """Starts a background command; returns its :class:`AsyncProcessHandle` once it runs.
         See :meth:`tidepool.Sandbox.start`."""
         opts = command_opts(timeout, env, cwd, user, stdin, max_output_bytes)
         req = _api.process_start(self.id, cmd, stdin_open=stdin_open, **opts)

@@ -760,7 +760,8 @@ class Sandbox(SandboxBase["Client"]):
         stdin_open: bool = False,
         idempotency_key: Optional[str] = None,
     ) -> "ProcessHandle":
-        """Starts a command in the background and returns its :class:`ProcessHandle` at once.
+        """Starts a command in the background; returns its :class:`ProcessHandle` once it runs
+        (``handle.info.os_pid`` is its pid in the sandbox), without waiting for its end.
 
         Output is kept by the daemon (up to ``max_output_bytes`` per stream) until the
         process is waited for. With ``stdin_open=True`` its standard input stays open for

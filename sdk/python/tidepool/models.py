@@ -339,6 +339,8 @@ class ProcessInfo:
 
     Attributes:
         pid: handle of the process in its sandbox.
+        os_pid: its pid inside the sandbox (as ``$$``, ``ps`` and ``/proc`` there show
+            it), or ``None`` when it never ran.
         cmd: the argv it runs.
         state: ``"running"`` or ``"exited"``.
         started_at: when it started, or ``None``.
@@ -350,6 +352,7 @@ class ProcessInfo:
     pid: int
     cmd: List[str] = field(default_factory=list)
     state: str = "running"
+    os_pid: Optional[int] = None
     started_at: Optional[_dt.datetime] = None
     stdout_bytes: bytes = b""
     stderr_bytes: bytes = b""
@@ -382,6 +385,7 @@ class ProcessInfo:
             cmd_list = [str(a) for a in (cmd or [])]
         return cls(
             pid=_int(obj.get("pid"), 0) or 0,
+            os_pid=_int(obj.get("os_pid")),
             cmd=cmd_list,
             state=str(obj.get("state") or ("exited" if result is not None else "running")),
             started_at=_parse_time(obj.get("started_at")),

@@ -140,12 +140,14 @@ TEST_F(AgentSessionTest, ReconnectGetsEveryByteExactlyOnce) {
   std::string got;
   uint64_t acked = 0;
   size_t seen = 0;
+  uint64_t pid = 0;
   while (seen < 100000) {
     auto m = first_->next();
     ASSERT_TRUE(m);
     ASSERT_EQ(m->id, 5u);
     uint64_t seq = m->u64(Tag::kSeq);
     ASSERT_GT(seq, 0u);
+    if (m->type == MsgType::kStarted) pid = m->u64(Tag::kPid);
     if (m->type == MsgType::kOutput) {
       seen += m->get(Tag::kData)->size();
       if (got.size() < 50000) {  // acknowledged: must not come again
@@ -172,6 +174,8 @@ TEST_F(AgentSessionTest, ReconnectGetsEveryByteExactlyOnce) {
   ASSERT_EQ(listed->type, MsgType::kResumed);
   EXPECT_EQ(listed->id, 5u);
   EXPECT_EQ(listed->str(Tag::kMeta), "meta-5");
+  ASSERT_GT(pid, 0u);
+  EXPECT_EQ(listed->u64(Tag::kPid), pid);  // the resumed command's pid, as kStarted said
   auto ready = second->next();
   ASSERT_TRUE(ready);
   ASSERT_EQ(ready->type, MsgType::kReady);

@@ -53,7 +53,9 @@ TEST_F(AgentSessionLogicTest, HeldFramesWaitForAcksAndComeAgain) {
   s_.begin(1);
   s_.hello(5);
   s_.note_exec(7, "meta7");
-  s_.send(Message(MsgType::kStarted, 7), true);
+  Message started(MsgType::kStarted, 7);
+  started.add_u64(Tag::kPid, 4242);
+  s_.send(std::move(started), true);
   s_.send(output(7, "aaa"), true);
   s_.send(Message(MsgType::kOk, 9), false);
   ASSERT_TRUE(s_.flush(ours_));
@@ -80,6 +82,7 @@ TEST_F(AgentSessionLogicTest, HeldFramesWaitForAcksAndComeAgain) {
   EXPECT_EQ(w[0].id, 7u);
   EXPECT_EQ(w[0].str(Tag::kMeta), "meta7");
   EXPECT_TRUE(w[0].flag(Tag::kRunning));
+  EXPECT_EQ(w[0].u64(Tag::kPid), 4242u);
   EXPECT_EQ(w[1].type, MsgType::kReady);
   EXPECT_EQ(w[1].u64(Tag::kSession), 2u);
   EXPECT_EQ(w[1].u64(Tag::kPrevEpoch), 5u);

@@ -203,6 +203,10 @@ class FakeAgent : public AgentClient {
     if (closed_) {
       boost::asio::post(io_, [h] { h.on_done(fail(Code::kUnavailable, "closed")); });
     } else {
+      // As the agent does: kStarted (pid 100 + id) when the node asks for it, unless
+      // the command is made to fail before it runs (fail_before_start).
+      if (h.on_started && !fail_before_start)
+        boost::asio::post(io_, [s = h.on_started, id] { s(100 + id); });
       pending_[id] = std::move(h);
     }
     return id;
@@ -306,6 +310,7 @@ class FakeAgent : public AgentClient {
   }
 
   std::vector<ResumedCommand> resumed_;
+  bool fail_before_start = false;  // execs get no kStarted (their finish() is their only answer)
 
  private:
   void end(Error e) {

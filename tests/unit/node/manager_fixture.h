@@ -102,6 +102,12 @@ class ManagerTest : public ::testing::Test {
     auto [id, f] = create_async(p);
     return get_or_fail(f);
   }
+  Result<ProcessInfo> start_process_sync(const std::string& id, ExecParams p) {
+    auto pr = std::make_shared<std::promise<Result<ProcessInfo>>>();
+    auto f = pr->get_future();
+    mgr_->start_process(id, std::move(p), [pr](Result<ProcessInfo> i) { pr->set_value(i); });
+    return get_or_fail(f);
+  }
   std::future<Result<SandboxRecord>> destroy_async(const std::string& id,
                                                    EndReason why = EndReason::kDeleted) {
     auto pr = std::make_shared<std::promise<Result<SandboxRecord>>>();

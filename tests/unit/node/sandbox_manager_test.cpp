@@ -269,9 +269,13 @@ TEST_F(ManagerTest, BackgroundProcessOutputLivesInFilesUntilTheSandboxEnds) {
   ExecParams p;
   p.argv = {"echo", "hi"};
   p.output_limit = 4;
-  auto info = mgr_->start_process(r->id, p);
+  auto info = start_process_sync(r->id, p);
   ASSERT_TRUE(info) << info.error().message();
   EXPECT_EQ(info->pid, 1u);
+  // Answered once the agent said it runs, with its pid in the sandbox.
+  EXPECT_EQ(info->os_pid, 101u);
+  EXPECT_FALSE(info->exited);
+  EXPECT_EQ(mgr_->get_process(r->id, 1)->os_pid, 101u);
   std::string dir = dir_ + "/sandboxes/" + r->id;
   EXPECT_TRUE(std::filesystem::exists(dir + "/proc-1.out"));
   auto a = agent(r->id);
@@ -290,6 +294,35 @@ TEST_F(ManagerTest, BackgroundProcessOutputLivesInFilesUntilTheSandboxEnds) {
   auto d = destroy_async(r->id);
   ASSERT_TRUE(get_or_fail(d));
   EXPECT_FALSE(std::filesystem::exists(dir));
+}
+
+// A process whose command cannot run (the agent answers only its end) is answered
+// as ended, not as running; one in a sandbox that is not there is an error at once.
+TEST_F(ManagerTest, BackgroundProcessThatNeverRunsIsAnsweredEnded) {
+  make();
+  auto r = create_sync();
+  ASSERT_TRUE(r);
+  auto a = agent(r->id);
+  a->fail_before_start = true;
+  ExecParams p;
+  p.argv = {"/nope"};
+  auto pr = std::make_shared<std::promise<Result<ProcessInfo>>>();
+  auto f = pr->get_future();
+  mgr_->start_process(r->id, p, [pr](Result<ProcessInfo> i) { pr->set_value(i); });
+  // Not answered while the agent has said nothing.
+  EXPECT_EQ(f.wait_for(std::chrono::milliseconds(50)), std::future_status::timeout);
+  a->finish(1, "", 127);
+  auto info = get_or_fail(f);
+  ASSERT_TRUE(info) << info.error().message();
+  EXPECT_TRUE(info->exited);
+  EXPECT_EQ(info->os_pid, 0u);
+  ASSERT_TRUE(info->outcome);
+  EXPECT_EQ(info->outcome->result.exit_code, 127);
+  auto missing = start_process_sync("n0-none", p);
+  ASSERT_FALSE(missing);
+  EXPECT_EQ(missing.error().code, Code::kNotFound);
+  auto d = destroy_async(r->id);
+  ASSERT_TRUE(get_or_fail(d));
 }
 
 // A running sandbox's record as an earlier daemon run stored it, on uid range `base`.
@@ -336,7 +369,7 @@ TEST_F(ManagerTest, RecoverAdoptsWhatItCanAndStoresTheRestStopped) {
     adopted = std::make_shared<FakeAgent>(io);
     adopted->resumed_ = {
         {40, R"({"kind":"process","handle":7,"argv":["sleep","9"],"started_ms":5,"limit":100})",
-         true},
+         true, 33},
         {41, R"({"kind":"exec"})", true},
     };
     return adopted;
@@ -360,6 +393,7 @@ TEST_F(ManagerTest, RecoverAdoptsWhatItCanAndStoresTheRestStopped) {
   ASSERT_TRUE(procs);
   ASSERT_EQ(procs->size(), 1u);
   EXPECT_EQ((*procs)[0].pid, 7u);
+  EXPECT_EQ((*procs)[0].os_pid, 33u);  // as the agent's kResumed says
   EXPECT_EQ((*procs)[0].argv, (std::vector<std::string>{"sleep", "9"}));
   EXPECT_FALSE((*procs)[0].exited);
   adopted->finish(40, " after", 0);
@@ -372,7 +406,7 @@ TEST_F(ManagerTest, RecoverAdoptsWhatItCanAndStoresTheRestStopped) {
   // A new process does not reuse the handle.
   ExecParams p;
   p.argv = {"true"};
-  auto np = mgr_->start_process("n0-adopt", p);
+  auto np = start_process_sync("n0-adopt", p);
   ASSERT_TRUE(np);
   EXPECT_EQ(np->pid, 8u);
   auto d = destroy_async("n0-adopt");
@@ -1132,7 +1166,7 @@ TEST_F(ManagerTest, TrajectoryHooksSeeCreationsProcessEndsAndStepTags) {
   ExecParams p;
   p.argv = {"sleep", "1"};
   p.step_tag = "TAG-P";
-  ASSERT_TRUE(mgr_->start_process(r->id, p));
+  ASSERT_TRUE(start_process_sync(r->id, p));
   auto a = agent(r->id);
   EXPECT_NE(a->meta_of(1).find(R"("step":"TAG-P")"), std::string::npos) << a->meta_of(1);
   ExecParams e;
