@@ -19,9 +19,9 @@ namespace {
 using Fields = std::vector<std::pair<std::string, std::string>>;
 
 // Fields that differ run by run, whatever the command did.
-const std::set<std::string_view> kVolatile = {"duration",   "max_rss_kb",  "mtime",
-                                              "started_at", "created_at",  "expires_at",
-                                              "ended_at",   "finished_at", "pid_host"};
+const std::set<std::string_view> kVolatile = {"duration",   "max_rss_kb", "mtime",    "started_at",
+                                              "created_at", "expires_at", "ended_at", "finished_at",
+                                              "pid_host",   "os_pid"};
 
 void replace_all(std::string& s, const std::string& from, const std::string& to) {
   if (from.empty() || from == to) return;

@@ -1555,35 +1555,38 @@ void SandboxManager::start_process(const std::string& id, ExecParams p,
       TP_SB_WARN(id, "process output files: {}", strerror(errno));
   }
   // Answered once both hold: it is registered below (so that the next request finds
-  // it), and the agent said it runs or that it ended without running.
+  // it), and the agent said it runs or that it ended without running. The answer is
+  // the process as it was at that word ("running" with its os_pid, or "exited"), not
+  // whatever it is by the time both hold, so that it is the same on every run (replay).
   struct Answer {
     std::mutex mu;
     int pending = 2;
+    ProcessInfo info;
     std::function<void(Result<ProcessInfo>)> cb;
   };
   auto answer = std::make_shared<Answer>();
   answer->cb = std::move(cb);
-  auto one_done = [answer, bg] {
+  auto one_done = [answer](const ProcessInfo* at_word) {
     std::function<void(Result<ProcessInfo>)> fire;
+    ProcessInfo info;
     {
       std::lock_guard lk(answer->mu);
+      if (at_word) answer->info = *at_word;
       if (answer->pending <= 0 || --answer->pending > 0) return;
       fire = std::move(answer->cb);
+      info = answer->info;
     }
-    ProcessInfo snapshot;
-    {
-      std::lock_guard lk(bg->mu);
-      snapshot = bg->info;
-    }
-    fire(std::move(snapshot));
+    fire(std::move(info));
   };
   ExecCallbacks handlers;
   handlers.on_started = [bg, one_done](uint32_t os_pid) {
+    ProcessInfo now;
     {
       std::lock_guard lk(bg->mu);
       bg->info.os_pid = os_pid;
+      now = bg->info;
     }
-    one_done();
+    one_done(&now);
   };
   handlers.on_output = [bg](int stream, std::string_view data) { proc_output(bg, stream, data); };
   handlers.on_done = [bg, id, one_done, hook = opts_.on_process_exit](Result<ExecOutcome> r) {
@@ -1593,7 +1596,13 @@ void SandboxManager::start_process(const std::string& id, ExecParams p,
       started = bg->info.os_pid != 0;
     }
     proc_done(bg, std::move(r), id, hook);
-    if (!started) one_done();
+    if (started) return;
+    ProcessInfo now;
+    {
+      std::lock_guard lk(bg->mu);
+      now = bg->info;
+    }
+    one_done(&now);
   };
   std::string meta = process_meta(bg->info, bg->limit, p.step_tag);
   auto eid = start_exec(sb, std::move(p), std::move(handlers), std::move(meta));
@@ -1634,7 +1643,7 @@ void SandboxManager::start_process(const std::string& id, ExecParams p,
     }
     sb->procs[bg->info.pid] = bg;
   }
-  one_done();
+  one_done(nullptr);
 }
 
 Result<std::shared_ptr<BgProc>> SandboxManager::find_proc(const std::string& id, uint32_t pid) {

@@ -249,6 +249,26 @@ TEST(ReplayCompare, StreamsMatchWhateverTheirChunksAndStatusesDiverge) {
   EXPECT_EQ(d->field, "status");
 }
 
+// A background process's start: its pid in the sandbox differs run by run (and a step
+// recorded before the answer carried it has none); its handle and state do not.
+TEST(ReplayCompare, AProcessStartMatchesWhateverItsOsPid) {
+  StepRecord rec;
+  rec.seq = 4;
+  rec.status = 201;
+  rec.content_type = "application/json";
+  rec.answer = R"({"pid":1,"os_pid":12,"cmd":["sleep","9"],"state":"running"})";
+  ReplayAnswer other_pid{201, "application/json",
+                         R"({"pid":1,"os_pid":40,"cmd":["sleep","9"],"state":"running"})"};
+  EXPECT_FALSE(Replayer::compare(rec, other_pid, kSrc, kNew));
+  StepRecord older = rec;
+  older.answer = R"({"pid":1,"cmd":["sleep","9"],"state":"running"})";
+  EXPECT_FALSE(Replayer::compare(older, other_pid, kSrc, kNew));
+  ReplayAnswer ended{201, "application/json", R"({"pid":1,"cmd":["sleep","9"],"state":"exited"})"};
+  auto d = Replayer::compare(rec, ended, kSrc, kNew);
+  ASSERT_TRUE(d);
+  EXPECT_EQ(d->field, "state");
+}
+
 TEST(ReplayCompare, WhatIsReRun) {
   const std::string sb = "/v1/sandboxes/n0-5a5a5a5a5a5a";
   EXPECT_TRUE(Replayer::replayable("POST", sb + "/exec"));
