@@ -1560,49 +1560,48 @@ void SandboxManager::start_process(const std::string& id, ExecParams p,
   // whatever it is by the time both hold, so that it is the same on every run (replay).
   struct Answer {
     std::mutex mu;
-    int pending = 2;
-    ProcessInfo info;
+    int pending = 2;  // the agent's word, the registration
+    Result<ProcessInfo> info = ProcessInfo{};
     std::function<void(Result<ProcessInfo>)> cb;
+    // One of the two happened (`at_word`: the agent's, with the process as it then was;
+    // an error: the start failed, answered at once).
+    void step(std::optional<Result<ProcessInfo>> at_word) {
+      std::function<void(Result<ProcessInfo>)> fire;
+      Result<ProcessInfo> out = ProcessInfo{};
+      {
+        std::lock_guard lk(mu);
+        if (pending <= 0) return;
+        if (at_word) info = std::move(*at_word);
+        pending = info ? pending - 1 : 0;
+        if (pending > 0) return;
+        fire = std::move(cb);
+        out = info;
+      }
+      fire(std::move(out));
+    }
   };
   auto answer = std::make_shared<Answer>();
   answer->cb = std::move(cb);
-  auto one_done = [answer](const ProcessInfo* at_word) {
-    std::function<void(Result<ProcessInfo>)> fire;
-    ProcessInfo info;
-    {
-      std::lock_guard lk(answer->mu);
-      if (at_word) answer->info = *at_word;
-      if (answer->pending <= 0 || --answer->pending > 0) return;
-      fire = std::move(answer->cb);
-      info = answer->info;
-    }
-    fire(std::move(info));
-  };
   ExecCallbacks handlers;
-  handlers.on_started = [bg, one_done](uint32_t os_pid) {
+  handlers.on_started = [bg, answer](uint32_t os_pid) {
     ProcessInfo now;
     {
       std::lock_guard lk(bg->mu);
       bg->info.os_pid = os_pid;
       now = bg->info;
     }
-    one_done(&now);
+    answer->step(now);
   };
   handlers.on_output = [bg](int stream, std::string_view data) { proc_output(bg, stream, data); };
-  handlers.on_done = [bg, id, one_done, hook = opts_.on_process_exit](Result<ExecOutcome> r) {
-    bool started;
-    {
-      std::lock_guard lk(bg->mu);
-      started = bg->info.os_pid != 0;
-    }
+  handlers.on_done = [bg, id, answer, hook = opts_.on_process_exit](Result<ExecOutcome> r) {
     proc_done(bg, std::move(r), id, hook);
-    if (started) return;
     ProcessInfo now;
     {
       std::lock_guard lk(bg->mu);
+      if (bg->info.os_pid != 0) return;  // answered at its start
       now = bg->info;
     }
-    one_done(&now);
+    answer->step(now);
   };
   std::string meta = process_meta(bg->info, bg->limit, p.step_tag);
   auto eid = start_exec(sb, std::move(p), std::move(handlers), std::move(meta));
@@ -1614,13 +1613,7 @@ void SandboxManager::start_process(const std::string& id, ExecParams p,
       std::filesystem::remove(bg->out_path, ec);
       std::filesystem::remove(bg->err_path, ec);
     }
-    std::function<void(Result<ProcessInfo>)> fire;
-    {
-      std::lock_guard lk(answer->mu);
-      answer->pending = 0;
-      fire = std::move(answer->cb);
-    }
-    if (fire) fire(std::unexpected(eid.error()));
+    answer->step(std::unexpected(eid.error()));
     return;
   }
   {
@@ -1643,7 +1636,7 @@ void SandboxManager::start_process(const std::string& id, ExecParams p,
     }
     sb->procs[bg->info.pid] = bg;
   }
-  one_done(nullptr);
+  answer->step(std::nullopt);
 }
 
 Result<std::shared_ptr<BgProc>> SandboxManager::find_proc(const std::string& id, uint32_t pid) {
