@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <linux/magic.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
 #include <unistd.h>
@@ -387,7 +388,9 @@ Result<std::unique_ptr<StepLog>> StepLog::open(Options opts) {
                     !names_durable_with_file_sync(log->opts_.data_dir + "/sandboxes");
   TP_TRY(ensure_dir(log->spare_dir(), nullptr));
   log->recover_spares();
-  log->sweep();
+  // With a background reader, that reader deletes the expired logs first (before it reads
+  // the rest), so the stat of every log the retention keeps is not part of a restart.
+  if (!log->opts_.read_first) log->sweep();
   TP_TRY(log->load_all());
   log->writer_ = std::thread([p = log.get()] { p->run(); });
   if (!log->read_later_.empty())
@@ -500,7 +503,9 @@ void StepLog::load_locked(std::unique_lock<std::mutex>& lk, uint32_t log) {
     const Log& l = *logs_[log];
     if (!l.later) return;
     if (!l.reading) break;
+    reader_waiters_.fetch_add(1, std::memory_order_relaxed);
     read_cv_.wait(lk);
+    reader_waiters_.fetch_sub(1, std::memory_order_relaxed);
   }
   logs_[log]->reading = true;
   const std::string scope = logs_[log]->scope;
@@ -531,8 +536,23 @@ void StepLog::ensure_loaded(const std::string& scope) {
   if (it != scope_ids_.end()) load_locked(lk, it->second);
 }
 
+// The background reader runs at the lowest priority while no call waits for it: a
+// restart's first requests, and the recovery before them, do not share the CPU with the
+// reading of a long history. A call that waits for it (find() of a key not found yet, a
+// log it is reading) raises it back to normal until the next log.
+void StepLog::reader_priority() {
+  thread_local int nice = 0;
+  const int want = reader_waiters_.load(std::memory_order_relaxed) > 0 ? 0 : 19;
+  // Failing (no CAP_SYS_NICE to raise it again) leaves it where it is.
+  if (want != nice && ::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), want) == 0)
+    nice = want;
+}
+
 void StepLog::load_rest(std::vector<uint32_t> logs) {
+  reader_priority();
+  remove_expired(true);
   parallel_for(logs.size(), kLoaders, [&](size_t i) {
+    reader_priority();
     std::unique_lock lk(mu_);
     if (!read_stop_) load_locked(lk, logs[i]);
   });
@@ -553,7 +573,10 @@ void StepLog::load_rest(std::vector<uint32_t> logs) {
 }
 
 void StepLog::wait_all_loaded(std::unique_lock<std::mutex>& lk) {
+  if (all_read_ || read_stop_) return;
+  reader_waiters_.fetch_add(1, std::memory_order_relaxed);
   read_cv_.wait(lk, [&] { return all_read_ || read_stop_; });
+  reader_waiters_.fetch_sub(1, std::memory_order_relaxed);
 }
 
 // Reads one log back into the index (see the header: torn tails, damage, side files).
@@ -1563,10 +1586,17 @@ void StepLog::set_is_live(IsLive f) {
 }
 
 void StepLog::sweep() {
-  IsLive live;
   {
     std::unique_lock lk(mu_);
-    wait_all_loaded(lk);  // a log being read back is not removed under its reader
+    wait_all_loaded(lk);
+  }
+  remove_expired(false);
+}
+
+void StepLog::remove_expired(bool from_reader) {
+  IsLive live;
+  {
+    std::lock_guard lk(mu_);
     live = is_live_;
   }
   int64_t now = now_us();
@@ -1575,7 +1605,8 @@ void StepLog::sweep() {
   std::vector<std::string> expired;
   std::string top = opts_.data_dir + "/sandboxes";
   if (DIR* d = ::opendir(top.c_str())) {
-    while (auto* e = ::readdir(d)) {
+    for (size_t seen = 1; auto* e = ::readdir(d); ++seen) {
+      if (from_reader && seen % 256 == 0) reader_priority();
       std::string n = e->d_name;
       if (!ids::valid_sandbox_id(n)) continue;
       struct stat st {};
@@ -1595,6 +1626,19 @@ void StepLog::sweep() {
   std::unordered_set<uint32_t> gone;
   {
     std::lock_guard lk(mu_);
+    std::erase_if(expired, [&](const std::string& n) {
+      auto it = scope_ids_.find(n);
+      if (it == scope_ids_.end()) return false;
+      Log& l = *logs_[it->second];
+      // Before every log is read (the reader's own pass): one that a call reads back
+      // now stays for a later sweep; one not read yet is never read.
+      if (l.reading) return true;
+      if (l.later) {
+        l.later = false;
+        unread_.fetch_sub(1, std::memory_order_release);
+      }
+      return false;
+    });
     for (const auto& n : expired) {
       auto it = scope_ids_.find(n);
       if (it == scope_ids_.end()) continue;

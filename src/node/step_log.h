@@ -161,6 +161,8 @@ class StepLog {
     // The sandbox logs open() reads before it returns (the sandboxes still running,
     // whose calls come first); the others are read after it by a background thread, so
     // that a restart serves as soon as those are read, however long the node's history.
+    // That thread first deletes what retention allows (open() does it itself when
+    // read_first is null), and runs at the lowest priority while no call waits for it.
     // A call that touches a log not read yet reads it on its own thread first (or waits
     // for the thread reading it); find(), size() and full() wait until every log is read
     // (a key may be in any of them), and so does sweep(). The intents those logs hold
@@ -290,6 +292,12 @@ class StepLog {
   void load_rest(std::vector<uint32_t> logs);
   // Waits (mu_ held by lk) until every log is read, or the log is closing.
   void wait_all_loaded(std::unique_lock<std::mutex>& lk);
+  // The reader's threads: lowest priority unless a call waits for them.
+  void reader_priority();
+  // Deletes the logs past retention whose sandboxes are not live (sweep() once every log
+  // is read; the background reader before it reads the others, skipping any log a call
+  // reads back meanwhile).
+  void remove_expired(bool from_reader);
   size_t answer_lost(std::vector<std::pair<uint32_t, StepRecord>> lost);
   uint32_t log_id_locked(const std::string& scope);
   std::string dir_of(const std::string& scope) const;
@@ -315,10 +323,11 @@ class StepLog {
   std::vector<std::pair<uint32_t, StepRecord>> interrupted_;
   // Logs open() left to the background reader (see Options::read_first).
   std::vector<uint32_t> read_later_;
-  std::atomic<size_t> unread_{0};    // of them, not read yet (ensure_loaded's fast path)
-  bool all_read_ = true;             // every log read and its intents answered
-  bool read_stop_ = false;           // closing: the reader stops between logs
-  std::condition_variable read_cv_;  // with mu_: a log read, all_read_, read_stop_
+  std::atomic<size_t> unread_{0};       // of them, not read yet (ensure_loaded's fast path)
+  std::atomic<int> reader_waiters_{0};  // calls waiting for the reader (reader_priority())
+  bool all_read_ = true;                // every log read and its intents answered
+  bool read_stop_ = false;              // closing: the reader stops between logs
+  std::condition_variable read_cv_;     // with mu_: a log read, all_read_, read_stop_
   std::vector<std::pair<uint32_t, StepRecord>> lost_later_;  // intents of those logs
   std::thread reader_;
   IsLive is_live_;

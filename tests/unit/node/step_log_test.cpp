@@ -454,6 +454,52 @@ TEST_F(StepLogTest, RetentionDeletesEndedSandboxLogsOnly) {
   EXPECT_TRUE(fs::exists(dir_ + "/sandboxes/" + live_sb + "/other"));
 }
 
+// With a background reader (Options::read_first), the logs past retention are deleted by
+// that reader before it reads the others: never read back, their keys never found, while
+// the live sandbox's log (read at open) stays whole. Calls that touch the expired logs
+// while it runs (round 1) read them back first, or find them gone; a later sweep then
+// deletes what they read.
+TEST_F(StepLogTest, TheBackgroundReaderDeletesExpiredLogsInsteadOfReadingThem) {
+  constexpr int kLogs = 40;
+  const std::string live_sb = "n0-aaaaaaaaaaaa";
+  auto is_live = [&](const std::string& id) { return id == live_sb; };
+  for (int round = 0; round < 2; ++round) {
+    SCOPED_TRACE(round);
+    {
+      auto l = open();
+      for (int i = 0; i < kLogs; ++i)
+        ASSERT_TRUE(l->append_sync(fmt_id(i), rec("k" + std::to_string(i)), "x"));
+      ASSERT_TRUE(l->append_sync(live_sb, rec("live"), "y"));
+    }
+    now_us_ += 2 * 3600 * 1000000ll;  // two hours on, with one of retention
+    auto l = open(std::chrono::hours(1), is_live, true, false, is_live);
+    std::thread racer;
+    if (round == 1)
+      racer = std::thread([&] {
+        for (int i = kLogs - 1; i >= 0; --i) (void)l->info(fmt_id(i));
+      });
+    EXPECT_EQ(answer_of(*l, "live"), "y");
+    if (racer.joinable()) racer.join();
+    if (round == 0) {
+      EXPECT_EQ(l->size(), 1u);  // waits for the reader: no expired record was read
+      for (int i = 0; i < kLogs; ++i)
+        EXPECT_FALSE(fs::exists(dir_ + "/sandboxes/" + fmt_id(i))) << i;
+    } else {
+      l->sweep();
+    }
+    for (int i = 0; i < kLogs; ++i) {
+      EXPECT_FALSE(fs::exists(dir_ + "/sandboxes/" + fmt_id(i) + "/steps.log")) << i;
+      EXPECT_FALSE(l->find("k" + std::to_string(i))) << i;
+      EXPECT_EQ(l->info(fmt_id(i)).records, 0u) << i;
+    }
+    EXPECT_EQ(l->size(), 1u);
+    EXPECT_EQ(l->info(live_sb).last_seq, 1u);
+    l.reset();
+    fs::remove_all(dir_ + "/sandboxes");
+    fs::remove_all(dir_ + "/steps");
+  }
+}
+
 TEST_F(StepLogTest, ParseDuration) {
   EXPECT_EQ(*StepLog::parse_duration("90"), std::chrono::seconds(90));
   EXPECT_EQ(*StepLog::parse_duration("30m"), std::chrono::seconds(1800));
