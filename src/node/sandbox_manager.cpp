@@ -189,6 +189,7 @@ std::string SandboxManager::sandbox_dir(const std::string& id) const {
 Result<void> SandboxManager::recover() {
   control::SandboxQuery q;
   q.live_only = true;
+  q.include_pooled = true;  // a warm pool's sandboxes go back to it (WarmPools::start())
   auto recs = store_.list(q);
   if (!recs) return std::unexpected(recs.error());
   // Agent sessions need the io_context: run it on helper threads meanwhile.

@@ -25,10 +25,11 @@
 // running; their records stay running) unless stop_on_exit is set or the
 // sandbox's tier cannot hand it over (no agent_address()); those are stopped
 // with end reason daemon_shutdown. recover() adopts every record a previous
-// run left live through its tier's backend, reconnects to its agent and
-// re-attaches its background processes; one that cannot be adopted is stored
-// stopped with end reason daemon_restart (gone) or agent_lost (its agent does
-// not answer), and cleanup_orphans removes what is left of it. TTLs and
+// run left live (warm-pool sandboxes included) through its tier's backend,
+// reconnects to its agent and re-attaches its background processes; one that
+// cannot be adopted is stored stopped with end reason daemon_restart (gone) or
+// agent_lost (its agent does not answer), and cleanup_orphans removes what is
+// left of it. TTLs and
 // records stay as they were. Uid ranges: recover() holds the range of every
 // live record, frees those of sandboxes it did not keep once cleanup_orphans
 // removed what was left of them, and holds (never hands out) any range that

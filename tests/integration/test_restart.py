@@ -130,3 +130,45 @@ def test_graceful_restart(client, daemon):
         pass  # a graceful stop may forget what it destroyed
     wait_until(lambda: not leaks_of(sb.id, daemon.pid, daemon.data_dir), timeout=15, interval=0.2,
                what=f"{sb.id} to be cleaned up")
+
+
+def test_a_warm_pools_sandboxes_are_adopted_back_into_it(daemon):
+    """Pooled sandboxes (made by a template's pool, not handed out) outlive the daemon like
+    any other: after kill -9 and a start, the pool holds the same ones, nothing of them is
+    removed as a leftover, and no record says "running" for a sandbox that is gone."""
+    import sqlite3
+
+    from pools_lib import call, ok, pool
+
+    def pooled_live():
+        db = sqlite3.connect(f"file:{os.path.join(daemon.data_dir, 'state.db')}?mode=ro", uri=True)
+        try:
+            return {r[0] for r in db.execute(
+                "SELECT id FROM sandboxes WHERE pooled = 1 AND ended_at_ms = 0 AND template = ?", (name,))}
+        finally:
+            db.close()
+
+    name = "it-" + uuid.uuid4().hex[:8]
+    ok(daemon, "POST", "/v1/templates", {"name": name, "memory_mb": 64, "pool_min": 2, "pool_max": 2})
+    try:
+        wait_until(lambda: pool(daemon, name)["ready"] == 2, 60, what="pool filled")
+        before = pooled_live()
+        assert len(before) == 2 and all(processes_of(i) for i in before), before
+
+        daemon.restart(kill9=True)
+
+        assert pool(daemon, name)["ready"] == 2
+        assert pooled_live() == before  # the same ones: none stopped, none made again
+        assert all(processes_of(i) for i in before)
+        st, headers, sb = call(daemon, "POST", "/v1/sandboxes", {"template": name})
+        assert st == 201 and headers.get("tidepool-from-pool") == "true", sb
+        assert sb["id"] in before
+        r = ok(daemon, "POST", f"/v1/sandboxes/{sb['id']}/exec", {"cmd": ["echo", "adopted"]})
+        assert r["exit_code"] == 0
+        ok(daemon, "DELETE", f"/v1/sandboxes/{sb['id']}")
+    finally:
+        call(daemon, "DELETE", f"/v1/templates/{name}")
+    wait_until(lambda: pool(daemon, name) is None, 30, what="pool gone")
+    for i in before:
+        wait_until(lambda: not leaks_of(i, daemon.pid, daemon.data_dir), timeout=15, interval=0.2,
+                   what=f"{i} to be cleaned up")
