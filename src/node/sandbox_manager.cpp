@@ -204,6 +204,23 @@ Result<void> SandboxManager::recover() {
       if (r.uid_base)
         if (auto h = opts_.uid_ranges->hold(r.uid_base, r.id); !h)
           TP_SB_ERROR(r.id, "uid range: {}", h.error().message());
+  // What a previous run left that is no live record's (the function tier's workers,
+  // say) is removed while the records are adopted: killing it and waiting for its end
+  // is then not part of the wait before serving. Those records' own leftovers are left
+  // to the pass below, once it is known which of them were kept.
+  std::vector<std::string> recorded;
+  for (const auto& r : *recs) recorded.push_back(r.id);
+  auto remove_orphans = [this](const std::vector<std::string>& keep) {
+    for (auto* b : registry_.all())
+      for (const auto& id : b->cleanup_orphans(keep))
+        TP_SB_WARN(id, "removed leftovers of a previous run");
+  };
+  std::thread unrecorded_orphans;
+  try {
+    unrecorded_orphans = std::thread(remove_orphans, std::cref(recorded));
+  } catch (const std::system_error&) {
+    remove_orphans(recorded);  // no thread: before the adoptions, then
+  }
   // Several at a time: adopting one is mostly waiting for its agent's answer, so a
   // restart with hundreds of sandboxes alive is served again in a fraction of the
   // time one after the other takes.
@@ -226,13 +243,12 @@ Result<void> SandboxManager::recover() {
     if (used < std::min<size_t>(kAdoptersAtOnce, recs->size()))
       spdlog::warn("recover: adopted with {} threads (no more could start)", used);
   }
+  if (unrecorded_orphans.joinable()) unrecorded_orphans.join();
   guard.reset();
   io_.stop();
   for (auto& t : runners) t.join();
   io_.restart();
-  for (auto* b : registry_.all())
-    for (const auto& id : b->cleanup_orphans(keep))
-      TP_SB_WARN(id, "removed leftovers of a previous run");
+  remove_orphans(keep);
   if (opts_.uid_ranges) {
     // The ranges of sandboxes not kept are free now that their leftovers are gone...
     for (const auto& r : *recs)

@@ -29,7 +29,8 @@
 // reconnects to its agent and re-attaches its background processes; one that
 // cannot be adopted is stored stopped with end reason daemon_restart (gone) or
 // agent_lost (its agent does not answer), and cleanup_orphans removes what is
-// left of it. TTLs and
+// left of it. What no live record names (the function tier's workers) is removed
+// by cleanup_orphans on another thread while the records are adopted. TTLs and
 // records stay as they were. Uid ranges: recover() holds the range of every
 // live record, frees those of sandboxes it did not keep once cleanup_orphans
 // removed what was left of them, and holds (never hands out) any range that

@@ -92,8 +92,9 @@
 // idmapped lower layers). Needs root (CAP_SYS_ADMIN, CAP_SETUID/GID to
 // write the id maps, cgroup writes).
 //
-// Thread rules: create() and cleanup_orphans() may run concurrently from any
-// threads (the backend's state is read-only after construction). A
+// Thread rules: create(), adopt() and cleanup_orphans() may run concurrently from
+// any threads (the backend's state is read-only after construction; the run state
+// and cgroups of one id are touched by one call at a time). A
 // ContainerInstance is used by one owner at a time. The daemon must not set
 // SIGCHLD to SIG_IGN nor reap with waitpid(-1): sandboxes (and the spawner)
 // are its children, reaped through their pidfds.

@@ -101,6 +101,7 @@ class FakeBackend : public runtime::Backend {
   std::vector<std::string> cleanup_orphans(const std::vector<std::string>& keep) override {
     std::lock_guard lk(mu);
     kept = keep;
+    keeps.push_back(keep);
     cleanup_calls++;
     return {};
   }
@@ -143,9 +144,10 @@ class FakeBackend : public runtime::Backend {
   std::map<std::string, runtime::SandboxSpec> specs;  // the last create's or adopt's, by id
   std::vector<std::string> kept;
   int cleanup_calls = 0;
-  std::map<std::string, uint32_t> uid_bases;  // SandboxSpec::uid_base of each create/adopt
-  std::set<std::string> failing_destroys;     // destroy() fails and the instance lives on
-  std::set<std::string> frozen;               // freeze()d and not thawed
+  std::vector<std::vector<std::string>> keeps;  // every cleanup_orphans() call's, in order
+  std::map<std::string, uint32_t> uid_bases;    // SandboxSpec::uid_base of each create/adopt
+  std::set<std::string> failing_destroys;       // destroy() fails and the instance lives on
+  std::set<std::string> frozen;                 // freeze()d and not thawed
 };
 
 inline FakeInstance::~FakeInstance() { (void)destroy(); }

@@ -341,9 +341,10 @@ SandboxRecord running_record(const std::string& id, uint32_t base) {
 
 TEST_F(ManagerTest, RecoverAdoptsWhatItCanAndStoresTheRestStopped) {
   auto rec = [](const std::string& id) { return running_record(id, 0); };
-  for (const char* id : {"n0-adopt", "n0-gone", "n0-mute", "n0-tier"}) {
+  for (const char* id : {"n0-adopt", "n0-gone", "n0-mute", "n0-tier", "n0-pooled"}) {
     auto r = rec(id);
     if (std::string(id) == "n0-tier") r.tier = "microvm";
+    r.pooled = std::string(id) == "n0-pooled";  // a warm pool's, not handed out
     ASSERT_TRUE(store_.insert(r));
   }
   auto ended = rec("n0-old");
@@ -351,7 +352,7 @@ TEST_F(ManagerTest, RecoverAdoptsWhatItCanAndStoresTheRestStopped) {
   ended.end_reason = "ttl";
   ended.ended_at_ms = now_ms();
   ASSERT_TRUE(store_.insert(ended));
-  backend_->adoptable = {"n0-adopt", "n0-mute"};
+  backend_->adoptable = {"n0-adopt", "n0-mute", "n0-pooled"};
   std::filesystem::create_directories(dir_ + "/sandboxes/n0-adopt");
   std::filesystem::create_directories(dir_ + "/sandboxes/n0-gone");
   {
@@ -366,6 +367,7 @@ TEST_F(ManagerTest, RecoverAdoptsWhatItCanAndStoresTheRestStopped) {
                         std::string id) -> Result<std::shared_ptr<AgentClient>> {
     EXPECT_EQ(addr, backend_->address);
     if (id == "n0-mute") return fail(Code::kUnavailable, "connection refused");
+    if (id != "n0-adopt") return std::make_shared<FakeAgent>(io);
     adopted = std::make_shared<FakeAgent>(io);
     adopted->resumed_ = {
         {40, R"({"kind":"process","handle":7,"argv":["sleep","9"],"started_ms":5,"limit":100})",
@@ -383,7 +385,18 @@ TEST_F(ManagerTest, RecoverAdoptsWhatItCanAndStoresTheRestStopped) {
   EXPECT_EQ(stored("n0-tier").end_reason, "daemon_restart");
   EXPECT_EQ(stopped_reason("n0-mute"), "agent_lost");
   EXPECT_EQ(stored("n0-old").end_reason, "ttl");
-  EXPECT_EQ(backend_->kept, std::vector<std::string>{"n0-adopt"});
+  // Leftovers are removed twice: what no live record names while the records are
+  // adopted (every recorded one kept), then what was recorded but not adopted.
+  ASSERT_EQ(backend_->keeps.size(), 2u);
+  EXPECT_EQ(std::set<std::string>(backend_->keeps[0].begin(), backend_->keeps[0].end()),
+            (std::set<std::string>{"n0-adopt", "n0-gone", "n0-mute", "n0-tier", "n0-pooled"}));
+  EXPECT_EQ(std::set<std::string>(backend_->kept.begin(), backend_->kept.end()),
+            (std::set<std::string>{"n0-adopt", "n0-pooled"}));
+  // The warm pool's sandbox is adopted as one (WarmPools::start() takes it back).
+  EXPECT_EQ(stored("n0-pooled").state, "running");
+  auto pooled = mgr_->pooled();
+  ASSERT_EQ(pooled.size(), 1u);
+  EXPECT_EQ(pooled[0].id, "n0-pooled");
   EXPECT_FALSE(backend_->is_live("n0-mute"));
   EXPECT_TRUE(std::filesystem::exists(dir_ + "/sandboxes/n0-adopt"));
   EXPECT_FALSE(std::filesystem::exists(dir_ + "/sandboxes/n0-gone"));
@@ -411,6 +424,12 @@ TEST_F(ManagerTest, RecoverAdoptsWhatItCanAndStoresTheRestStopped) {
   EXPECT_EQ(np->pid, 8u);
   auto d = destroy_async("n0-adopt");
   ASSERT_TRUE(get_or_fail(d));
+  EXPECT_EQ(backend_->live_count(), 1u);  // the pooled one, until its pool drains it
+  auto rp = std::make_shared<std::promise<Result<SandboxRecord>>>();
+  auto fp = rp->get_future();
+  mgr_->destroy("n0-pooled", EndReason::kPoolDrained,
+                [rp](Result<SandboxRecord> r) { rp->set_value(std::move(r)); });
+  ASSERT_TRUE(get_or_fail(fp));
   EXPECT_EQ(backend_->live_count(), 0u);
 }
 
