@@ -541,7 +541,7 @@ void StepLog::ensure_loaded(const std::string& scope) {
 // reading of a long history. A call that waits for it (find() of a key not found yet, a
 // log it is reading) raises it back to normal until the next log.
 void StepLog::reader_priority() {
-  thread_local int nice = 0;
+  thread_local int nice = -1;  // not set yet: a new thread inherits its creator's
   const int want = reader_waiters_.load(std::memory_order_relaxed) > 0 ? 0 : 19;
   // Failing (no CAP_SYS_NICE to raise it again) leaves it where it is.
   if (want != nice && ::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), want) == 0)

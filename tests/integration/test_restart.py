@@ -12,11 +12,13 @@ import glob
 import json
 import os
 import signal
+import sqlite3
 import uuid
 
 import pytest
 
 import tidepool
+from pools_lib import call, ok, pool
 from tp_testlib import api_call, leaks_of, processes_of, wait_until
 
 
@@ -136,10 +138,6 @@ def test_a_warm_pools_sandboxes_are_adopted_back_into_it(daemon):
     """Pooled sandboxes (made by a template's pool, not handed out) outlive the daemon like
     any other: after kill -9 and a start, the pool holds the same ones, nothing of them is
     removed as a leftover, and no record says "running" for a sandbox that is gone."""
-    import sqlite3
-
-    from pools_lib import call, ok, pool
-
     def pooled_live():
         db = sqlite3.connect(f"file:{os.path.join(daemon.data_dir, 'state.db')}?mode=ro", uri=True)
         try:
