@@ -47,6 +47,7 @@
 #include "runtime/container/container_backend.h"
 #include "runtime/microvm/microvm_backend.h"
 #include "runtime/registry.h"
+#include "sys/file_lock.h"
 
 namespace tp::api {
 
@@ -332,6 +333,12 @@ int daemon_main(int argc, char** argv) {
   if (ec) return die("cannot create data dir " + data_dir + ": " + ec.message());
   chmod(data_dir.c_str(), 0711);
   data_dir = std::filesystem::canonical(data_dir).string();
+  // Held until the process ends (sys/file_lock.h): before anything of the data dir is
+  // opened, so that a second daemon on it stops here and leaves the first one's alone.
+  auto data_lock = sys::lock_file(data_dir + "/tidepoold.lock");
+  if (!data_lock)
+    return die("data dir " + data_dir + " is in use: " + data_lock.error().message() +
+               "; stop that tidepoold first or give this one another --data-dir");
 
   // Broken client connections must not kill the daemon.
   signal(SIGPIPE, SIG_IGN);

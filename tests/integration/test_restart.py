@@ -13,13 +13,14 @@ import json
 import os
 import signal
 import sqlite3
+import subprocess
 import uuid
 
 import pytest
 
 import tidepool
 from pools_lib import call, ok, pool
-from tp_testlib import api_call, leaks_of, processes_of, wait_until
+from tp_testlib import api_call, free_port, health_ok, leaks_of, processes_of, wait_until
 
 
 def test_restart_adopts_or_cleans_up_previous_sandboxes(client, daemon):
@@ -170,3 +171,31 @@ def test_a_warm_pools_sandboxes_are_adopted_back_into_it(daemon):
     for i in before:
         wait_until(lambda: not leaks_of(i, daemon.pid, daemon.data_dir), timeout=15, interval=0.2,
                    what=f"{i} to be cleaned up")
+
+
+def test_a_second_daemon_on_the_same_data_dir_refuses_to_start_and_leaves_the_first_alone(
+        client, daemon):
+    """Two daemons on one data dir (`make run` beside a systemd unit): the second stops
+    before it opens anything there, with one line naming the first, instead of adopting
+    the first one's sandboxes and killing what it takes for leftovers."""
+    sb = client.create(ttl=600)
+    assert sb.exec("echo x > /tmp/mark; echo ok").stdout == "ok\n"
+    before = sorted(processes_of(sb.id))
+    port = free_port()
+    sock = os.path.join(daemon.tmp, "second.sock")
+    second = subprocess.run(
+        [str(daemon.binary), "--listen", f"127.0.0.1:{port}", "--data-dir", daemon.data_dir,
+         "--socket", sock, "--insecure-tcp", "--stop-sandboxes-on-exit"],
+        stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60)
+    assert second.returncode != 0, second
+    lines = second.stderr.strip().splitlines()
+    assert len(lines) == 1, second.stderr
+    assert "is in use" in lines[0] and f"(pid {daemon.pid})" in lines[0], lines[0]
+    assert not health_ok(f"http://127.0.0.1:{port}")
+    assert not os.path.exists(sock)
+    # The first daemon and its sandbox go on as before.
+    assert daemon.alive()
+    assert sorted(processes_of(sb.id)) == before
+    assert sb.exec("cat /tmp/mark").stdout == "x\n"
+    assert client.get(sb.id).info.state == "running"
+    sb.kill()
