@@ -3,7 +3,6 @@
 #include <fcntl.h>
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
-#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -18,6 +17,7 @@
 #include "common/json_util.h"
 #include "common/log.h"
 #include "sys/fd.h"
+#include "sys/file_lock.h"
 #include "sys/sys_api.h"
 
 namespace tp::api {
@@ -76,13 +76,7 @@ Result<std::vector<ApiKey>> parse_keys(const std::string& text, const std::strin
 
 // Serializes edits of the key file between `tidepoold keys` processes.
 Result<sys::UniqueFd> lock_keys(const std::string& path) {
-  std::string lp = path + ".lock";
-  sys::UniqueFd fd(::open(lp.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600));
-  if (!fd) return sys_fail("open(" + lp + ")");
-  while (::flock(fd.get(), LOCK_EX) != 0) {
-    if (errno != EINTR) return sys_fail("flock(" + lp + ")");
-  }
-  return fd;
+  return sys::lock_file(path + ".lock", /*wait=*/true);
 }
 
 int64_t now_ms() {

@@ -8,10 +8,10 @@
 
 namespace tp::sys {
 
-Result<UniqueFd> lock_file(const std::string& path) {
+Result<UniqueFd> lock_file(const std::string& path, bool wait) {
   UniqueFd fd(::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600));
   if (!fd) return sys_fail("open " + path);
-  while (::flock(fd.get(), LOCK_EX | LOCK_NB) != 0) {
+  while (::flock(fd.get(), wait ? LOCK_EX : LOCK_EX | LOCK_NB) != 0) {
     if (errno == EINTR) continue;
     if (errno != EWOULDBLOCK) return sys_fail("flock " + path);
     char buf[24] = {};
