@@ -296,6 +296,9 @@ class AgentClientImpl final : public AgentClient {
       std::lock_guard wait_for_handler(handler_mu_);
     }
     asio::post(strand_, [self = self()] {
+      // What was handled before close() is acknowledged (the read loop posts its ack,
+      // which may come after this).
+      self->maybe_ack();
       self->fail_all(Error{Code::kUnavailable, 0, "agent connection closed by the node"});
     });
   }
@@ -557,7 +560,9 @@ class AgentClientImpl final : public AgentClient {
           if (self->closed_) return;
           // After the handlers returned: the agent may drop these answers and
           // read more of the commands' output (its back-pressure reaches the node).
-          self->maybe_ack();
+          // Posted, so that what the handlers queued on this io_context (an answer
+          // to the HTTP client) goes out before the ack wakes the agent.
+          asio::post(self->strand_, [self] { self->maybe_ack(); });
           if (self->reader_.failed()) {
             self->fail_all(Error{Code::kUnavailable, 0,
                                  "protocol error from agent of " + self->sandbox_id_ + ": " +

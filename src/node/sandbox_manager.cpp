@@ -1471,14 +1471,13 @@ Result<uint32_t> SandboxManager::start_exec(const std::shared_ptr<Sandbox>& sb, 
   req.meta = std::move(meta);
   // The sandbox's OOM-kill count before the command, read once the exec is on
   // its way (a cgroup file read, off the exec's critical path: the command
-  // cannot be OOM-killed before it even started). on_done waits for it.
+  // cannot be OOM-killed before it even started).
   struct OomBefore {
     std::mutex mu;
     bool read = false;
     uint64_t kills = 0;
   };
   auto oom = std::make_shared<OomBefore>();
-  std::unique_lock oom_lock(oom->mu);
   metrics_.exec_total++;
   ExecHandlers h;
   h.on_started = cb.on_started;
@@ -1515,8 +1514,16 @@ Result<uint32_t> SandboxManager::start_exec(const std::shared_ptr<Sandbox>& sb, 
     done(o);
   };
   uint32_t eid = sb->agent->exec(req, std::move(h));
-  if (auto k = sb->inst->oom_kills()) oom->kills = *k;
-  oom->read = true;
+  // Queued behind the exec's write to the agent (the client runs its strand on io_):
+  // read inline, on a request thread that is also io_'s, it delayed that write.
+  // A command killed before this ran (its exit is queued behind it on one io
+  // thread) is not reported OOM-killed: its count is unknown.
+  asio::post(io_, [sb, oom] {
+    auto k = sb->inst->oom_kills();
+    std::lock_guard lk(oom->mu);
+    if (k) oom->kills = *k;
+    oom->read = k.has_value();
+  });
   return eid;
 }
 

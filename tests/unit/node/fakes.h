@@ -48,6 +48,7 @@ class FakeInstance : public runtime::SandboxInstance {
   pid_t pid() const override { return 1; }
   bool alive() override { return !destroyed_ && !released_; }
   Result<runtime::Usage> usage() override { return runtime::Usage{}; }
+  Result<uint64_t> oom_kills() override;
   Result<void> destroy() override;
   std::string agent_address() const override { return address_; }
   void release() override;
@@ -148,9 +149,23 @@ class FakeBackend : public runtime::Backend {
   std::map<std::string, uint32_t> uid_bases;    // SandboxSpec::uid_base of each create/adopt
   std::set<std::string> failing_destroys;       // destroy() fails and the instance lives on
   std::set<std::string> frozen;                 // freeze()d and not thawed
+  std::map<std::string, uint64_t> oom_kills;    // a sandbox's OOM-kill count
+  std::set<std::string> oom_unreadable;         // its oom_kills() fails
+  int oom_reads = 0;                            // oom_kills() calls, any sandbox
+  void wait_oom_reads(int n) {
+    std::unique_lock lk(mu);
+    cv.wait(lk, [&] { return oom_reads >= n; });
+  }
 };
 
 inline FakeInstance::~FakeInstance() { (void)destroy(); }
+inline Result<uint64_t> FakeInstance::oom_kills() {
+  std::lock_guard lk(b_->mu);
+  b_->oom_reads++;
+  b_->cv.notify_all();
+  if (b_->oom_unreadable.count(id_)) return fail(Code::kUnavailable, "fake: no oom count");
+  return b_->oom_kills[id_];
+}
 inline Result<void> FakeInstance::destroy() {
   if (destroyed_ || released_) return {};
   std::lock_guard lk(b_->mu);
@@ -273,8 +288,8 @@ class FakeAgent : public AgentClient {
 
   // The agent side ends the session (the agent died).
   void die() { end(Error{Code::kUnavailable, 0, "agent died"}); }
-  // Output then exit of a pending command.
-  void finish(uint32_t id, std::string out, int64_t code) {
+  // Output then exit of a pending command (killed by `signal` when it is not 0).
+  void finish(uint32_t id, std::string out, int64_t code, int signal = 0) {
     ExecHandlers h;
     {
       std::lock_guard lk(mu_);
@@ -283,10 +298,11 @@ class FakeAgent : public AgentClient {
       h = std::move(it->second);
       pending_.erase(it);
     }
-    boost::asio::post(io_, [h, out, code] {
+    boost::asio::post(io_, [h, out, code, signal] {
       if (h.on_output && !out.empty()) h.on_output(1, out);
       ExecResult r;
       r.exit_code = code;
+      r.signal = signal;
       h.on_done(r);
     });
   }
