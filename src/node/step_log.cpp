@@ -7,6 +7,7 @@
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -62,6 +63,22 @@ bool names_durable_with_file_sync(const std::string& dir) {
   std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   auto m = sys::mount_of(sys::parse_mountinfo(text), real);
   return m && m->fs_type == "ext4";
+}
+
+// ext4 without a journal under `dir`: its device has an ext4 entry in /proc/fs/ext4 and
+// none in /proc/fs/jbd2 (which is absent when no journal was ever loaded).
+bool ext4_without_journal(const std::string& dir) {
+  struct stat st {};
+  if (::stat(dir.c_str(), &st) != 0) return false;
+  std::error_code ec;
+  const auto dev =
+      fs::read_symlink(fmt::format("/sys/dev/block/{}:{}", major(st.st_dev), minor(st.st_dev)), ec)
+          .filename()
+          .string();
+  if (ec || dev.empty() || !fs::exists("/proc/fs/ext4/" + dev, ec)) return false;
+  for (fs::directory_iterator it("/proc/fs/jbd2", ec), end; !ec && it != end; it.increment(ec))
+    if (it->path().filename().string().starts_with(dev + "-")) return false;
+  return !ec || ec == std::errc::no_such_file_or_directory;
 }
 
 int64_t system_now_us() {
@@ -386,6 +403,7 @@ Result<std::unique_ptr<StepLog>> StepLog::open(Options opts) {
   log->is_live_ = log->opts_.is_live;
   log->sync_dirs_ = log->opts_.always_sync_dirs ||
                     !names_durable_with_file_sync(log->opts_.data_dir + "/sandboxes");
+  log->sync_each_spare_ = !log->sync_dirs_ && ext4_without_journal(log->opts_.data_dir);
   TP_TRY(ensure_dir(log->spare_dir(), nullptr));
   log->recover_spares();
   // With a background reader, that reader deletes the expired logs first (before it reads
@@ -1812,8 +1830,12 @@ void StepLog::make_spares() {
     }
     if (!failed && !fds.empty()) {
       // Journalled file systems commit all of them with the last one's metadata; others
-      // get each file and directory synced.
-      for (size_t i = sync_dirs_ ? 0 : fds.size() - 1; i < fds.size() && !failed; ++i)
+      // get each file and directory synced. ext4 without a journal writes a new file's
+      // inode and its new parents at its first fsync only: each spare is synced here, so
+      // that a sandbox's first call does not wait for those writes (see "Spares" in
+      // docs/trajectory-log.md).
+      const bool each = sync_dirs_ || sync_each_spare_;
+      for (size_t i = each ? 0 : fds.size() - 1; i < fds.size() && !failed; ++i)
         if (::fdatasync(fds[i]) != 0) failed = sys_fail("fdatasync spare log").error();
       for (size_t i = 0; sync_dirs_ && i < made.size() && !failed; ++i)
         if (auto r = sync_dir(spare_dir() + "/" + made[i]); !r) failed = r.error();

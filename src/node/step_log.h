@@ -335,6 +335,7 @@ class StepLog {
   bool busy_ = false;         // a commit (or the sweep) runs: at most one at a time, in queue order
   bool sweep_waits_ = false;  // the writer waits for an inline commit to end
   bool sync_dirs_ = true;     // set at open (Options::always_sync_dirs, the file system)
+  bool sync_each_spare_ = false;  // set at open: ext4 without a journal (make_spares)
   uint64_t side_seq_ = 0;
   // Owned by whoever commits (busy_), and by load at open, before the writer starts.
   std::unordered_map<uint32_t, std::unique_ptr<File>> files_;  // at most kOpenLogs + 1
