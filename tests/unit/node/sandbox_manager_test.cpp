@@ -135,7 +135,9 @@ TEST_F(ManagerTest, ExecReportsAnOomKillOnlyWhenTheCountRoseDuringIt) {
   auto r = create_sync();
   ASSERT_TRUE(r);
   auto a = agent(r->id);
-  auto run = [&](uint32_t id, int before_reads, bool bump, int signal) {
+  int reads = 0;  // oom_kills() calls so far
+  // Runs command `id`; `meanwhile` runs once the count before it was read (or not).
+  auto run = [&](uint32_t id, int signal, const std::function<void()>& meanwhile) {
     auto done = std::make_shared<std::promise<Result<ExecOutcome>>>();
     auto f = done->get_future();
     ExecCallbacks cb;
@@ -143,46 +145,34 @@ TEST_F(ManagerTest, ExecReportsAnOomKillOnlyWhenTheCountRoseDuringIt) {
     ExecParams p;
     p.argv = {"eat"};
     auto eid = mgr_->exec(r->id, p, cb);
-    EXPECT_TRUE(eid);
     EXPECT_EQ(eid.value_or(0), id);
-    backend_->wait_oom_reads(before_reads + 1);  // the count before the command
-    if (bump) {
-      std::lock_guard lk(backend_->mu);
-      backend_->oom_kills[r->id]++;
-    }
+    backend_->wait_oom_reads(++reads);
+    meanwhile();
     a->finish(id, "", signal ? -1 : 0, signal);
+    if (signal == 9) ++reads;  // read again at its end
     auto o = get_or_fail(f);
     EXPECT_TRUE(o);
     return o && o->oom_killed;
   };
-  EXPECT_TRUE(run(1, 0, true, 9));    // reads: before, and at the end (SIGKILL)
-  EXPECT_FALSE(run(2, 2, false, 9));  // killed, but no OOM kill meanwhile
-  EXPECT_FALSE(run(3, 4, true, 0));   // an OOM kill of another process; it exited
+  auto oom_kill = [&] {
+    std::lock_guard lk(backend_->mu);
+    backend_->oom_kills[r->id]++;
+  };
+  EXPECT_TRUE(run(1, 9, oom_kill));
+  EXPECT_FALSE(run(2, 9, [] {}));     // killed, but no OOM kill meanwhile
+  EXPECT_FALSE(run(3, 0, oom_kill));  // another process was OOM-killed; it exited
   {
     std::lock_guard lk(backend_->mu);
     backend_->oom_unreadable.insert(r->id);
   }
-  auto unknown = [&] {
-    // The count before it unknown: not reported, even though it rose.
-    auto done = std::make_shared<std::promise<Result<ExecOutcome>>>();
-    auto f = done->get_future();
-    ExecCallbacks cb;
-    cb.on_done = [done](Result<ExecOutcome> o) { done->set_value(o); };
-    ExecParams p;
-    p.argv = {"eat"};
-    ASSERT_TRUE(mgr_->exec(r->id, p, cb));
-    backend_->wait_oom_reads(6);
+  // The count before it unknown: not reported, though it rose.
+  EXPECT_FALSE(run(4, 9, [&] {
     {
       std::lock_guard lk(backend_->mu);
       backend_->oom_unreadable.erase(r->id);
-      backend_->oom_kills[r->id]++;
     }
-    a->finish(4, "", -1, 9);
-    auto o = get_or_fail(f);
-    ASSERT_TRUE(o);
-    EXPECT_FALSE(o->oom_killed);
-  };
-  unknown();
+    oom_kill();
+  }));
   auto d = destroy_async(r->id);
   ASSERT_TRUE(get_or_fail(d));
 }
