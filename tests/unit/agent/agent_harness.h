@@ -28,6 +28,7 @@
 
 #include "common/result.h"
 #include "node/agent_client.h"
+#include "temp_dir.h"
 
 namespace tp::agent_test {
 
@@ -38,23 +39,10 @@ inline std::string agent_binary() {
   return (exe.parent_path() / "tp-agent").string();
 }
 
-class TempDir {
+// Named as the agent's tests have always used it.
+class TempDir : public tp::test::TempDir {
  public:
-  TempDir() {
-    char tmpl[] = "/tmp/tp-agent-test-XXXXXX";
-    char* p = ::mkdtemp(tmpl);
-    if (p) path_ = p;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    if (!path_.empty()) std::filesystem::remove_all(path_, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
+  TempDir() : tp::test::TempDir("tp-agent-test") {}
 };
 
 // A fresh cgroup for one agent (what the container backend delegates to a

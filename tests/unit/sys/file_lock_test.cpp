@@ -14,6 +14,8 @@
 #include <string>
 #include <utility>
 
+#include "temp_dir.h"
+
 namespace tp::sys {
 namespace {
 
@@ -21,13 +23,7 @@ namespace fs = std::filesystem;
 
 class FileLockTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    char tmpl[] = "/tmp/tp-lock-test-XXXXXX";
-    ASSERT_NE(::mkdtemp(tmpl), nullptr);
-    dir_ = tmpl;
-    path_ = dir_ + "/tidepoold.lock";
-  }
-  void TearDown() override { fs::remove_all(dir_); }
+  void SetUp() override { ASSERT_FALSE(dir_.empty()); }
   std::string contents() const {
     std::ifstream in(path_);
     return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
@@ -54,7 +50,9 @@ class FileLockTest : public ::testing::Test {
     ::nanosleep(&ts, nullptr);
     ::_exit(0);
   }
-  std::string dir_, path_;
+  test::TempDir tmp_{"tp-lock-test"};
+  const std::string dir_ = tmp_.path();
+  const std::string path_ = dir_ + "/tidepoold.lock";
 };
 
 TEST_F(FileLockTest, ASecondHolderIsRefusedWithTheFirstOnesPid) {
