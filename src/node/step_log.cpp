@@ -81,6 +81,14 @@ bool ext4_without_journal(const std::string& dir) {
   return !ec || ec == std::errc::no_such_file_or_directory;
 }
 
+// The clock the kernel stamps a file's mtime with: a write moves the mtime (and dirties
+// the inode) only when this has moved since the file's last write.
+int64_t coarse_now_ns() {
+  struct timespec ts {};
+  ::clock_gettime(CLOCK_REALTIME_COARSE, &ts);
+  return static_cast<int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
+}
+
 int64_t system_now_us() {
   return std::chrono::duration_cast<std::chrono::microseconds>(
              std::chrono::system_clock::now().time_since_epoch())
@@ -220,7 +228,8 @@ struct StepLog::File {
   // Made by this commit: its header is written but not synced; its name and its
   // directory's name are synced after the records, in the same commit.
   bool fresh = false;
-  uint64_t used = 0;  // commit count when last written (the least recent is closed first)
+  uint64_t used = 0;       // commit count when last written (the least recent is closed first)
+  int64_t mtime_tick = 0;  // coarse_now_ns() when last written or touched (0: unknown)
   ~File() {
     if (fd >= 0) ::close(fd);
   }
@@ -403,7 +412,9 @@ Result<std::unique_ptr<StepLog>> StepLog::open(Options opts) {
   log->is_live_ = log->opts_.is_live;
   log->sync_dirs_ = log->opts_.always_sync_dirs ||
                     !names_durable_with_file_sync(log->opts_.data_dir + "/sandboxes");
-  log->sync_each_spare_ = !log->sync_dirs_ && ext4_without_journal(log->opts_.data_dir);
+  const bool no_journal = ext4_without_journal(log->opts_.data_dir);
+  log->sync_each_spare_ = !log->sync_dirs_ && no_journal;
+  log->touch_ahead_ = log->opts_.touch_ahead.value_or(no_journal);
   TP_TRY(ensure_dir(log->spare_dir(), nullptr));
   log->recover_spares();
   // With a background reader, that reader deletes the expired logs first (before it reads
@@ -1186,8 +1197,31 @@ size_t StepLog::answer_lost(std::vector<std::pair<uint32_t, StepRecord>> lost) {
 
 void StepLog::hold(const std::string& scope) {
   ensure_loaded(scope);
-  std::lock_guard lk(mu_);
-  logs_[log_id_locked(scope)]->holds++;
+  uint32_t log;
+  bool written;
+  {
+    std::lock_guard lk(mu_);
+    log = log_id_locked(scope);
+    Log& l = *logs_[log];
+    l.holds++;
+    written = l.end >= kFileHeader && l.allocated >= l.end && !l.unusable && !l.closed;
+  }
+  if (touch_ahead_ && written && log != 0) touch_ahead(log);
+}
+
+void StepLog::touch_ahead(uint32_t log) {
+  // Only a hint: skipped while a commit runs (it owns the descriptors).
+  std::unique_lock fl(files_mu_, std::try_to_lock);
+  if (!fl.owns_lock()) return;
+  auto f = file_for(log, /*existing_only=*/true);
+  if (!f) return;
+  const int64_t now = coarse_now_ns();
+  if ((*f)->mtime_tick == now) return;  // the record, if written in this tick, moves nothing
+  const struct timespec times[2] = {{0, UTIME_OMIT}, {0, UTIME_NOW}};
+  if (::futimens((*f)->fd, times) != 0) return;
+  (*f)->mtime_tick = now;
+  (*f)->used = commits_;
+  sync_pool_->ahead((*f)->fd);
 }
 
 void StepLog::release(const std::string& scope) {
@@ -1203,7 +1237,7 @@ void StepLog::release(const std::string& scope) {
   cv_.notify_all();
 }
 
-Result<StepLog::File*> StepLog::file_for(uint32_t log) {
+Result<StepLog::File*> StepLog::file_for(uint32_t log, bool existing_only) {
   auto& f = files_[log];
   if (f && f->fd >= 0) return f.get();
   std::string scope;
@@ -1227,6 +1261,10 @@ Result<StepLog::File*> StepLog::file_for(uint32_t log) {
       f->allocated = allocated;
       return f.get();
     }
+  }
+  if (existing_only) {
+    files_.erase(log);
+    return fail(Code::kNotFound, "step log " + scope + " has no file to open");
   }
   // A log that starts now: its first record goes right after the header.
   auto starts = [&] {
@@ -1409,6 +1447,7 @@ void StepLog::commit(std::vector<Pending>& batch) {
         continue;
       }
       t.f->allocated = std::max(t.f->allocated, t.end + bytes.size());
+      t.f->mtime_tick = coarse_now_ns();
       offsets[i] = t.end;
       t.end += bytes.size();
       if (!intent) t.seq++;

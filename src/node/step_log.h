@@ -29,6 +29,13 @@
 // blocks and its fdatasync need not commit a new file size; the zeros after the last record are cut
 // away when its sandbox ends, and at open.
 //
+// Timestamps: a write moves the file's mtime when the kernel's coarse clock has ticked
+// since the last one. fdatasync leaves a new mtime alone on most file systems, but ext4
+// without a journal writes the inode's block for it, one more write before the flush.
+// There hold() (a call begins) moves the mtime of a log last written in an earlier tick
+// and syncs it in the background while the call runs; the call's record, written in
+// the same tick, then finds the inode clean (a sandbox's first call after a pause).
+//
 // Recovery (open): each log is read record by record (with Options::read_first, only
 // the logs it names before open() returns; the rest by a background thread after, see
 // there). A final record cut short (a crash mid-write: too few bytes for its header or
@@ -169,6 +176,11 @@ class StepLog {
     // are answered as answer_interrupted() does, by that thread. Null: every log is read
     // before open() returns.
     std::function<bool(const std::string& sandbox_id)> read_first;
+    // hold() moves the log's mtime and syncs its inode in the background when the log was
+    // last written in an earlier clock tick (see "Timestamps" above). Unset: on ext4
+    // without a journal, the one file system here whose fdatasync writes the inode for
+    // a new mtime.
+    std::optional<bool> touch_ahead;
   };
 
   // Reads the logs under data_dir (recovering torn tails; all of them, or those of
@@ -239,7 +251,8 @@ class StepLog {
   void append_event(const std::string& scope, std::string event, std::string detail_json,
                     bool after_calls, Done done = nullptr, bool lazy = false);
   // A call of `scope` is being answered: an after_calls event waits for its release,
-  // which the caller makes once its record was handed to append().
+  // which the caller makes once its record was handed to append(). May start the log's
+  // inode write ahead of the record (Options::touch_ahead).
   void hold(const std::string& scope);
   void release(const std::string& scope);
 
@@ -301,7 +314,10 @@ class StepLog {
   size_t answer_lost(std::vector<std::pair<uint32_t, StepRecord>> lost);
   uint32_t log_id_locked(const std::string& scope);
   std::string dir_of(const std::string& scope) const;
-  Result<File*> file_for(uint32_t log);
+  // existing_only: a log already written, opened as it is (never made or placed).
+  Result<File*> file_for(uint32_t log, bool existing_only = false);
+  // hold()'s mtime move and background sync (see "Timestamps" above).
+  void touch_ahead(uint32_t log);
   Result<StepRecord> read_at(int fd, const std::string& path, uint64_t offset);
   Result<void> read_side(const std::string& dir, const std::string& name, uint64_t len,
                          std::string* out);
@@ -336,6 +352,7 @@ class StepLog {
   bool sweep_waits_ = false;  // the writer waits for an inline commit to end
   bool sync_dirs_ = true;     // set at open (Options::always_sync_dirs, the file system)
   bool sync_each_spare_ = false;  // set at open: ext4 without a journal (make_spares)
+  bool touch_ahead_ = false;      // set at open: Options::touch_ahead, else the same test
   uint64_t side_seq_ = 0;
   // Owned by whoever commits (busy_), and by load at open, before the writer starts.
   std::unordered_map<uint32_t, std::unique_ptr<File>> files_;  // at most kOpenLogs + 1

@@ -1,0 +1,115 @@
+// The step log's touch ahead (node/step_log.h, "Timestamps"): hold() moves the mtime of
+// a log last written in an earlier clock tick, so that the call's record finds its
+// inode clean; the records stay as they were written.
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+
+#include <chrono>
+#include <filesystem>
+#include <thread>
+
+#include "node/step_log.h"
+#include "temp_dir.h"
+
+namespace tp::node {
+namespace {
+
+constexpr const char* kTouched = "n0-00000000700c";
+
+class StepLogTouchTest : public ::testing::Test {
+ protected:
+  std::unique_ptr<StepLog> open(bool touch_ahead) {
+    StepLog::Options o;
+    o.data_dir = dir_.path();
+    o.touch_ahead = touch_ahead;
+    auto l = StepLog::open(o);
+    EXPECT_TRUE(l) << (l ? "" : l.error().message());
+    return l ? std::move(*l) : nullptr;
+  }
+  static StepRecord rec(const std::string& key) {
+    StepRecord r;
+    r.key = key;
+    r.request.method = "POST";
+    r.request.target = std::string("/v1/sandboxes/") + kTouched + "/exec";
+    r.request.body_sha256 = std::string(32, 'h');
+    r.status = 200;
+    r.content_type = "application/json";
+    r.started_us = 1;
+    r.finished_us = 2;
+    return r;
+  }
+  std::string log_path(const std::string& sb = kTouched) const {
+    return dir_.path() + "/sandboxes/" + sb + "/steps.log";
+  }
+  int64_t mtime_ns() const {
+    struct stat st {};
+    EXPECT_EQ(::stat(log_path().c_str(), &st), 0);
+    return static_cast<int64_t>(st.st_mtim.tv_sec) * 1'000'000'000 + st.st_mtim.tv_nsec;
+  }
+  // Past the coarse clock's next tick (at most 10 ms at HZ=100).
+  static void next_tick() { std::this_thread::sleep_for(std::chrono::milliseconds(30)); }
+
+  test::TempDir dir_{"tp-steptouch"};
+};
+
+TEST_F(StepLogTouchTest, HoldMovesTheMtimeOfALogWrittenInAnEarlierTick) {
+  auto l = open(true);
+  ASSERT_TRUE(l);
+  ASSERT_TRUE(l->append_sync(kTouched, rec("a"), "one"));
+  const int64_t written = mtime_ns();
+  next_tick();
+  l->hold(kTouched);
+  const int64_t touched = mtime_ns();
+  EXPECT_GT(touched, written);
+  ASSERT_TRUE(l->append_sync(kTouched, rec("b"), "two"));
+  l->release(kTouched);
+
+  auto recs = l->list(kTouched, 0, 10, true);
+  ASSERT_TRUE(recs);
+  ASSERT_EQ(recs->size(), 2u);
+  EXPECT_EQ((*recs)[0].key, "a");
+  EXPECT_EQ((*recs)[1].key, "b");
+  EXPECT_EQ((*recs)[1].answer, "two");
+  EXPECT_GE(mtime_ns(), touched);
+}
+
+TEST_F(StepLogTouchTest, WithoutItHoldLeavesTheMtimeAlone) {
+  auto l = open(false);
+  ASSERT_TRUE(l);
+  ASSERT_TRUE(l->append_sync(kTouched, rec("a"), "one"));
+  const int64_t written = mtime_ns();
+  next_tick();
+  l->hold(kTouched);
+  EXPECT_EQ(mtime_ns(), written);
+  l->release(kTouched);
+}
+
+TEST_F(StepLogTouchTest, HoldMakesNoLogForASandboxThatHasNone) {
+  auto l = open(true);
+  ASSERT_TRUE(l);
+  const std::string other = "n0-00000000700d";
+  l->hold(other);
+  EXPECT_FALSE(std::filesystem::exists(log_path(other)));
+  l->release(other);
+  ASSERT_TRUE(l->append_sync(other, rec("c"), "three"));  // its first record makes it
+  auto recs = l->list(other, 0, 10, false);
+  ASSERT_TRUE(recs);
+  ASSERT_EQ(recs->size(), 1u);
+  EXPECT_EQ((*recs)[0].key, "c");
+}
+
+TEST_F(StepLogTouchTest, AnEndedSandboxsLogIsNotTouched) {
+  auto l = open(true);
+  ASSERT_TRUE(l);
+  ASSERT_TRUE(l->append_sync(kTouched, rec("a"), "one"));
+  l->sandbox_ended(kTouched);
+  ASSERT_TRUE(l->append_sync(kTouched, rec("late"), "refused"));  // after its end, as a 409 is
+  const int64_t written = mtime_ns();
+  next_tick();
+  l->hold(kTouched);
+  EXPECT_EQ(mtime_ns(), written);
+  l->release(kTouched);
+}
+
+}  // namespace
+}  // namespace tp::node
