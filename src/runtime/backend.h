@@ -71,6 +71,9 @@ struct Usage {
   uint64_t oom_kills = 0;          // OOM kills inside the sandbox so far
 };
 
+// Thread rules: usage() and oom_kills() are safe from any thread, also while another
+// one runs destroy() (the node reads the OOM count as an exec starts and as it ends);
+// the other methods are called one at a time.
 class SandboxInstance {
  public:
   virtual ~SandboxInstance() = default;

@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstdlib>
@@ -274,7 +275,9 @@ class ContainerInstance final : public SandboxInstance {
   SavedState init_;  // pid, and for an adopted init its start time
   sys::Pidfd proc_;  // open only from destroy() on (open_init)
   UniqueFd agent_;
-  bool destroyed_ = false;
+  // Read by usage() and oom_kills(), which the node may call while another thread
+  // destroys the sandbox (an exec ending as it is deleted).
+  std::atomic<bool> destroyed_{false};
   std::string address_;  // the agent's listening socket; "" = none
   bool adopted_ = false;
   bool frozen_ = false;

@@ -14,6 +14,7 @@
 #include <x86intrin.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cmath>
@@ -337,6 +338,7 @@ class MicrovmInstance final : public SandboxInstance {
   // each one at error level, which `quiet` still prints), plus QEMU's own.
   Result<uint64_t> oom_kills() override {
     if (destroyed_) return fail(Code::kConflict, "sandbox " + id_ + " is destroyed");
+    std::lock_guard lk(console_mu_);
     std::ifstream f(q() + "/console.log", std::ios::binary);
     if (f) {
       f.seekg(static_cast<std::streamoff>(console_off_));
@@ -429,7 +431,10 @@ class MicrovmInstance final : public SandboxInstance {
   sys::Pidfd proc_;
   UniqueFd agent_;
   bool adopted_;
-  bool destroyed_ = false;
+  std::atomic<bool> destroyed_{false};  // as the container tier's (read concurrently)
+  // The console scan of oom_kills(), which the node may run from two threads at once
+  // (an exec's start and another's end).
+  std::mutex console_mu_;
   uint64_t console_off_ = 0;
   uint64_t guest_ooms_ = 0;
 };
