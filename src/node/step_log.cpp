@@ -1215,8 +1215,11 @@ void StepLog::touch_ahead(uint32_t log) {
   if (!fl.owns_lock()) return;
   auto f = file_for(log, /*existing_only=*/true);
   if (!f) return;
+  // Only after a pause: a log written moments ago may not have ticked at all, and in a
+  // busy loop a call seldom ends in the tick it began, so a touch would add a flush.
   const int64_t now = coarse_now_ns();
-  if ((*f)->mtime_tick == now) return;  // the record, if written in this tick, moves nothing
+  const int64_t pause = std::chrono::nanoseconds(opts_.touch_after).count();
+  if ((*f)->mtime_tick != 0 && now - (*f)->mtime_tick < pause) return;
   const struct timespec times[2] = {{0, UTIME_OMIT}, {0, UTIME_NOW}};
   if (::futimens((*f)->fd, times) != 0) return;
   (*f)->mtime_tick = now;

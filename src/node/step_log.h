@@ -32,9 +32,10 @@
 // Timestamps: a write moves the file's mtime when the kernel's coarse clock has ticked
 // since the last one. fdatasync leaves a new mtime alone on most file systems, but ext4
 // without a journal writes the inode's block for it, one more write before the flush.
-// There hold() (a call begins) moves the mtime of a log last written in an earlier tick
-// and syncs it in the background while the call runs; the call's record, written in
-// the same tick, then finds the inode clean (a sandbox's first call after a pause).
+// There hold() (a call begins) moves the mtime of a log not written for 50 ms (a
+// sandbox's first call after a pause) and syncs it in the background while the call
+// runs; the call's record, written in the same tick, then finds the inode clean. Calls
+// in a busy loop, which seldom end in the tick they began, are left as they were.
 //
 // Recovery (open): each log is read record by record (with Options::read_first, only
 // the logs it names before open() returns; the rest by a background thread after, see
@@ -177,10 +178,10 @@ class StepLog {
     // before open() returns.
     std::function<bool(const std::string& sandbox_id)> read_first;
     // hold() moves the log's mtime and syncs its inode in the background when the log was
-    // last written in an earlier clock tick (see "Timestamps" above). Unset: on ext4
-    // without a journal, the one file system here whose fdatasync writes the inode for
-    // a new mtime.
+    // not written for touch_after (see "Timestamps" above). Unset: on ext4 without a
+    // journal, the one file system here whose fdatasync writes the inode for a new mtime.
     std::optional<bool> touch_ahead;
+    std::chrono::milliseconds touch_after{50};
   };
 
   // Reads the logs under data_dir (recovering torn tails; all of them, or those of
