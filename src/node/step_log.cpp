@@ -228,8 +228,7 @@ struct StepLog::File {
   // Made by this commit: its header is written but not synced; its name and its
   // directory's name are synced after the records, in the same commit.
   bool fresh = false;
-  uint64_t used = 0;       // commit count when last written (the least recent is closed first)
-  int64_t mtime_tick = 0;  // coarse_now_ns() when last written or touched (0: unknown)
+  uint64_t used = 0;  // commit count when last written (the least recent is closed first)
   ~File() {
     if (fd >= 0) ::close(fd);
   }
@@ -346,6 +345,7 @@ struct StepLog::Log {
   bool closed = false;          // its sandbox ended and everything queued before was written
   bool unusable = false;        // a newer format (or unreadable): left alone, never written
   bool names_unsynced = false;  // a new file written lazily: its directories not yet fsync'ed
+  int64_t mtime_tick = 0;       // coarse_now_ns() when last written or touched (0: unknown)
   int holds = 0;
   std::vector<Pending> deferred;  // after_calls events (and trims) waiting for holds == 0
   std::vector<std::function<void()>> waiters;
@@ -1198,15 +1198,23 @@ size_t StepLog::answer_lost(std::vector<std::pair<uint32_t, StepRecord>> lost) {
 void StepLog::hold(const std::string& scope) {
   ensure_loaded(scope);
   uint32_t log;
-  bool written;
+  bool touch = false;
   {
     std::lock_guard lk(mu_);
     log = log_id_locked(scope);
     Log& l = *logs_[log];
     l.holds++;
-    written = l.end >= kFileHeader && l.allocated >= l.end && !l.unusable && !l.closed;
+    // Only after a pause: a log written moments ago may not have ticked at all, and in
+    // a busy loop a call seldom ends in the tick it began, so a touch would add a flush.
+    const int64_t now = coarse_now_ns();
+    if (touch_ahead_ && log != 0 && l.end >= kFileHeader && l.allocated >= l.end && !l.unusable &&
+        !l.closed &&
+        (l.mtime_tick == 0 || now - l.mtime_tick >= opts_.touch_after.count() * 1'000'000)) {
+      l.mtime_tick = now;  // one touch, however many calls begin at once
+      touch = true;
+    }
   }
-  if (touch_ahead_ && written && log != 0) touch_ahead(log);
+  if (touch) touch_ahead(log);
 }
 
 void StepLog::touch_ahead(uint32_t log) {
@@ -1215,14 +1223,8 @@ void StepLog::touch_ahead(uint32_t log) {
   if (!fl.owns_lock()) return;
   auto f = file_for(log, /*existing_only=*/true);
   if (!f) return;
-  // Only after a pause: a log written moments ago may not have ticked at all, and in a
-  // busy loop a call seldom ends in the tick it began, so a touch would add a flush.
-  const int64_t now = coarse_now_ns();
-  const int64_t pause = std::chrono::nanoseconds(opts_.touch_after).count();
-  if ((*f)->mtime_tick != 0 && now - (*f)->mtime_tick < pause) return;
   const struct timespec times[2] = {{0, UTIME_OMIT}, {0, UTIME_NOW}};
   if (::futimens((*f)->fd, times) != 0) return;
-  (*f)->mtime_tick = now;
   (*f)->used = commits_;
   sync_pool_->ahead((*f)->fd);
 }
@@ -1409,6 +1411,7 @@ void StepLog::commit(std::vector<Pending>& batch) {
       bool names = false;  // a new file: its directories to fsync after it (sync_dirs_)
       std::vector<size_t> items;
       Result<void> synced;
+      int64_t written_tick = 0;  // coarse_now_ns() at its last write
     };
     std::map<uint32_t, Tentative> touched;
     for (size_t i = 0; i < batch.size(); ++i) {
@@ -1450,7 +1453,7 @@ void StepLog::commit(std::vector<Pending>& batch) {
         continue;
       }
       t.f->allocated = std::max(t.f->allocated, t.end + bytes.size());
-      t.f->mtime_tick = coarse_now_ns();
+      t.written_tick = coarse_now_ns();
       offsets[i] = t.end;
       t.end += bytes.size();
       if (!intent) t.seq++;
@@ -1489,6 +1492,7 @@ void StepLog::commit(std::vector<Pending>& batch) {
     {
       std::lock_guard lk(mu_);
       for (auto& [log, t] : touched) {
+        if (t.written_tick) logs_[log]->mtime_tick = t.written_tick;
         if (!t.synced) {
           if (t.f->fresh) {
             logs_[log]->end = 0;  // made afresh by the next commit
