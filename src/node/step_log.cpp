@@ -1206,12 +1206,14 @@ void StepLog::hold(const std::string& scope) {
     l.holds++;
     // Only after a pause: a log written moments ago may not have ticked at all, and in
     // a busy loop a call seldom ends in the tick it began, so a touch would add a flush.
-    const int64_t now = coarse_now_ns();
     if (touch_ahead_ && log != 0 && l.end >= kFileHeader && l.allocated >= l.end && !l.unusable &&
-        !l.closed &&
-        (l.mtime_tick == 0 || now - l.mtime_tick >= opts_.touch_after.count() * 1'000'000)) {
-      l.mtime_tick = now;  // one touch, however many calls begin at once
-      touch = true;
+        !l.closed) {
+      const int64_t now = coarse_now_ns();
+      const int64_t pause = std::chrono::nanoseconds(opts_.touch_after).count();
+      if (l.mtime_tick == 0 || now - l.mtime_tick >= pause) {
+        l.mtime_tick = now;  // one touch, however many calls begin at once
+        touch = true;
+      }
     }
   }
   if (touch) touch_ahead(log);
@@ -1414,6 +1416,7 @@ void StepLog::commit(std::vector<Pending>& batch) {
       int64_t written_tick = 0;  // coarse_now_ns() at its last write
     };
     std::map<uint32_t, Tentative> touched;
+    const int64_t tick = touch_ahead_ ? coarse_now_ns() : 0;  // the writes' (hold() reads it)
     for (size_t i = 0; i < batch.size(); ++i) {
       auto& p = batch[i];
       if (!results[i] || p.op != Pending::Op::kRecord) continue;
@@ -1453,7 +1456,7 @@ void StepLog::commit(std::vector<Pending>& batch) {
         continue;
       }
       t.f->allocated = std::max(t.f->allocated, t.end + bytes.size());
-      t.written_tick = coarse_now_ns();
+      t.written_tick = tick;
       offsets[i] = t.end;
       t.end += bytes.size();
       if (!intent) t.seq++;
