@@ -2,7 +2,6 @@
 
 #include <fcntl.h>
 #include <openssl/crypto.h>
-#include <openssl/evp.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -16,6 +15,7 @@
 #include "common/ids.h"
 #include "common/json_util.h"
 #include "common/log.h"
+#include "common/sha256.h"
 #include "sys/fd.h"
 #include "sys/file_lock.h"
 #include "sys/sys_api.h"
@@ -23,19 +23,6 @@
 namespace tp::api {
 
 namespace json = boost::json;
-
-std::string sha256_hex(std::string_view data) {
-  unsigned char md[EVP_MAX_MD_SIZE];
-  unsigned int n = 0;
-  EVP_Digest(data.data(), data.size(), md, &n, EVP_sha256(), nullptr);
-  static const char* hex = "0123456789abcdef";
-  std::string out;
-  for (unsigned i = 0; i < n; ++i) {
-    out.push_back(hex[md[i] >> 4]);
-    out.push_back(hex[md[i] & 15]);
-  }
-  return out;
-}
 
 namespace {
 

@@ -60,9 +60,6 @@ class KeyFile {
   std::string path_;
 };
 
-// Lower-case hex SHA-256 of `data`.
-std::string sha256_hex(std::string_view data);
-
 struct AuthOptions {
   std::string key_file;                   // KeyFile path
   bool insecure_tcp = false;              // TCP without keys (loopback only; checked by the daemon)

@@ -1,13 +1,13 @@
 #include "api/idempotency.h"
 
 #include <fmt/format.h>
-#include <openssl/evp.h>
 
 #include <boost/json.hpp>
 #include <chrono>
 
 #include "api/step_summary.h"
 #include "common/log.h"
+#include "common/sha256.h"
 #include "node/trajectory_events.h"
 
 namespace tp::api {
@@ -55,10 +55,7 @@ node::StepFingerprint IdempotencyCache::fingerprint(const Request& req) {
     fp.body_len = req.upload->size();
     return fp;
   }
-  unsigned char d[EVP_MAX_MD_SIZE];
-  unsigned int len = 0;
-  EVP_Digest(req.body.data(), req.body.size(), d, &len, EVP_sha256(), nullptr);
-  fp.body_sha256.assign(reinterpret_cast<const char*>(d), len);
+  fp.body_sha256 = sha256(req.body);
   fp.body_len = req.body.size();
   return fp;
 }

@@ -1,7 +1,6 @@
 #include "api/spool.h"
 
 #include <fcntl.h>
-#include <openssl/evp.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -9,6 +8,7 @@
 
 #include "api/http_server.h"
 #include "common/ids.h"
+#include "common/sha256.h"
 
 namespace tp::api {
 
@@ -39,13 +39,10 @@ struct SpoolHold {
 struct SpoolBody::State {
   sys::UniqueFd fd;
   uint64_t size = 0;
-  EVP_MD_CTX* sha = nullptr;
+  Sha256 sha;
   std::shared_ptr<SpoolHold> hold = std::make_shared<SpoolHold>();
   SpoolFailure failure = SpoolFailure::kNone;
   std::string message;
-  ~State() {
-    if (sha) EVP_MD_CTX_free(sha);
-  }
 };
 
 bool SpoolBody::value_type::open(const SpoolOptions& opts, std::string* why) {
@@ -63,9 +60,8 @@ bool SpoolBody::value_type::open(const SpoolOptions& opts, std::string* why) {
     st_.reset();
     return false;
   }
-  st_->sha = EVP_MD_CTX_new();
-  if (!st_->sha || EVP_DigestInit_ex(st_->sha, EVP_sha256(), nullptr) != 1) {
-    *why = "EVP_DigestInit_ex(sha256) failed";
+  if (!st_->sha.ok()) {
+    *why = "sha256 of the body: setup failed";
     st_.reset();
     return false;
   }
@@ -74,11 +70,9 @@ bool SpoolBody::value_type::open(const SpoolOptions& opts, std::string* why) {
 
 std::shared_ptr<const BodyFile> SpoolBody::value_type::finish() {
   if (!st_ || st_->failure != SpoolFailure::kNone) return nullptr;
-  unsigned char d[EVP_MAX_MD_SIZE];
-  unsigned len = 0;
-  if (EVP_DigestFinal_ex(st_->sha, d, &len) != 1) return nullptr;
-  auto f = std::make_shared<const BodyFile>(std::move(st_->fd), st_->size,
-                                            std::string(reinterpret_cast<char*>(d), len),
+  std::string digest = st_->sha.digest();
+  if (digest.empty()) return nullptr;
+  auto f = std::make_shared<const BodyFile>(std::move(st_->fd), st_->size, std::move(digest),
                                             std::shared_ptr<void>(st_->hold));
   st_.reset();
   return f;
@@ -124,7 +118,7 @@ bool SpoolBody::reader::write(const void* data, size_t n, boost::beast::error_co
     }
     done += static_cast<size_t>(w);
   }
-  EVP_DigestUpdate(st->sha, data, n);
+  st->sha.update(data, n);
   st->size += n;
   return true;
 }

@@ -1,47 +1,32 @@
 #include "function/compile_cache.h"
 
-#include <openssl/evp.h>
-
 #include <algorithm>
+
+#include "common/sha256.h"
 
 namespace tp::function {
 
 namespace {
 
-class Sha256 {
+// Length-prefixed fields, so that no two different field lists hash alike.
+class FieldHash {
  public:
-  Sha256() : ctx_(EVP_MD_CTX_new()) { EVP_DigestInit_ex(ctx_, EVP_sha256(), nullptr); }
-  ~Sha256() { EVP_MD_CTX_free(ctx_); }
-  Sha256(const Sha256&) = delete;
-  Sha256& operator=(const Sha256&) = delete;
-  // Length-prefixed, so that no two different field lists hash alike.
   void field(std::string_view s) {
     uint64_t n = s.size();
-    EVP_DigestUpdate(ctx_, &n, sizeof(n));
-    EVP_DigestUpdate(ctx_, s.data(), s.size());
+    h_.update(&n, sizeof(n));
+    h_.update(s);
   }
-  std::string hex() {
-    unsigned char md[EVP_MAX_MD_SIZE];
-    unsigned int len = 0;
-    EVP_DigestFinal_ex(ctx_, md, &len);
-    static const char* kHex = "0123456789abcdef";
-    std::string out;
-    for (unsigned i = 0; i < len; ++i) {
-      out.push_back(kHex[md[i] >> 4]);
-      out.push_back(kHex[md[i] & 15]);
-    }
-    return out;
-  }
+  std::string hex() { return h_.hex_digest(); }
 
  private:
-  EVP_MD_CTX* ctx_;
+  Sha256 h_;
 };
 
 }  // namespace
 
 std::string CompileCache::key(const LanguageDef& lang, std::string_view source,
                               const std::vector<File>& files) {
-  Sha256 h;
+  FieldHash h;
   h.field("tidepool-fn-compile-v1");
   h.field(lang.image);
   for (const auto& a : lang.compile) h.field(a);

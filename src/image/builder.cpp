@@ -5,7 +5,6 @@
 #include <fcntl.h>
 #include <grp.h>
 #include <linux/filter.h>
-#include <openssl/evp.h>
 #include <sched.h>
 #include <signal.h>
 #include <sys/mman.h>
@@ -28,6 +27,7 @@
 #include "common/ids.h"
 #include "common/json_util.h"
 #include "common/log.h"
+#include "common/sha256.h"
 #include "image/layer_unpack.h"
 #include "sys/fd.h"
 #include "sys/seccomp.h"
@@ -50,19 +50,6 @@ std::string sh_quote(const std::string& s) {
   std::string o = "'";
   for (char c : s) o += c == '\'' ? std::string("'\\''") : std::string(1, c);
   return o + "'";
-}
-
-std::string sha256_hex(const std::string& s) {
-  unsigned char d[EVP_MAX_MD_SIZE];
-  unsigned len = 0;
-  EVP_Digest(s.data(), s.size(), d, &len, EVP_sha256(), nullptr);
-  static const char* hex = "0123456789abcdef";
-  std::string h;
-  for (unsigned i = 0; i < len; ++i) {
-    h += hex[d[i] >> 4];
-    h += hex[d[i] & 15];
-  }
-  return h;
 }
 
 std::string tail_of(const std::string& path, size_t n) {
@@ -210,11 +197,8 @@ Result<std::string> own_and_digest(const std::string& dir, const std::string& sr
     rels.push_back(fs::relative(it->path(), dir).string());
   if (ec) return fail(Code::kInternal, "walking staged files of " + src + ": " + ec.message());
   std::sort(rels.begin(), rels.end());
-  std::unique_ptr<EVP_MD_CTX, void (*)(EVP_MD_CTX*)> md(EVP_MD_CTX_new(), EVP_MD_CTX_free);
-  EVP_DigestInit_ex(md.get(), EVP_sha256(), nullptr);
-  auto put = [&](const std::string& x) {
-    EVP_DigestUpdate(md.get(), x.data(), x.size() + 1);
-  };  // with the NUL
+  Sha256 md;
+  auto put = [&](const std::string& x) { md.update(x.data(), x.size() + 1); };  // with the NUL
   for (const auto& rel : rels) {
     std::string p = rel.empty() ? dir : dir + "/" + rel;
     struct stat st {};
@@ -241,7 +225,7 @@ Result<std::string> own_and_digest(const std::string& dir, const std::string& sr
           if (errno == EINTR) continue;
           return sys_fail("read(" + p + ")");
         }
-        EVP_DigestUpdate(md.get(), buf, static_cast<size_t>(n));
+        md.update(buf, static_cast<size_t>(n));
       }
     } else {
       // Whiteouts: unpack_layer turns ".wh.NAME" members into 0/0 devices.
@@ -250,15 +234,8 @@ Result<std::string> own_and_digest(const std::string& dir, const std::string& sr
                       ", which cannot be copied into an image (.wh. names)");
     }
   }
-  unsigned char d[EVP_MAX_MD_SIZE];
-  unsigned len = 0;
-  EVP_DigestFinal_ex(md.get(), d, &len);
-  static const char* hex = "0123456789abcdef";
-  std::string h;
-  for (unsigned i = 0; i < len; ++i) {
-    h += hex[d[i] >> 4];
-    h += hex[d[i] & 15];
-  }
+  std::string h = md.hex_digest();
+  if (h.empty()) return fail(Code::kInternal, "sha256 of the staged files of " + src + " failed");
   return h;
 }
 

@@ -5,7 +5,6 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <linux/openat2.h>
-#include <openssl/evp.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <sys/syscall.h>
@@ -16,6 +15,7 @@
 #include <cerrno>
 #include <memory>
 
+#include "common/sha256.h"
 #include "sys/fd.h"
 
 namespace tp::image {
@@ -48,9 +48,6 @@ bool starts_with(std::string_view s, std::string_view p) { return s.substr(0, p.
 struct ArchiveFree {
   void operator()(archive* a) const { archive_read_free(a); }
 };
-struct MdFree {
-  void operator()(EVP_MD_CTX* c) const { EVP_MD_CTX_free(c); }
-};
 
 class Unpacker {
  public:
@@ -60,9 +57,7 @@ class Unpacker {
   }
 
   Result<UnpackStats> run() {
-    md_.reset(EVP_MD_CTX_new());
-    if (!md_ || EVP_DigestInit_ex(md_.get(), EVP_sha256(), nullptr) != 1)
-      return fail(Code::kInternal, "EVP_DigestInit(sha256) failed");
+    if (!md_.ok()) return fail(Code::kInternal, "sha256 of the layer stream: setup failed");
     raw_.reset(archive_read_new());
     tar_.reset(archive_read_new());
     if (!raw_ || !tar_) return fail(Code::kResourceExhausted, "archive_read_new: out of memory");
@@ -104,16 +99,9 @@ class Unpacker {
       if (n < 0) return tar_fail("read tar trailer");
       if (n == 0) break;
     }
-    unsigned char d[EVP_MAX_MD_SIZE];
-    unsigned len = 0;
-    EVP_DigestFinal_ex(md_.get(), d, &len);
-    static const char* hex = "0123456789abcdef";
-    std::string h = "sha256:";
-    for (unsigned i = 0; i < len; ++i) {
-      h += hex[d[i] >> 4];
-      h += hex[d[i] & 15];
-    }
-    stats_.diff_id = h;
+    std::string h = md_.hex_digest();
+    if (h.empty()) return fail(Code::kInternal, "sha256 of the layer stream failed");
+    stats_.diff_id = "sha256:" + h;
     return stats_;
   }
 
@@ -147,7 +135,7 @@ class Unpacker {
       stream_limit_ = true;
       return -1;
     }
-    EVP_DigestUpdate(md_.get(), buf, static_cast<size_t>(got));
+    md_.update(buf, static_cast<size_t>(got));
     return got;
   }
   static la_ssize_t tar_read(archive*, void* ud, const void** buf) {
@@ -476,7 +464,7 @@ class Unpacker {
   UnpackLimits lim_;
   UnpackStats stats_;
   std::unique_ptr<archive, ArchiveFree> raw_, tar_;
-  std::unique_ptr<EVP_MD_CTX, MdFree> md_;
+  Sha256 md_;
   bool raw_eof_ = false;
   bool stream_limit_ = false;
   std::string stream_error_;

@@ -8,6 +8,7 @@
 #include <fstream>
 
 #include "common/json_util.h"
+#include "common/sha256.h"
 
 namespace tp::api {
 namespace {
