@@ -504,7 +504,10 @@ void SandboxManager::on_tick() {
   if (opts_.uid_ranges && opts_.uid_ranges->held_in_use() > 0 && !rechecking_.exchange(true)) {
     const auto t = std::chrono::steady_clock::now();
     std::lock_guard lk(gate_->mu);
-    if (gate_->open && t - last_recheck_ >= opts_.uid_recheck) {
+    // The first re-check is never too early: the steady clock starts at boot, so a
+    // "never" of time_point{} would count as uid_recheck ago only once the host has
+    // been up that long.
+    if (gate_->open && (!last_recheck_ || t - *last_recheck_ >= opts_.uid_recheck)) {
       last_recheck_ = t;
       asio::post(blocking_, [this] {
         recheck_ranges();

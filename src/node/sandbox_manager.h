@@ -266,9 +266,10 @@ class SandboxManager : public Service {
   std::shared_ptr<PostGate> gate_ = std::make_shared<PostGate>();
   boost::asio::steady_timer timer_;
   // A tick's re-check of the uid ranges is under way (at most one at a time), and
-  // when the last one began (read and written only by whoever set rechecking_).
+  // when the last one began (read and written only by whoever set rechecking_;
+  // unset: none yet).
   std::atomic<bool> rechecking_{false};
-  std::chrono::steady_clock::time_point last_recheck_{};
+  std::optional<std::chrono::steady_clock::time_point> last_recheck_;
 
   std::mutex mu_;
   std::map<std::string, std::shared_ptr<Sandbox>> live_;
