@@ -1223,6 +1223,11 @@ void StepLog::touch_ahead(uint32_t log) {
   // Only a hint: skipped while a commit runs (it owns the descriptors).
   std::unique_lock fl(files_mu_, std::try_to_lock);
   if (!fl.owns_lock()) return;
+  // Nor does it open a descriptor past the cap: only a commit closes the least recent.
+  auto open_now = files_.find(log);
+  if ((open_now == files_.end() || !open_now->second || open_now->second->fd < 0) &&
+      files_.size() > kOpenLogs)
+    return;
   auto f = file_for(log, /*existing_only=*/true);
   if (!f) return;
   const struct timespec times[2] = {{0, UTIME_OMIT}, {0, UTIME_NOW}};

@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 
 #include <chrono>
+#include <cstdio>
 #include <filesystem>
 #include <thread>
 
@@ -119,6 +120,23 @@ TEST_F(StepLogTouchTest, AnEndedSandboxsLogIsNotTouched) {
   l->sandbox_ended(kTouched);
   ASSERT_TRUE(l->append_sync(kTouched, rec("late"), "refused"));  // after its end, as a 409 is
   EXPECT_EQ(moved_by_hold(*l), 0);
+}
+
+TEST_F(StepLogTouchTest, ATouchOpensNoDescriptorPastTheCap) {
+  auto l = open(true);
+  ASSERT_TRUE(l);
+  ASSERT_TRUE(l->append_sync(kTouched, rec("a"), "one"));
+  // 33 other sandboxes written after it: its descriptor is the least recent, closed.
+  for (int i = 0; i < 33; ++i) {
+    char id[32];
+    std::snprintf(id, sizeof id, "n0-0000000071%02d", i);
+    ASSERT_TRUE(l->append_sync(id, rec("o"), "other"));
+  }
+  EXPECT_EQ(moved_by_hold(*l), 0);
+  ASSERT_TRUE(l->append_sync(kTouched, rec("b"), "two"));  // its record still opens it
+  auto recs = l->list(kTouched, 0, 10, false);
+  ASSERT_TRUE(recs);
+  EXPECT_EQ(recs->size(), 2u);
 }
 
 }  // namespace
