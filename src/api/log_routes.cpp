@@ -7,6 +7,7 @@
 
 #include "common/json_util.h"
 #include "common/log.h"
+#include "common/sha256.h"
 #include "node/replay.h"
 
 namespace tp::api {
@@ -50,7 +51,7 @@ json::object entry_json(const node::StepRecord& r, bool output) {
   o["duration_ms"] = static_cast<double>(r.finished_us - r.started_us) / 1000.0;
   o["status"] = r.status;
   o["caller"] = parsed_or_null(r.caller);
-  json::object req{{"bytes", r.request.body_len}, {"sha256", node::hex_of(r.request.body_sha256)}};
+  json::object req{{"bytes", r.request.body_len}, {"sha256", hex_encode(r.request.body_sha256)}};
   if (r.request_body && !r.request_body->empty() && (*r.request_body)[0] == '{') {
     if (auto b = json_util::parse_object(*r.request_body)) req["body"] = std::move(*b);
   }

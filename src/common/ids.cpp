@@ -4,23 +4,18 @@
 
 #include <cstdint>
 
+#include "common/sha256.h"
+
 namespace tp::ids {
 
 std::string random_hex(size_t n_bytes) {
-  static constexpr char kHex[] = "0123456789abcdef";
   std::string buf(n_bytes, '\0');
   size_t got = 0;
   while (got < n_bytes) {
     ssize_t r = getrandom(buf.data() + got, n_bytes - got, 0);
     if (r > 0) got += static_cast<size_t>(r);
   }
-  std::string out;
-  out.reserve(n_bytes * 2);
-  for (unsigned char c : buf) {
-    out.push_back(kHex[c >> 4]);
-    out.push_back(kHex[c & 15]);
-  }
-  return out;
+  return hex_encode(buf);
 }
 
 std::string new_sandbox_id(std::string_view node) {

@@ -5,6 +5,8 @@
 #include <array>
 #include <cstring>
 
+#include "common/sha256.h"
+
 namespace tp::node {
 
 namespace {
@@ -84,16 +86,6 @@ uint32_t crc32c(uint32_t crc, const void* data, size_t n) {
   return ~crc32c_table(~crc, p, n);
 }
 
-std::string hex_of(std::string_view raw) {
-  static constexpr char kHex[] = "0123456789abcdef";
-  std::string h;
-  for (unsigned char c : raw) {
-    h.push_back(kHex[c >> 4]);
-    h.push_back(kHex[c & 15]);
-  }
-  return h;
-}
-
 std::string bytes_of_hex(std::string_view h) {
   auto v = [](char c) {
     return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
@@ -106,7 +98,7 @@ std::string bytes_of_hex(std::string_view h) {
 
 std::string StepFingerprint::describe() const {
   return fmt::format("{} {} (body sha256:{}..., {} bytes)", method, target,
-                     hex_of(std::string_view(body_sha256).substr(0, 8)), body_len);
+                     hex_encode(std::string_view(body_sha256).substr(0, 8)), body_len);
 }
 
 StepRecord intent_of(const StepRecord& call) {

@@ -28,8 +28,8 @@
 namespace tp::node {
 
 uint32_t crc32c(uint32_t crc, const void* data, size_t n);
-// Lower-case hex of raw bytes (digests), and back (invalid input: what parses).
-std::string hex_of(std::string_view raw);
+// Raw bytes of lower-case hex (the inverse of common/sha256.h's hex_encode; invalid
+// input: what parses).
 std::string bytes_of_hex(std::string_view hex);
 
 enum class StepKind : uint8_t {

@@ -7,6 +7,7 @@
 #include "common/ids.h"
 #include "common/json_util.h"
 #include "common/log.h"
+#include "common/sha256.h"
 #include "node/record_json.h"
 
 namespace tp::node {
@@ -98,7 +99,7 @@ std::string step_tag(const std::string& key, const StepFingerprint& fp, const st
   json::object o{{"key", key},
                  {"method", fp.method},
                  {"target", fp.target},
-                 {"sha256", hex_of(fp.body_sha256)},
+                 {"sha256", hex_encode(fp.body_sha256)},
                  {"len", fp.body_len}};
   boost::system::error_code ec;
   auto c = json::parse(caller, ec);
