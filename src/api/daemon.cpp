@@ -292,7 +292,9 @@ int daemon_main(int argc, char** argv) {
   uint32_t pool_quiet_ms = 10;
   app.add_option("--pool-quiet-ms", pool_quiet_ms,
                  "warm-pool refills wait until no sandbox request started or ended for this "
-                 "long, unless the pool is down to a quarter of its target (0: no wait)")
+                 "long, unless the pool is down to a quarter of its target; so do (up to 1 s, "
+                 "frozen meanwhile) the teardowns of sandboxes whose stop was answered ahead: "
+                 "DELETE ?wait=false, an exec with \"remove\" (0: no wait)")
       ->capture_default_str()
       ->check(CLI::Range(uint32_t{0}, uint32_t{60000}));
   try {
@@ -520,6 +522,7 @@ int daemon_main(int argc, char** argv) {
   });
   api.set_client_work([&pools](int d) { pools.client_work(d); });
   api.set_client_request([&pools] { pools.client_request(); });
+  mgr.set_clients_busy([&pools] { return pools.busy_for_s(); });
   api.add_provider(std::make_shared<LifecycleRoutes>(pools, jobs));
   AuthOptions aopts;
   aopts.key_file = KeyFile::in_data_dir(data_dir);

@@ -64,6 +64,9 @@ std::string Metrics::render() const {
   counter("tidepool_sandbox_creation_failures_total", "Sandbox creations that failed.",
           creation_failures.load());
   counter("tidepool_sandbox_destructions_total", "Sandboxes destroyed.", destructions.load());
+  counter("tidepool_sandbox_teardowns_deferred_total",
+          "Stops answered ahead whose teardown waited for clients to be quiet.",
+          teardowns_deferred.load());
   counter("tidepool_exec_total", "Commands run.", exec_total.load());
   counter("tidepool_sandbox_pauses_total", "Sandboxes paused.", pauses.load());
   counter("tidepool_sandbox_resumes_total", "Paused sandboxes resumed.", resumes.load());

@@ -34,6 +34,7 @@ class Metrics {
   std::atomic<uint64_t> creations{0};
   std::atomic<uint64_t> creation_failures{0};
   std::atomic<uint64_t> destructions{0};
+  std::atomic<uint64_t> teardowns_deferred{0};
   std::atomic<uint64_t> exec_total{0};
   std::atomic<uint64_t> pauses{0};
   std::atomic<uint64_t> resumes{0};

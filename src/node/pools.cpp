@@ -310,6 +310,10 @@ void WarmPools::client_work(int delta) {
 
 void WarmPools::client_request() { last_request_.store(now(), std::memory_order_relaxed); }
 
+double WarmPools::busy_for_s() {
+  return last_request_.load(std::memory_order_relaxed) + opts_.quiet_s - now();
+}
+
 void WarmPools::tick() {
   std::vector<std::string> surplus;
   std::vector<PoolPtr> to_refill;
@@ -344,7 +348,7 @@ void WarmPools::tick() {
     // Refills: none while a client's cold work is in flight, a few at a time, the
     // emptiest pool (relative to its target) first, within the budget; while
     // clients are busy, only for pools down to a quarter of their target.
-    const double busy_for = last_request_.load(std::memory_order_relaxed) + opts_.quiet_s - t;
+    const double busy_for = busy_for_s();
     bool held_back = false;
     if (client_work_ == 0) {
       std::vector<PoolPtr> short_of;

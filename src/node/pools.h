@@ -122,6 +122,9 @@ class WarmPools {
   // refills of pools above a quarter of their target wait until clients have been
   // quiet for Options::quiet_s. Lock-free: the API calls it twice per such request.
   void client_request();
+  // How long clients still count as busy after the last client_request(), in
+  // seconds (<= 0: quiet). The node's deferred teardowns wait for the same.
+  double busy_for_s();
 
   std::vector<PoolStatus> status();
   // One sizing, refill and drain pass (the timer calls it; tests call it).

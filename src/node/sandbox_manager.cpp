@@ -558,12 +558,16 @@ void SandboxManager::on_tick() {
 }
 
 void SandboxManager::shutdown() {
-  std::vector<std::shared_ptr<Sandbox>> all;
+  std::vector<std::shared_ptr<Sandbox>> all, later;
   {
     std::lock_guard lk(mu_);
     stopping_ = true;
     for (auto& [id, sb] : live_) all.push_back(sb);
+    for (auto& d : deferred_) later.push_back(d.sb);
   }
+  // Teardowns left for later run now (their stops were answered; request_release
+  // below waits for them).
+  for (auto& sb : later) reclaim(sb);
   // The timer belongs to the io threads; the cancel runs there, and shutdown()
   // waits for it (bounded: an io_context that no longer runs never runs it), so
   // that the manager may be destroyed once shutdown() returns.
@@ -833,7 +837,7 @@ void SandboxManager::watch_agent(const std::shared_ptr<Sandbox>& sb) {
 void SandboxManager::request_stop(std::shared_ptr<Sandbox> sb, EndReason reason, RecordCb cb,
                                   bool nowait) {
   {
-    std::lock_guard lk(sb->mu);
+    std::unique_lock lk(sb->mu);
     if (sb->state == State::kReleased ||
         (sb->release_requested && sb->stop_reason == EndReason::kNone)) {
       // Handed over to the next daemon run: stopping it now would record it
@@ -849,12 +853,20 @@ void SandboxManager::request_stop(std::shared_ptr<Sandbox> sb, EndReason reason,
       }
       return;
     }
+    const bool waits = static_cast<bool>(cb);
     if (cb && nowait && sb->stop_reason == EndReason::kNone &&
         (sb->state == State::kRunning || sb->state == State::kPaused))
       sb->accept_waiters.push_back(std::move(cb));  // its stop op (queued below) answers
     else if (cb)
       sb->stop_waiters.push_back(std::move(cb));
-    if (sb->stop_reason != EndReason::kNone) return;  // its stop op is queued already
+    if (sb->stop_reason != EndReason::kNone) {  // its stop op is queued already
+      // Someone waits for its end: a teardown left for later runs now.
+      if (waits && sb->teardown_deferred) {
+        lk.unlock();
+        reclaim(sb);
+      }
+      return;
+    }
     sb->stop_reason = reason;
     // From now on exec and file calls are refused; a creating sandbox leaves
     // creating on the strand, after its create op.
@@ -870,9 +882,9 @@ void SandboxManager::request_stop(std::shared_ptr<Sandbox> sb, EndReason reason,
 
 void SandboxManager::stop_now(const std::shared_ptr<Sandbox>& sb) {
   EndReason reason;
-  std::vector<std::shared_ptr<BgProc>> procs;
   std::vector<RecordCb> accepted;
   SandboxRecord intent;
+  bool answered_ahead = false;
   {
     std::lock_guard lk(sb->mu);
     if (is_final(sb->state)) {
@@ -887,7 +899,6 @@ void SandboxManager::stop_now(const std::shared_ptr<Sandbox>& sb) {
     }
     if (sb->state == State::kCreating) sb->apply(Event::kStop);
     reason = sb->stop_reason;
-    for (auto& [h, bg] : sb->procs) procs.push_back(bg);
     accepted.swap(sb->accept_waiters);
     if (!accepted.empty()) intent = sb->rec;
   }
@@ -903,11 +914,133 @@ void SandboxManager::stop_now(const std::shared_ptr<Sandbox>& sb) {
       intent.version = *v;
       intent.state = "stopping";
       for (auto& w : accepted) asio::post(io_, [w, intent] { w(intent); });
+      answered_ahead = true;
     } else {
       TP_SB_WARN(sb->id(), "cannot store its stop ahead: {}; answered when stopped",
                  v.error().message());
       for (auto& w : accepted) sb->stop_waiters.push_back(std::move(w));
     }
+  }
+  if (answered_ahead && defer_teardown(sb)) return;
+  teardown(sb);
+}
+
+// ---- teardown pacing (see the header) ------------------------------------------
+
+void SandboxManager::set_clients_busy(std::function<double()> busy_for_s) {
+  std::lock_guard lk(mu_);
+  clients_busy_ = std::move(busy_for_s);
+}
+
+bool SandboxManager::defer_teardown(const std::shared_ptr<Sandbox>& sb) {
+  std::function<double()> busy;
+  {
+    std::lock_guard lk(mu_);
+    if (stopping_ || !clients_busy_ || deferred_.size() >= opts_.max_deferred_teardowns)
+      return false;
+    busy = clients_busy_;
+  }
+  {
+    // A job's quotas count its sandboxes until they are gone: a deferred one would
+    // refuse the job's next create.
+    std::lock_guard lk(sb->mu);
+    if (!sb->rec.job.empty()) return false;
+  }
+  if (busy() <= 0 || !sb->inst) return false;
+  if (auto f = sb->inst->freeze_for_destroy(); !f) {
+    TP_SB_DEBUG(sb->id(), "torn down at once: {}", f.error().message());
+    return false;
+  }
+  if (sb->agent) sb->agent->close();
+  std::lock_guard lk(mu_);
+  // shutdown() began meanwhile: it waits for this stop, which goes on now.
+  if (stopping_) return false;
+  {
+    std::lock_guard lk2(sb->mu);
+    sb->teardown_deferred = true;
+  }
+  deferred_.push_back({sb, std::chrono::steady_clock::now()});
+  metrics_.teardowns_deferred++;
+  if (!reclaim_armed_ && !reclaiming_) {
+    auto b = std::chrono::duration<double>(std::max(0.0, busy()));
+    arm_reclaim_locked(
+        std::min(opts_.max_teardown_delay, std::chrono::ceil<std::chrono::milliseconds>(b)));
+  }
+  return true;
+}
+
+void SandboxManager::arm_reclaim_locked(std::chrono::milliseconds delay) {
+  reclaim_armed_ = true;
+  auto t = std::make_shared<asio::steady_timer>(io_, std::max(delay, std::chrono::milliseconds(1)));
+  t->async_wait([this, t, gate = gate_](boost::system::error_code ec) {
+    if (ec) return;
+    std::lock_guard g(gate->mu);
+    if (!gate->open) return;  // the manager is going away
+    {
+      std::lock_guard lk(mu_);
+      reclaim_armed_ = false;
+    }
+    reclaim_tick();
+  });
+}
+
+void SandboxManager::reclaim_tick() {
+  std::shared_ptr<Sandbox> due;
+  {
+    std::lock_guard lk(mu_);
+    if (reclaiming_ || deferred_.empty()) return;
+    const auto now = std::chrono::steady_clock::now();
+    const double busy_for = clients_busy_ ? clients_busy_() : 0;
+    const auto waited = now - deferred_.front().since;
+    if (busy_for <= 0 || waited >= opts_.max_teardown_delay) {
+      due = deferred_.front().sb;
+      deferred_.pop_front();
+      reclaiming_ = true;
+    } else if (!reclaim_armed_) {
+      auto b =
+          std::chrono::ceil<std::chrono::milliseconds>(std::chrono::duration<double>(busy_for));
+      auto left = std::chrono::ceil<std::chrono::milliseconds>(opts_.max_teardown_delay - waited);
+      arm_reclaim_locked(std::min(b, left));
+    }
+  }
+  if (!due) return;
+  // One at a time, on its strand: the next once this one is done.
+  due->enqueue([this, due](Sandbox::Done done) {
+    asio::post(blocking_, [this, due, done] {
+      teardown(due);
+      {
+        std::lock_guard lk(mu_);
+        reclaiming_ = false;
+      }
+      reclaim_tick();  // before done(): while an op of this manager is in flight
+      done();
+    });
+  });
+}
+
+void SandboxManager::reclaim(const std::shared_ptr<Sandbox>& sb) {
+  {
+    std::lock_guard lk(mu_);
+    auto it = std::find_if(deferred_.begin(), deferred_.end(),
+                           [&](const Deferred& d) { return d.sb == sb; });
+    if (it == deferred_.end()) return;  // its teardown runs already
+    deferred_.erase(it);
+  }
+  sb->enqueue([this, sb](Sandbox::Done done) {
+    asio::post(blocking_, [this, sb, done] {
+      teardown(sb);
+      done();
+    });
+  });
+}
+
+void SandboxManager::teardown(const std::shared_ptr<Sandbox>& sb) {
+  EndReason reason;
+  std::vector<std::shared_ptr<BgProc>> procs;
+  {
+    std::lock_guard lk(sb->mu);
+    reason = sb->stop_reason;
+    for (auto& [h, bg] : sb->procs) procs.push_back(bg);
   }
   if (sb->agent) sb->agent->close();
   Result<void> d = sb->inst ? sb->inst->destroy() : Result<void>{};

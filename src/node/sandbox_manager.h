@@ -51,6 +51,19 @@
 // by output_limit per stream), removed when the sandbox ends. A process that
 // ended and was reported before a restart is not listed after it.
 //
+// Teardown pacing: a stop answered before its teardown (destroy_nowait: DELETE
+// ?wait=false, an exec with "remove") leaves the teardown for later while clients
+// are busy (set_clients_busy): the sandbox is frozen at once (nothing of it runs
+// any more; its record is stored stopping, so a restarted daemon finishes the stop),
+// and destroyed once clients are quiet, one at a time, or once it has waited
+// max_teardown_delay, or at once when max_deferred_teardowns wait already. A
+// sandbox's teardown (its processes' exit, its namespaces' and cgroups' release,
+// much of it in kernel workers) takes a core for milliseconds; on a small node the
+// requests that follow it, a client's next `tidepool run` say, would pay for it.
+// A caller that waits for the final record (destroy(), shutdown()) has the
+// teardown run at once; so do a job's sandboxes (its quotas count them until they
+// are gone) and those of a tier that cannot freeze.
+//
 // Thread rules: every method may be called from any thread. Callbacks run on
 // the io_context's threads. Blocking work (clone, destroy, store writes of a
 // transition) runs on an internal thread pool, never on the io threads.
@@ -64,6 +77,7 @@
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/thread_pool.hpp>
 #include <chrono>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -135,6 +149,10 @@ struct ManagerOptions {
   std::chrono::milliseconds uid_recheck{2000};
   std::chrono::milliseconds agent_ready_timeout{15000};
   std::chrono::milliseconds tick{500};
+  // Teardowns left for a quiet moment (see "Teardown pacing"): at most this many
+  // at once, none older than max_teardown_delay.
+  size_t max_deferred_teardowns = 64;
+  std::chrono::milliseconds max_teardown_delay{1000};
   size_t blocking_threads = 2;
 };
 
@@ -192,6 +210,9 @@ class SandboxManager : public Service {
   void after(std::chrono::milliseconds delay, std::function<void()> fn) override;
   const std::string& node_name() const override { return opts_.node_name; }
 
+  // How long clients still count as busy, in seconds (<= 0: quiet); unset: always
+  // quiet (no teardown waits). Set before serving.
+  void set_clients_busy(std::function<double()> busy_for_s);
   // Images other than "host" are resolved through this; set before serving.
   void set_image_resolver(ImageResolver r) { resolver_ = std::move(r); }
   // Runs one TTL / idle / retry pass now (tests; the timer calls it).
@@ -227,8 +248,18 @@ class SandboxManager : public Service {
   void request_stop(std::shared_ptr<Sandbox> sb, EndReason reason, RecordCb cb,
                     bool nowait = false);
   void request_release(std::shared_ptr<Sandbox> sb, std::function<void()> done);
-  // The stop op's body (on a blocking thread, on the strand).
+  // The stop op's body (on a blocking thread, on the strand): stores a stop that
+  // is answered ahead, then tears it down, now or later (defer_teardown).
   void stop_now(const std::shared_ptr<Sandbox>& sb);
+  // Destroys it and stores its final record (on a blocking thread, on the strand).
+  void teardown(const std::shared_ptr<Sandbox>& sb);
+  // Freezes it and leaves its teardown for later when clients are busy: true if so.
+  bool defer_teardown(const std::shared_ptr<Sandbox>& sb);
+  // Runs the teardown of a deferred sandbox now (once, whoever calls it first).
+  void reclaim(const std::shared_ptr<Sandbox>& sb);
+  // Starts the next teardown that is due (at most one at a time) and re-arms the timer.
+  void reclaim_tick();
+  void arm_reclaim_locked(std::chrono::milliseconds delay);
   void watch_agent(const std::shared_ptr<Sandbox>& sb);
   Result<uint32_t> start_exec(const std::shared_ptr<Sandbox>& sb, ExecParams p, ExecCallbacks cb,
                               std::string meta);
@@ -274,7 +305,16 @@ class SandboxManager : public Service {
   std::mutex mu_;
   std::map<std::string, std::shared_ptr<Sandbox>> live_;
   bool stopping_ = false;
-  Admission admission_;  // under mu_
+  Admission admission_;                   // under mu_
+  std::function<double()> clients_busy_;  // set before serving
+  // Teardowns left for later, oldest first (under mu_), and whether the timer
+  // for them is armed or one of them runs.
+  struct Deferred {
+    std::shared_ptr<Sandbox> sb;
+    std::chrono::steady_clock::time_point since;
+  };
+  std::deque<Deferred> deferred_;
+  bool reclaim_armed_ = false, reclaiming_ = false;
   // Live sandboxes by job (creating and stopping ones too: they hold their resources).
   std::map<std::string, std::set<std::shared_ptr<Sandbox>>> by_job_;
 };

@@ -108,6 +108,13 @@ class SandboxInstance {
   virtual Result<void> thaw() {
     return fail(Code::kInvalidArgument, "this tier cannot thaw a sandbox");
   }
+  // Freezes every process of a sandbox whose destroy() comes later (a stop answered
+  // before its teardown, node/sandbox_manager.h): as freeze(), without giving memory
+  // back (the destroy frees it). destroy() thaws what it must to kill. A tier that
+  // cannot (the default) is destroyed at once instead.
+  virtual Result<void> freeze_for_destroy() {
+    return fail(Code::kInvalidArgument, "this tier tears down at once");
+  }
   // Lets go of the sandbox without stopping it (the daemon exits and a later
   // run adopts it): closes the instance's fds; destroy() is a no-op afterwards.
   virtual void release() { std::abort(); }  // tiers that adopt() override it

@@ -5,6 +5,7 @@ that went away) the sandbox ends and leaves nothing on the host."""
 import base64
 import json
 import socket
+import threading
 import time
 
 from tp_testlib import api_call as call, leaks_of, wait_until
@@ -99,3 +100,42 @@ def test_a_replay_of_a_step_that_removed_its_sandbox_keeps_the_replay_running(da
         assert base64.b64decode(events[1]["data"]) == b"one\n"
     finally:
         call(daemon, "DELETE", f"/v1/sandboxes/{branch}")
+
+
+def _deferred(daemon) -> int:
+    s, _, b = call(daemon, "GET", "/metrics")
+    assert s == 200
+    line = next(l for l in b.decode().splitlines() if l.startswith("tidepool_sandbox_teardowns_deferred_total "))
+    return int(float(line.split()[1]))
+
+
+def test_while_other_clients_are_busy_the_teardown_waits_frozen_and_still_leaves_nothing(daemon, client):
+    """Teardown pacing: the stop is stored and answered as before; the teardown (frozen
+    meanwhile) waits until clients are quiet, at most a second, and then nothing is left."""
+    other = client.create(ttl=600)
+    sb = client.create(ttl=600)
+    before = _deferred(daemon)
+    busy = threading.Event()
+    busy.set()
+
+    def poll():  # another client's requests, a few milliseconds apart
+        while busy.is_set():
+            call(daemon, "GET", f"/v1/sandboxes/{other.id}")
+            time.sleep(0.002)
+
+    t = threading.Thread(target=poll)
+    t.start()
+    try:
+        events = stream_lines(daemon, sb.id, {"cmd": "true", "stream": True, "remove": True})
+        assert events[-1]["type"] == "removed" and events[-1]["sandbox"]["end_reason"] == "deleted"
+        s, _, b = call(daemon, "POST", f"/v1/sandboxes/{sb.id}/exec", {"cmd": "true"})
+        assert s in (404, 409), (s, b)
+        wait_until(lambda: _deferred(daemon) == before + 1, 10, what="the teardown deferred")
+        # Clients still busy: the delay bound ends the wait.
+        wait_until(lambda: state_of(daemon, sb.id)["state"] == "stopped", 30, what="the sandbox to stop")
+    finally:
+        busy.clear()
+        t.join()
+    assert state_of(daemon, sb.id)["end_reason"] == "deleted"
+    wait_until(lambda: not leaks_of(sb.id, daemon.pid, daemon.data_dir), 30, what="nothing left of it")
+    assert other.exec("echo ok").stdout == "ok\n"

@@ -152,20 +152,15 @@ class ContainerInstance final : public SandboxInstance {
   std::string agent_address() const override { return destroyed_ ? std::string() : address_; }
 
   Result<void> freeze() override {
-    if (destroyed_) return fail(Code::kConflict, "sandbox " + id_ + " is destroyed");
-    auto r = sys::set_frozen(sys::real_sys(), *sh_->cgroups, id_, true);
-    if (!r) {
-      // Half-frozen is worse than running: undo.
-      (void)sys::set_frozen(sys::real_sys(), *sh_->cgroups, id_, false);
-      return r;
-    }
-    frozen_ = true;
+    TP_TRY(freeze_processes());
     // Frozen, its memory is idle: give back what the host can take (page cache,
     // and with swap the rest). Best effort.
     if (auto left = sh_->cgroups->reclaim_memory(id_); left)
       TP_SB_DEBUG(id_, "paused; {} KiB still charged", *left >> 10);
     return {};
   }
+
+  Result<void> freeze_for_destroy() override { return freeze_processes(); }
 
   Result<void> thaw() override {
     if (destroyed_) return fail(Code::kConflict, "sandbox " + id_ + " is destroyed");
@@ -224,6 +219,18 @@ class ContainerInstance final : public SandboxInstance {
   }
 
  private:
+  Result<void> freeze_processes() {
+    if (destroyed_) return fail(Code::kConflict, "sandbox " + id_ + " is destroyed");
+    auto r = sys::set_frozen(sys::real_sys(), *sh_->cgroups, id_, true);
+    if (!r) {
+      // Half-frozen is worse than running: undo.
+      (void)sys::set_frozen(sys::real_sys(), *sh_->cgroups, id_, false);
+      return r;
+    }
+    frozen_ = true;
+    return {};
+  }
+
   // The init's pidfd, opened for its end (false: an adopted init is gone already).
   // A pidfd held for the sandbox's whole life would double the descriptors an idle
   // sandbox costs the daemon (its agent socket is the other): 10,000 alive would

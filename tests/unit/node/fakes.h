@@ -53,6 +53,7 @@ class FakeInstance : public runtime::SandboxInstance {
   std::string agent_address() const override { return address_; }
   void release() override;
   Result<void> freeze() override;
+  Result<void> freeze_for_destroy() override;
   Result<void> thaw() override;
 
  private:
@@ -149,6 +150,8 @@ class FakeBackend : public runtime::Backend {
   std::map<std::string, uint32_t> uid_bases;    // SandboxSpec::uid_base of each create/adopt
   std::set<std::string> failing_destroys;       // destroy() fails and the instance lives on
   std::set<std::string> frozen;                 // freeze()d and not thawed
+  std::set<std::string> frozen_for_destroy;     // ever freeze_for_destroy()d
+  bool freeze_fails = false;                    // freeze_for_destroy() fails
   std::map<std::string, uint64_t> oom_kills;    // a sandbox's OOM-kill count
   std::set<std::string> oom_unreadable;         // its oom_kills() fails
   int oom_reads = 0;                            // oom_kills() calls, any sandbox
@@ -180,6 +183,14 @@ inline Result<void> FakeInstance::freeze() {
   std::lock_guard lk(b_->mu);
   if (destroyed_) return fail(Code::kConflict, "destroyed");
   b_->frozen.insert(id_);
+  return {};
+}
+inline Result<void> FakeInstance::freeze_for_destroy() {
+  std::lock_guard lk(b_->mu);
+  if (destroyed_) return fail(Code::kConflict, "destroyed");
+  if (b_->freeze_fails) return fail(Code::kUnavailable, "fake: cannot freeze");
+  b_->frozen.insert(id_);
+  b_->frozen_for_destroy.insert(id_);
   return {};
 }
 inline Result<void> FakeInstance::thaw() {

@@ -928,7 +928,8 @@ TEST_F(ManagerTest, CreateChecksRangesHeldForTheHostAgainBeforeRefusing) {
 }
 
 // Random interleavings of create, delete, exec, ttl expiry, agent death and
-// shutdown: whatever the order, every record ends consistent and nothing is left.
+// shutdown, with teardowns paced or not: whatever the order, every record ends
+// consistent and nothing is left.
 TEST_F(ManagerTest, RandomInterleavingsEndConsistent) {
   // TP_TEST_SEEDS lowers the count where each seed is slow (the TSan run: make test-tsan).
   const char* env = std::getenv("TP_TEST_SEEDS");
@@ -941,7 +942,13 @@ TEST_F(ManagerTest, RandomInterleavingsEndConsistent) {
     backend_->address = pick(2) ? "/run/fake" : "";
     ManagerOptions o;
     o.stop_on_exit = pick(2) == 0;
+    // Teardown pacing: clients busy or quiet (toggled by the tick step), a small backlog.
+    const bool paced = pick(2) == 0;
+    auto busy = std::make_shared<std::atomic<bool>>(pick(2) == 0);
+    o.max_deferred_teardowns = 1 + pick(3);
+    o.max_teardown_delay = std::chrono::milliseconds(pick(2) ? 1 : 30);
     make(o);
+    if (paced) mgr_->set_clients_busy([busy] { return *busy ? 1.0 : -1.0; });
     std::vector<std::string> ids;
     std::vector<std::future<Result<SandboxRecord>>> creates, deletes, pauses;
     std::vector<bool> nowait;  // of each delete
@@ -973,6 +980,7 @@ TEST_F(ManagerTest, RandomInterleavingsEndConsistent) {
         (void)mgr_->exec(ids[pick(static_cast<int>(ids.size()))], p, cb);
       } else if (what == 5) {
         mgr_->tick();
+        *busy = !*busy;
       } else if (what == 7) {
         const std::string& id = ids[pick(static_cast<int>(ids.size()))];
         pauses.push_back(record_future([&](auto cb) { mgr_->pause(id, cb); }));
@@ -1075,6 +1083,7 @@ TEST_F(ManagerTest, RandomInterleavingsEndConsistent) {
     // shutdown), and 2,000 seeds' worth of them made each seed slower than the last.
     store_.clear();
   }
+  EXPECT_GT(metrics_.teardowns_deferred.load(), 0u) << "no seed deferred a teardown";
 }
 
 }  // namespace
