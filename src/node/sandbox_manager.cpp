@@ -1004,15 +1004,21 @@ void SandboxManager::reclaim_tick() {
     }
   }
   if (!due) return;
-  // One at a time, on its strand: the next once this one is done.
-  due->enqueue([this, due](Sandbox::Done done) {
-    asio::post(blocking_, [this, due, done] {
-      teardown(due);
-      {
-        std::lock_guard lk(mu_);
-        reclaiming_ = false;
-      }
-      reclaim_tick();  // before done(): while an op of this manager is in flight
+  // One at a time: the next once this one is done.
+  teardown_op(due, [this] {
+    {
+      std::lock_guard lk(mu_);
+      reclaiming_ = false;
+    }
+    reclaim_tick();
+  });
+}
+
+void SandboxManager::teardown_op(std::shared_ptr<Sandbox> sb, std::function<void()> then) {
+  sb->enqueue([this, sb, then](Sandbox::Done done) {
+    asio::post(blocking_, [this, sb, then, done] {
+      teardown(sb);
+      if (then) then();  // before done(): while an op of this manager is in flight
       done();
     });
   });
@@ -1026,12 +1032,7 @@ void SandboxManager::reclaim(const std::shared_ptr<Sandbox>& sb) {
     if (it == deferred_.end()) return;  // its teardown runs already
     deferred_.erase(it);
   }
-  sb->enqueue([this, sb](Sandbox::Done done) {
-    asio::post(blocking_, [this, sb, done] {
-      teardown(sb);
-      done();
-    });
-  });
+  teardown_op(sb, nullptr);
 }
 
 void SandboxManager::teardown(const std::shared_ptr<Sandbox>& sb) {

@@ -260,6 +260,8 @@ class SandboxManager : public Service {
   // Starts the next teardown that is due (at most one at a time) and re-arms the timer.
   void reclaim_tick();
   void arm_reclaim_locked(std::chrono::milliseconds delay);
+  // teardown(sb) as an op of its strand, then `then` (optional) within that op.
+  void teardown_op(std::shared_ptr<Sandbox> sb, std::function<void()> then);
   void watch_agent(const std::shared_ptr<Sandbox>& sb);
   Result<uint32_t> start_exec(const std::shared_ptr<Sandbox>& sb, ExecParams p, ExecCallbacks cb,
                               std::string meta);

@@ -1083,7 +1083,6 @@ TEST_F(ManagerTest, RandomInterleavingsEndConsistent) {
     // shutdown), and 2,000 seeds' worth of them made each seed slower than the last.
     store_.clear();
   }
-  EXPECT_GT(metrics_.teardowns_deferred.load(), 0u) << "no seed deferred a teardown";
 }
 
 }  // namespace
