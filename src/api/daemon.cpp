@@ -297,6 +297,12 @@ int daemon_main(int argc, char** argv) {
                  "DELETE ?wait=false, an exec with \"remove\" (0: no wait)")
       ->capture_default_str()
       ->check(CLI::Range(uint32_t{0}, uint32_t{60000}));
+  size_t deferred_teardowns = node::ManagerOptions{}.max_deferred_teardowns;
+  app.add_option("--deferred-teardowns", deferred_teardowns,
+                 "teardowns of stops answered ahead that may wait for clients to be quiet at "
+                 "once (see --pool-quiet-ms; 0: every teardown runs at once)")
+      ->capture_default_str()
+      ->check(CLI::Range(size_t{0}, size_t{100000}));
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -423,6 +429,7 @@ int daemon_main(int argc, char** argv) {
   mopts.node_name = node;
   mopts.data_dir = data_dir;
   mopts.stop_on_exit = stop_sandboxes_on_exit;
+  mopts.max_deferred_teardowns = deferred_teardowns;
   mopts.agent_connect = node::AgentClient::connect;
   std::shared_ptr<node::UidRanges> ranges;
   if (uid_ranges > 0) ranges = std::make_shared<node::UidRanges>(uid_first, uid_ranges);

@@ -3,12 +3,14 @@
 event ends the stream, and whatever ends the command (its end, its timeout, a client
 that went away) the sandbox ends and leaves nothing on the host."""
 import base64
+import contextlib
 import json
 import socket
 import threading
 import time
 
-from tp_testlib import api_call as call, leaks_of, wait_until
+import tidepool
+from tp_testlib import BUILD, Daemon, api_call as call, leaks_of, wait_until
 
 
 def stream_lines(daemon, sid, body):
@@ -102,11 +104,39 @@ def test_a_replay_of_a_step_that_removed_its_sandbox_keeps_the_replay_running(da
         call(daemon, "DELETE", f"/v1/sandboxes/{branch}")
 
 
+
 def _deferred(daemon) -> int:
     s, _, b = call(daemon, "GET", "/metrics")
     assert s == 200
     line = next(l for l in b.decode().splitlines() if l.startswith("tidepool_sandbox_teardowns_deferred_total "))
     return int(float(line.split()[1]))
+
+
+@contextlib.contextmanager
+def _busy_client(daemon, sandbox_id):
+    """Another client's requests, a few milliseconds apart, for as long as the block runs."""
+    busy = threading.Event()
+    busy.set()
+
+    def poll():
+        while busy.is_set():
+            call(daemon, "GET", f"/v1/sandboxes/{sandbox_id}")
+            time.sleep(0.002)
+
+    t = threading.Thread(target=poll)
+    t.start()
+    try:
+        yield
+    finally:
+        busy.clear()
+        t.join()
+
+
+def _run_removing(daemon, sid):
+    events = stream_lines(daemon, sid, {"cmd": "true", "stream": True, "remove": True})
+    assert events[-1]["type"] == "removed" and events[-1]["sandbox"]["end_reason"] == "deleted"
+    s, _, b = call(daemon, "POST", f"/v1/sandboxes/{sid}/exec", {"cmd": "true"})
+    assert s in (404, 409), (s, b)
 
 
 def test_while_other_clients_are_busy_the_teardown_waits_frozen_and_still_leaves_nothing(daemon, client):
@@ -115,27 +145,27 @@ def test_while_other_clients_are_busy_the_teardown_waits_frozen_and_still_leaves
     other = client.create(ttl=600)
     sb = client.create(ttl=600)
     before = _deferred(daemon)
-    busy = threading.Event()
-    busy.set()
-
-    def poll():  # another client's requests, a few milliseconds apart
-        while busy.is_set():
-            call(daemon, "GET", f"/v1/sandboxes/{other.id}")
-            time.sleep(0.002)
-
-    t = threading.Thread(target=poll)
-    t.start()
-    try:
-        events = stream_lines(daemon, sb.id, {"cmd": "true", "stream": True, "remove": True})
-        assert events[-1]["type"] == "removed" and events[-1]["sandbox"]["end_reason"] == "deleted"
-        s, _, b = call(daemon, "POST", f"/v1/sandboxes/{sb.id}/exec", {"cmd": "true"})
-        assert s in (404, 409), (s, b)
+    with _busy_client(daemon, other.id):
+        _run_removing(daemon, sb.id)
         wait_until(lambda: _deferred(daemon) == before + 1, 10, what="the teardown deferred")
         # Clients still busy: the delay bound ends the wait.
         wait_until(lambda: state_of(daemon, sb.id)["state"] == "stopped", 30, what="the sandbox to stop")
-    finally:
-        busy.clear()
-        t.join()
     assert state_of(daemon, sb.id)["end_reason"] == "deleted"
     wait_until(lambda: not leaks_of(sb.id, daemon.pid, daemon.data_dir), 30, what="nothing left of it")
     assert other.exec("echo ok").stdout == "ok\n"
+
+
+def test_deferred_teardowns_0_tears_down_at_once():
+    d = Daemon(BUILD, extra_args=["--deferred-teardowns", "0"])
+    d.start()
+    try:
+        c = tidepool.Client(d.url)
+        other = c.create(ttl=600)
+        sb = c.create(ttl=600)
+        with _busy_client(d, other.id):
+            _run_removing(d, sb.id)
+            wait_until(lambda: state_of(d, sb.id)["state"] == "stopped", 30, what="the sandbox to stop")
+        assert _deferred(d) == 0
+        wait_until(lambda: not leaks_of(sb.id, d.pid, d.data_dir), 30, what="nothing left of it")
+    finally:
+        d.stop()
