@@ -104,7 +104,6 @@ def test_a_replay_of_a_step_that_removed_its_sandbox_keeps_the_replay_running(da
         call(daemon, "DELETE", f"/v1/sandboxes/{branch}")
 
 
-
 def _deferred(daemon) -> int:
     s, _, b = call(daemon, "GET", "/metrics")
     assert s == 200
@@ -156,6 +155,7 @@ def test_while_other_clients_are_busy_the_teardown_waits_frozen_and_still_leaves
 
 
 def test_deferred_teardowns_0_tears_down_at_once():
+    """--deferred-teardowns 0: busy clients or not, every teardown runs at once."""
     d = Daemon(BUILD, extra_args=["--deferred-teardowns", "0"])
     d.start()
     try:
