@@ -101,9 +101,6 @@ class Sandbox : public std::enable_shared_from_this<Sandbox> {
   // destroy_nowait() callers: answered once the stop's intent is stored (its
   // record still running, with the end reason), before the teardown.
   std::vector<RecordCb> accept_waiters;
-  // Frozen, its stop stored and answered, its teardown left for later (the
-  // manager's teardown pacing).
-  bool teardown_deferred = false;
   ResolvedImage image;
   uint64_t disk_bytes = 0;
   int64_t last_active_ms = 0;

@@ -860,8 +860,9 @@ void SandboxManager::request_stop(std::shared_ptr<Sandbox> sb, EndReason reason,
     else if (cb)
       sb->stop_waiters.push_back(std::move(cb));
     if (sb->stop_reason != EndReason::kNone) {  // its stop op is queued already
-      // Someone waits for its end: a teardown left for later runs now.
-      if (waits && sb->teardown_deferred) {
+      // Someone waits for its end: a teardown left for later runs now (reclaim()
+      // finds it among the deferred ones, or does nothing).
+      if (waits) {
         lk.unlock();
         reclaim(sb);
       }
@@ -955,10 +956,6 @@ bool SandboxManager::defer_teardown(const std::shared_ptr<Sandbox>& sb) {
   std::lock_guard lk(mu_);
   // shutdown() began meanwhile: it waits for this stop, which goes on now.
   if (stopping_) return false;
-  {
-    std::lock_guard lk2(sb->mu);
-    sb->teardown_deferred = true;
-  }
   deferred_.push_back({sb, std::chrono::steady_clock::now()});
   metrics_.teardowns_deferred++;
   if (!reclaim_armed_ && !reclaiming_) {

@@ -138,28 +138,37 @@ def _run_removing(daemon, sid):
     assert s in (404, 409), (s, b)
 
 
-def test_while_other_clients_are_busy_the_teardown_waits_frozen_and_still_leaves_nothing(daemon, client):
+@contextlib.contextmanager
+def _own_daemon(*args):
+    # A quiet window of a second (--pool-quiet-ms): a stall of the busy client on a
+    # loaded CI machine never makes the node look quiet.
+    d = Daemon(BUILD, extra_args=["--pool-quiet-ms", "1000", *args])
+    d.start()
+    try:
+        yield d, tidepool.Client(d.url)
+    finally:
+        d.stop()
+
+
+def test_while_other_clients_are_busy_the_teardown_waits_frozen_and_still_leaves_nothing():
     """Teardown pacing: the stop is stored and answered as before; the teardown (frozen
     meanwhile) waits until clients are quiet, at most a second, and then nothing is left."""
-    other = client.create(ttl=600)
-    sb = client.create(ttl=600)
-    before = _deferred(daemon)
-    with _busy_client(daemon, other.id):
-        _run_removing(daemon, sb.id)
-        wait_until(lambda: _deferred(daemon) == before + 1, 10, what="the teardown deferred")
-        # Clients still busy: the delay bound ends the wait.
-        wait_until(lambda: state_of(daemon, sb.id)["state"] == "stopped", 30, what="the sandbox to stop")
-    assert state_of(daemon, sb.id)["end_reason"] == "deleted"
-    wait_until(lambda: not leaks_of(sb.id, daemon.pid, daemon.data_dir), 30, what="nothing left of it")
-    assert other.exec("echo ok").stdout == "ok\n"
+    with _own_daemon() as (d, c):
+        other = c.create(ttl=600)
+        sb = c.create(ttl=600)
+        with _busy_client(d, other.id):
+            _run_removing(d, sb.id)
+            wait_until(lambda: _deferred(d) == 1, 10, what="the teardown deferred")
+            # Clients still busy: the delay bound ends the wait.
+            wait_until(lambda: state_of(d, sb.id)["state"] == "stopped", 30, what="the sandbox to stop")
+        assert state_of(d, sb.id)["end_reason"] == "deleted"
+        wait_until(lambda: not leaks_of(sb.id, d.pid, d.data_dir), 30, what="nothing left of it")
+        assert other.exec("echo ok").stdout == "ok\n"
 
 
 def test_deferred_teardowns_0_tears_down_at_once():
     """--deferred-teardowns 0: busy clients or not, every teardown runs at once."""
-    d = Daemon(BUILD, extra_args=["--deferred-teardowns", "0"])
-    d.start()
-    try:
-        c = tidepool.Client(d.url)
+    with _own_daemon("--deferred-teardowns", "0") as (d, c):
         other = c.create(ttl=600)
         sb = c.create(ttl=600)
         with _busy_client(d, other.id):
@@ -167,5 +176,3 @@ def test_deferred_teardowns_0_tears_down_at_once():
             wait_until(lambda: state_of(d, sb.id)["state"] == "stopped", 30, what="the sandbox to stop")
         assert _deferred(d) == 0
         wait_until(lambda: not leaks_of(sb.id, d.pid, d.data_dir), 30, what="nothing left of it")
-    finally:
-        d.stop()
