@@ -141,7 +141,13 @@ TEST_F(TeardownPacingTest, NoTeardownWaitsLongerThanTheDelayOrBeyondTheBacklog) 
     ASSERT_TRUE(s);
     ids.push_back(s->id);
   }
-  for (const auto& id : ids) stop_ahead(id);
+  // A stop is answered before its sandbox's op defers the teardown, and sandboxes' ops
+  // run side by side: the first two are waiting before the third stops.
+  for (uint64_t i = 0; i < 2; ++i) {
+    stop_ahead(ids[i]);
+    wait_for([&] { return metrics_.teardowns_deferred.load() == i + 1; }, "a deferred teardown");
+  }
+  stop_ahead(ids[2]);
   // The third found two waiting: torn down at once, never frozen.
   wait_for([&] { return stopped_reason(ids[2]) == "deleted"; }, "the third's final record");
   EXPECT_FALSE(frozen_for_destroy(ids[2]));
