@@ -10,6 +10,7 @@ import http.client
 import json
 import os
 import pathlib
+import random
 import shutil
 import signal
 import socket
@@ -62,11 +63,25 @@ def wait_until(pred, timeout: float, interval: float = 0.05, what: str = "condit
 
 
 def free_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
+    """A free port below the kernel's ephemeral range. A daemon restarted on its port
+    must find it free again: a port of that range (what bind to port 0 hands out) may
+    meanwhile be the local end of any process's outgoing connection."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            ephemeral_lo = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        ephemeral_lo = 32768
+    lo = 10000 if ephemeral_lo > 12000 else 1024
+    rng = random.SystemRandom()
+    for _ in range(200):
+        port = rng.randrange(lo, ephemeral_lo)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError(f"no free port in {lo}..{ephemeral_lo - 1}")
 
 
 def http_raw(url: str, method: str, path: str, body: Optional[bytes] = None,
