@@ -5,6 +5,7 @@
 #include <ctime>
 #include <set>
 
+#include "api/counting_responder.h"
 #include "api/download.h"
 #include "api/exec_stream.h"
 #include "common/json_util.h"
@@ -41,39 +42,6 @@ void feed_stdin(std::shared_ptr<const BodyFile> body, StdinWrite write,
       feed_stdin(std::move(body), std::move(write), std::move(done), next);
     });
 }
-
-// Wraps a Responder to count the answer's status in the metrics.
-class CountingResponder : public Responder {
- public:
-  CountingResponder(std::shared_ptr<Responder> inner, Metrics& m, std::function<void()> done = {})
-      : inner_(std::move(inner)), m_(m), done_(std::move(done)) {}
-  ~CountingResponder() override {
-    if (done_) done_();
-  }
-  void send(int status, std::string ct, std::string body) override {
-    m_.count_http(status);
-    inner_->send(status, std::move(ct), std::move(body));
-  }
-  void start_stream(int status, std::string ct) override {
-    m_.count_http(status);
-    inner_->start_stream(status, std::move(ct));
-  }
-  void write_chunk(std::string d) override { inner_->write_chunk(std::move(d)); }
-  void write_chunk(std::string d, std::function<void(bool)> written) override {
-    inner_->write_chunk(std::move(d), std::move(written));
-  }
-  void end_stream() override { inner_->end_stream(); }
-  void abort_stream() override { inner_->abort_stream(); }
-  void set_on_abort(std::function<void()> cb) override { inner_->set_on_abort(std::move(cb)); }
-  void add_header(std::string n, std::string v) override {
-    inner_->add_header(std::move(n), std::move(v));
-  }
-
- private:
-  std::shared_ptr<Responder> inner_;
-  Metrics& m_;
-  std::function<void()> done_;  // the request is over (its last reference went)
-};
 
 json::object entry_json(const node::FileEntry& e) {
   json::object j;
