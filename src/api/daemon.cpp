@@ -459,7 +459,8 @@ int daemon_main(int argc, char** argv) {
            [&mgr](const std::string& id) {
              auto r = mgr.get(id);
              if (!r) return r.error().code != Code::kNotFound;
-             return r->state == "creating" || r->state == "running" || r->state == "paused";
+             return r->state == "creating" || r->state == "running" || r->state == "paused" ||
+                    r->state == "stopping";
            },
        // Logs made ahead for new sandboxes (only with events: their created event is
        // what makes a log).

@@ -93,7 +93,8 @@ void Api::set_trajectory_log(bool every_call) {
   // Calls on a live sandbox: one that ended refuses them, and changes nothing.
   idempotency_.record_unkeyed([this](const std::string& id) {
     auto r = mgr_.get(id);
-    return r && (r->state == "creating" || r->state == "running" || r->state == "paused");
+    return r && (r->state == "creating" || r->state == "running" || r->state == "paused" ||
+                 r->state == "stopping");
   });
 }
 

@@ -1453,11 +1453,18 @@ Error SandboxManager::not_live_error(const std::string& id) {
   return Error{Code::kNotFound, 0, "sandbox " + id + " not found"};
 }
 
+// What the API shows of a live sandbox (see Service::get). Under sb.mu.
+static SandboxRecord shown(const Sandbox& sb) {
+  SandboxRecord r = sb.rec;
+  if (sb.stop_reason != EndReason::kNone && !is_final(sb.state)) r.state = "stopping";
+  return r;
+}
+
 Result<SandboxRecord> SandboxManager::get(const std::string& id) {
   if (auto sb = find_live(id)) {
     std::lock_guard lk(sb->mu);
     if (sb->rec.pooled) return fail(Code::kNotFound, "sandbox " + id + " not found");
-    return sb->rec;
+    return shown(*sb);
   }
   auto rec = store_.get(id);
   if (!rec) return std::unexpected(rec.error());
@@ -1497,8 +1504,9 @@ Result<std::vector<SandboxRecord>> SandboxManager::list(const ListFilter& f) {
     std::lock_guard lk(mu_);
     auto look = [&](const std::shared_ptr<Sandbox>& sb) {
       std::lock_guard lk2(sb->mu);
-      if (matches(sb->rec))
-        live.push_back(sb->rec);
+      SandboxRecord r = shown(*sb);
+      if (matches(r))
+        live.push_back(std::move(r));
       else
         unmatched.push_back(sb->rec.id);
     };

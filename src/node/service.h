@@ -126,6 +126,9 @@ class Service {
   // ttl or shutdown) while it was being created answers kConflict "sandbox X was
   // deleted while creating"; its record is then stopped with that end reason.
   virtual void create(CreateParams p, std::function<void(Result<control::SandboxRecord>)> cb) = 0;
+  // get() and list() show a live sandbox whose stop is under way (its teardown may
+  // wait for a quiet moment, up to a second) as "stopping", as destroy_nowait() answers
+  // it; its stored record stays "running" with its end reason until it has stopped.
   virtual Result<control::SandboxRecord> get(const std::string& id) = 0;
   // Warm-pool sandboxes not handed out are never listed (nor found by get()).
   virtual Result<std::vector<control::SandboxRecord>> list(const ListFilter& f) = 0;

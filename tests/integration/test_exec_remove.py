@@ -159,6 +159,10 @@ def test_while_other_clients_are_busy_the_teardown_waits_frozen_and_still_leaves
         with _busy_client(d, other.id):
             _run_removing(d, sb.id)
             wait_until(lambda: _deferred(d) == 1, 10, what="the teardown deferred")
+            # Meanwhile it is shown stopping, never running (it may have stopped already).
+            assert state_of(d, sb.id)["state"] in ("stopping", "stopped")
+            st, _, body = call(d, "GET", "/v1/sandboxes?state=running")
+            assert st == 200 and sb.id not in body.decode(), body
             # Clients still busy: the delay bound ends the wait.
             wait_until(lambda: state_of(d, sb.id)["state"] == "stopped", 30, what="the sandbox to stop")
         assert state_of(d, sb.id)["end_reason"] == "deleted"

@@ -107,7 +107,7 @@ class SandboxBase(Generic[C]):
 
     @property
     def state(self) -> str:
-        """State at the last answer: creating, running, paused, stopped or lost."""
+        """State at the last answer: creating, running, paused, stopping, stopped or lost."""
         return self.info.state
 
     @property

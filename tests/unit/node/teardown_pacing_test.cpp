@@ -1,6 +1,7 @@
 // Teardown pacing (node/sandbox_manager.h): a stop answered ahead leaves its teardown
 // for a quiet moment, frozen meanwhile; whoever waits for the end, a full backlog, the
 // delay bound or shutdown has it run.
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <random>
@@ -71,6 +72,16 @@ class TeardownPacingTest : public ManagerTest {
     std::lock_guard lk(backend_->mu);
     return backend_->frozen_for_destroy.count(id) > 0;
   }
+  // What the fake backend knows of a sandbox, for a failure's message.
+  std::string fake_state(const std::string& id) {
+    std::lock_guard lk(backend_->mu);
+    auto& b = *backend_;
+    return "live " + std::to_string(b.live.count(id)) + ", frozen " +
+           std::to_string(b.frozen.count(id)) + ", destroyed " +
+           std::to_string(b.destroyed.count(id)) + ", released " +
+           std::to_string(b.released.count(id)) + ", frozen for destroy " +
+           std::to_string(b.frozen_for_destroy.count(id));
+  }
   using Clock = std::chrono::steady_clock;
   // Long enough that a stall of the client thread on a loaded machine never looks
   // quiet; the randomised test, which waits for quiet every seed, shortens it.
@@ -91,10 +102,27 @@ TEST_F(TeardownPacingTest, WhileClientsAreBusyTheSandboxIsFrozenAndTornDownOnceT
   ExecParams p;
   p.argv = {"true"};
   EXPECT_EQ(mgr_->exec(a, p, {}).error().code, Code::kConflict);
+  // The API shows it stopping (the stored record stays running with its end reason).
+  auto g = mgr_->get(a);
+  ASSERT_TRUE(g);
+  EXPECT_EQ(g->state, "stopping");
+  EXPECT_EQ(stored(a).state, "running");
+  auto listed = [&](const std::string& state) {
+    ListFilter f;
+    f.state = state;
+    auto l = mgr_->list(f);
+    EXPECT_TRUE(l);
+    return l && std::any_of(l->begin(), l->end(), [&](const SandboxRecord& r) {
+             return r.id == a && r.state == (state.empty() ? "stopping" : state);
+           });
+  };
+  EXPECT_TRUE(listed(""));
+  EXPECT_TRUE(listed("stopping"));
+  EXPECT_FALSE(listed("running"));
   busy_ = false;
   wait_for([&] { return !backend_->is_live(a); }, "the teardown once quiet");
   wait_for([&] { return stopped_reason(a) == "deleted"; }, "its final record");
-  EXPECT_FALSE(backend_->is_frozen(a));
+  EXPECT_FALSE(backend_->is_frozen(a)) << fake_state(a);
   EXPECT_EQ(mgr_->live_count(), 0u);
 }
 
