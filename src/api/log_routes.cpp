@@ -76,7 +76,10 @@ Result<uint64_t> uint_param(const Request& req, const char* name, uint64_t dflt,
   return n;
 }
 
-bool live_state(const std::string& s) { return s == "creating" || s == "running" || s == "paused"; }
+// Live: its "ended" event is still to come (a stopping one's teardown may wait a second).
+bool live_state(const std::string& s) {
+  return s == "creating" || s == "running" || s == "paused" || s == "stopping";
+}
 
 // The answer of a call served in process, captured whole. A handler that drops its
 // responder without answering is an answer too (503), so dispatch never hangs on it.

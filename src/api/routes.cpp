@@ -576,8 +576,8 @@ void Api::list(Request& req, const Params&, std::shared_ptr<Responder> res) {
     labels[l.substr(0, eq)] = l.substr(eq + 1);
   }
   std::string state = req.q("state") ? *req.q("state") : "";
-  static const std::set<std::string> kStates = {"",       "creating", "running",
-                                                "paused", "stopped",  "lost"};
+  static const std::set<std::string> kStates = {"",         "creating", "running", "paused",
+                                                "stopping", "stopped",  "lost"};
   if (!kStates.count(state))
     return res->send_error(Error{Code::kInvalidArgument, 0, "unknown state '" + state + "'"});
   auto all = req.q_bool("all", false);

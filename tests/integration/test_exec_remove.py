@@ -159,12 +159,21 @@ def test_while_other_clients_are_busy_the_teardown_waits_frozen_and_still_leaves
         with _busy_client(d, other.id):
             _run_removing(d, sb.id)
             wait_until(lambda: _deferred(d) == 1, 10, what="the teardown deferred")
-            # Meanwhile it is shown stopping, never running (it may have stopped already).
+            # Meanwhile it is shown stopping, never running (it may have stopped already),
+            # and a follower of its log waits for its ended event.
+            followed = []
+            follower = threading.Thread(target=lambda: followed.extend(sb.follow_log()))
+            follower.start()
             assert state_of(d, sb.id)["state"] in ("stopping", "stopped")
             st, _, body = call(d, "GET", "/v1/sandboxes?state=running")
             assert st == 200 and sb.id not in body.decode(), body
+            st, _, body = call(d, "GET", "/v1/sandboxes?state=stopping")
+            assert st == 200, body
             # Clients still busy: the delay bound ends the wait.
             wait_until(lambda: state_of(d, sb.id)["state"] == "stopped", 30, what="the sandbox to stop")
+            follower.join(30)
+            assert not follower.is_alive()
+            assert followed and followed[-1].event == "ended", [e.event or e.kind for e in followed]
         assert state_of(d, sb.id)["end_reason"] == "deleted"
         wait_until(lambda: not leaks_of(sb.id, d.pid, d.data_dir), 30, what="nothing left of it")
         assert other.exec("echo ok").stdout == "ok\n"
