@@ -42,6 +42,7 @@
 #include "node/jobs.h"
 #include "node/pools.h"
 #include "node/sandbox_manager.h"
+#include "node/state.h"
 #include "node/step_log.h"
 #include "node/trajectory_events.h"
 #include "runtime/container/container_backend.h"
@@ -459,8 +460,7 @@ int daemon_main(int argc, char** argv) {
            [&mgr](const std::string& id) {
              auto r = mgr.get(id);
              if (!r) return r.error().code != Code::kNotFound;
-             return r->state == "creating" || r->state == "running" || r->state == "paused" ||
-                    r->state == "stopping";
+             return node::shown_live(r->state);
            },
        // Logs made ahead for new sandboxes (only with events: their created event is
        // what makes a log).

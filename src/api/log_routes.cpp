@@ -9,6 +9,7 @@
 #include "common/log.h"
 #include "common/sha256.h"
 #include "node/replay.h"
+#include "node/state.h"
 
 namespace tp::api {
 
@@ -74,11 +75,6 @@ Result<uint64_t> uint_param(const Request& req, const char* name, uint64_t dflt,
     return fail(Code::kInvalidArgument,
                 std::string(name) + " must be at most " + std::to_string(max));
   return n;
-}
-
-// Live: its "ended" event is still to come (a stopping one's teardown may wait a second).
-bool live_state(const std::string& s) {
-  return s == "creating" || s == "running" || s == "paused" || s == "stopping";
 }
 
 // The answer of a call served in process, captured whole. A handler that drops its
@@ -220,7 +216,8 @@ class LogRoutes::Follower : public std::enable_shared_from_this<Follower> {
     auto info = owner_.log_->info(id_);
     if (info.ended || info.closed) return res_->end_stream();
     auto rec = owner_.mgr_.get(id_);
-    bool live = rec && live_state(rec->state);
+    // Live (stopping included): its ended event is still to come.
+    bool live = rec && node::shown_live(rec->state);
     if (!live && !info.busy) {
       // Ended, and nothing of it is being answered: its ended event (if events are
       // logged) is on its way for a moment; a log that gets none ends here.

@@ -12,6 +12,7 @@
 #include "common/log.h"
 #include "common/path.h"
 #include "node/record_json.h"
+#include "node/state.h"
 
 namespace tp::api {
 
@@ -93,8 +94,7 @@ void Api::set_trajectory_log(bool every_call) {
   // Calls on a live sandbox: one that ended refuses them, and changes nothing.
   idempotency_.record_unkeyed([this](const std::string& id) {
     auto r = mgr_.get(id);
-    return r && (r->state == "creating" || r->state == "running" || r->state == "paused" ||
-                 r->state == "stopping");
+    return r && node::shown_live(r->state);
   });
 }
 

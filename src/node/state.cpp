@@ -146,6 +146,10 @@ std::optional<EndReason> end_reason_from_string(std::string_view s) {
   return std::nullopt;
 }
 
+bool shown_live(std::string_view s) {
+  return s == "creating" || s == "running" || s == "paused" || s == "stopping";
+}
+
 bool is_final(State s) {
   return s == State::kStopped || s == State::kLost || s == State::kReleased;
 }

@@ -72,4 +72,8 @@ std::optional<EndReason> end_reason_from_string(std::string_view s);
 // Terminal: nothing follows (stopped, lost, released).
 bool is_final(State s);
 
+// Whether a state string as the API shows it (Service::get) is of a sandbox that has
+// not ended: creating, running, paused or stopping.
+bool shown_live(std::string_view state);
+
 }  // namespace tp::node

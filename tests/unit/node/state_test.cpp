@@ -71,6 +71,13 @@ TEST(StateMachine, StoredNamesAreTodaysStrings) {
   EXPECT_FALSE(state_from_stored("stopping"));
 }
 
+TEST(StateMachine, ShownLiveUntilTheSandboxEnded) {
+  for (const char* s : {"creating", "running", "paused", "stopping"})
+    EXPECT_TRUE(shown_live(s)) << s;
+  for (const char* s : {"stopped", "lost", "released", "adopting", ""})
+    EXPECT_FALSE(shown_live(s)) << s;
+}
+
 TEST(StateMachine, EndReasonsRoundTrip) {
   for (auto r : {EndReason::kNone, EndReason::kDeleted, EndReason::kTtl, EndReason::kIdle,
                  EndReason::kFailed, EndReason::kDaemonShutdown, EndReason::kDaemonRestart,
