@@ -148,6 +148,7 @@ def _own_daemon(*args):
         yield d, tidepool.Client(d.url)
     finally:
         d.stop()
+        d.cleanup()
 
 
 def test_while_other_clients_are_busy_the_teardown_waits_frozen_and_still_leaves_nothing():
