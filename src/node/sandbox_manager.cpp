@@ -941,21 +941,24 @@ bool SandboxManager::defer_teardown(const std::shared_ptr<Sandbox>& sb) {
       return false;
     busy = clients_busy_;
   }
-  {
-    // A job's quotas count its sandboxes until they are gone: a deferred one would
-    // refuse the job's next create.
+  // A job's quotas count its sandboxes until they are gone: a deferred one would
+  // refuse the job's next create. Someone waiting for its end (a delete that waits,
+  // here before this op) has it at once.
+  auto at_once = [&] {
     std::lock_guard lk(sb->mu);
-    if (!sb->rec.job.empty()) return false;
-  }
-  if (busy() <= 0 || !sb->inst) return false;
+    return !sb->rec.job.empty() || !sb->stop_waiters.empty();
+  };
+  if (at_once() || busy() <= 0 || !sb->inst) return false;
   if (auto f = sb->inst->freeze_for_destroy(); !f) {
     TP_SB_DEBUG(sb->id(), "torn down at once: {}", f.error().message());
     return false;
   }
   if (sb->agent) sb->agent->close();
   std::lock_guard lk(mu_);
-  // shutdown() began meanwhile: it waits for this stop, which goes on now.
-  if (stopping_) return false;
+  // shutdown() began meanwhile: it waits for this stop, which goes on now. So does
+  // a waiter that came meanwhile: it pushed itself under sb->mu and then looks in
+  // deferred_ under mu_ (request_stop), so it sees either this check or the entry.
+  if (stopping_ || at_once()) return false;
   deferred_.push_back({sb, std::chrono::steady_clock::now()});
   metrics_.teardowns_deferred++;
   if (!reclaim_armed_ && !reclaiming_) {

@@ -54,7 +54,7 @@
 // Teardown pacing: a stop answered before its teardown (destroy_nowait: DELETE
 // ?wait=false, an exec with "remove") leaves the teardown for later while clients
 // are busy (set_clients_busy): the sandbox is frozen at once (nothing of it runs
-// any more; its record is stored stopping, so a restarted daemon finishes the stop),
+// any more; its stop is stored, so a restarted daemon finishes it),
 // and destroyed once clients are quiet, one at a time, or once it has waited
 // max_teardown_delay, or at once when max_deferred_teardowns wait already. A
 // sandbox's teardown (its processes' exit, its namespaces' and cgroups' release,

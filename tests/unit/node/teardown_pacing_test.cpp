@@ -158,6 +158,30 @@ TEST_F(TeardownPacingTest, ADeleteThatWaitsHasADeferredTeardownRunAtOnce) {
   EXPECT_FALSE(backend_->is_live(a));
 }
 
+TEST_F(TeardownPacingTest, ADeleteThatWaitsRightAfterAStopAnsweredAheadIsNotHeldBack) {
+  ManagerOptions o;
+  o.max_teardown_delay = std::chrono::hours(1);
+  make_paced(o);  // clients stay busy throughout
+  for (int i = 0; i < 20; ++i) {
+    auto a = create_sync();
+    ASSERT_TRUE(a);
+    // The waiting delete may come before or after the stop's op decides to defer.
+    auto ahead = destroy_nowait_async(a->id);
+    auto waited = destroy_async(a->id);
+    // A deadlock guard, not a timing threshold: held back, it would wait an hour.
+    if (waited.wait_for(std::chrono::seconds(30)) != std::future_status::ready) {
+      ADD_FAILURE() << "round " << i << ": the waiting delete was held back";
+      mgr_->shutdown();  // runs what waits, which answers it
+      return;
+    }
+    auto r = waited.get();
+    ASSERT_TRUE(r) << r.error().message();
+    EXPECT_EQ(r->state, "stopped");
+    EXPECT_FALSE(backend_->is_live(a->id));
+    ASSERT_TRUE(get_or_fail(ahead));
+  }
+}
+
 TEST_F(TeardownPacingTest, NoTeardownWaitsLongerThanTheDelayOrBeyondTheBacklog) {
   ManagerOptions o;
   o.max_deferred_teardowns = 2;
