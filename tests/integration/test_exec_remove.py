@@ -4,6 +4,7 @@ event ends the stream, and whatever ends the command (its end, its timeout, a cl
 that went away) the sandbox ends and leaves nothing on the host."""
 import base64
 import contextlib
+import glob
 import json
 import socket
 import threading
@@ -166,6 +167,17 @@ def test_while_other_clients_are_busy_the_teardown_waits_frozen_and_still_leaves
             follower = threading.Thread(target=lambda: followed.extend(sb.follow_log()))
             follower.start()
             assert state_of(d, sb.id)["state"] in ("stopping", "stopped")
+            # Frozen while it waits: its freezer cgroup, as long as it is there.
+            for state in glob.glob(f"/sys/fs/cgroup/freezer/tidepool-*/{sb.id}/freezer.state"):
+                try:
+                    assert open(state).read().strip() in ("FROZEN", "FREEZING"), state
+                except FileNotFoundError:
+                    pass  # torn down meanwhile
+            for state in glob.glob(f"/sys/fs/cgroup/tidepool-*/{sb.id}/cgroup.freeze"):
+                try:
+                    assert open(state).read().strip() == "1", state
+                except FileNotFoundError:
+                    pass
             st, _, body = call(d, "GET", "/v1/sandboxes?state=running")
             assert st == 200 and sb.id not in body.decode(), body
             st, _, body = call(d, "GET", "/v1/sandboxes?state=stopping")
