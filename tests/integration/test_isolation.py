@@ -112,6 +112,19 @@ def test_proc_masked(sandbox):
     assert r.stdout.strip().splitlines()[-1] != "0"
 
 
+def test_user_namespace_limits_are_the_sandboxs_own(sandbox):
+    # Written at setup through the sandbox's own /proc, then read-only like the rest of /proc/sys.
+    want = {"max_user_namespaces": "0", "max_inotify_instances": "32", "max_inotify_watches": "16384"}
+    for name, value in want.items():
+        path = f"/proc/sys/user/{name}"
+        if not os.path.exists(path):  # older host kernels lack the inotify ones: skipped there too
+            continue
+        assert sandbox.exec(f"cat {path}").stdout.strip() == value, name
+    r = sandbox.exec("echo 5 > /proc/sys/user/max_user_namespaces 2>/dev/null; echo $?")
+    assert r.stdout.strip() != "0"
+    assert sandbox.exec("cat /proc/sys/user/max_user_namespaces").stdout.strip() == "0"
+
+
 def test_hostname_is_sandbox_id(sandbox):
     assert sandbox.exec("cat /proc/sys/kernel/hostname").stdout.strip() == sandbox.id
     assert sandbox.exec("hostname").stdout.strip() == sandbox.id
