@@ -21,9 +21,12 @@ class TeardownPacingTest : public ManagerTest {
   }
   // Clients count as busy for quiet_ after their last request, as the warm pools say
   // (WarmPools::busy_for_s); while busy_ is set, a client sends one every millisecond.
+  // While it is set they are busy whatever that thread does: stalled for longer than
+  // quiet_ on a loaded machine, it must not make them look quiet.
   void make_paced(ManagerOptions o = {}) {
     make(std::move(o));
     mgr_->set_clients_busy([this] {
+      if (busy_) return std::chrono::duration<double>(quiet_.load()).count();
       return std::chrono::duration<double>(last_.load() + quiet_.load() - Clock::now()).count();
     });
     if (!client_.joinable())
