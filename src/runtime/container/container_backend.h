@@ -15,10 +15,10 @@
 // files the daemon opened) and waits on a pipe while the
 // spawner writes uid_map/gid_map (sandbox root = the first id of the sandbox's own
 // 65536-id host range, SandboxSpec::uid_base; see "Ids" below); the daemon writes
-// the cgroup limits meanwhile. Then the child sets the per-sandbox
-// limits of its user namespace (/proc/sys/user: inotify quota, no nested user
-// namespaces) and builds the root inside
-// its own mount namespace, so nothing is ever mounted on the host and every
+// the cgroup limits meanwhile. Then the child builds the root inside its own
+// mount namespace (setting, through the sandbox's own /proc once mounted, the
+// limits of its user namespace: /proc/sys/user, inotify quota, no nested user
+// namespaces), so nothing is ever mounted on the host and every
 // mount vanishes with the namespace:
 //   / made rprivate; a tmpfs of spec.disk_bytes on <data_dir>/containers/mnt
 //   (one empty host dir serves every sandbox, each mounts it in its own ns)
