@@ -173,7 +173,13 @@ Result<void> CgroupManager::write_limits(const std::string& id, const CgroupLimi
   if (lim.cpus > 0) {
     std::string cpu = controller_dir("cpu", id);
     auto quota = static_cast<uint64_t>(lim.cpus * kCpuPeriodUs);
-    TP_TRY(sys_.write_file(cpu + "/cpu.cfs_period_us", std::to_string(kCpuPeriodUs)));
+    // A new cgroup has the default period already. Each write of the period or the
+    // quota walks every cpu cgroup on the host (the kernel checks the whole tree's
+    // bandwidth), about one per live sandbox: skip the one that changes nothing.
+    const std::string period = std::to_string(kCpuPeriodUs);
+    auto now = sys_.read_file(cpu + "/cpu.cfs_period_us");
+    if (!now || (*now != period && *now != period + "\n"))
+      TP_TRY(sys_.write_file(cpu + "/cpu.cfs_period_us", period));
     TP_TRY(sys_.write_file(cpu + "/cpu.cfs_quota_us",
                            std::to_string(std::max<uint64_t>(quota, 1000))));
   }

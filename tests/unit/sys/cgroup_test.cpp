@@ -89,6 +89,20 @@ class CgroupV1Test : public ::testing::Test {
   CgroupManager m_{f_, layout_, "tidepool"};
 };
 
+TEST_F(CgroupV1Test, ADefaultCpuPeriodIsLeftAsItIs) {
+  // A new cpu cgroup reads the default period: only the quota is written.
+  ASSERT_TRUE(m_.make_dirs("sb1"));
+  const std::string cpu = "/sys/fs/cgroup/cpu/tidepool/sb1";
+  f_.files[cpu + "/cpu.cfs_period_us"] = "100000\n";
+  ASSERT_TRUE(m_.write_limits("sb1", {512ull << 20, 1.5, 64}));
+  EXPECT_EQ(f_.written(cpu + "/cpu.cfs_period_us"), "<unwritten>");
+  EXPECT_EQ(f_.written(cpu + "/cpu.cfs_quota_us"), "150000");
+  // Any other period (a cgroup left by someone else) is set.
+  f_.files[cpu + "/cpu.cfs_period_us"] = "250000\n";
+  ASSERT_TRUE(m_.write_limits("sb1", {512ull << 20, 1.5, 64}));
+  EXPECT_EQ(f_.written(cpu + "/cpu.cfs_period_us"), "100000");
+}
+
 TEST_F(CgroupV1Test, CreateWritesLimitsInEveryController) {
   ASSERT_TRUE(m_.create("sb1", {512ull << 20, 1.5, 64}));
   const std::string mem = "/sys/fs/cgroup/memory/tidepool/sb1";
