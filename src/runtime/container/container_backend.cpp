@@ -298,7 +298,7 @@ class ContainerInstance final : public SandboxInstance {
 // write its maps, and is killed once we hold an fd of it. It shares our memory
 // and our fd table (CLONE_VM | CLONE_FILES): a copy of the table, and its closing
 // when the child exits, cost a step per descriptor the daemon holds, about one per
-// live sandbox (9% of the daemon's CPU in a create with 3,000 alive). It uses no
+// live sandbox (9% of all CPU while creating with 3,000 alive). It uses no
 // descriptor, so it needs none.
 struct IdmapChildArg {
   pid_t parent;
