@@ -1456,10 +1456,17 @@ Error SandboxManager::not_live_error(const std::string& id) {
   return Error{Code::kNotFound, 0, "sandbox " + id + " not found"};
 }
 
+// The state a live sandbox is shown in, in answers and refusals: "stopping" once its
+// stop is under way (the stored record stays running with its end reason), else
+// `otherwise`. Under sb.mu.
+static std::string_view shown_state(const Sandbox& sb, std::string_view otherwise) {
+  return sb.stop_reason != EndReason::kNone && !is_final(sb.state) ? "stopping" : otherwise;
+}
+
 // What the API shows of a live sandbox (see Service::get). Under sb.mu.
 static SandboxRecord shown(const Sandbox& sb) {
   SandboxRecord r = sb.rec;
-  if (sb.stop_reason != EndReason::kNone && !is_final(sb.state)) r.state = "stopping";
+  r.state = std::string(shown_state(sb, sb.rec.state));
   return r;
 }
 
@@ -1582,10 +1589,8 @@ Result<uint32_t> SandboxManager::start_exec(const std::shared_ptr<Sandbox>& sb, 
     std::lock_guard lk(sb->mu);
     if (sb->state != State::kRunning || sb->stop_reason != EndReason::kNone ||
         sb->release_requested)
-      return fail(
-          Code::kConflict,
-          "sandbox " + id + " is " +
-              std::string(sb->stop_reason != EndReason::kNone ? "stopping" : name(sb->state)));
+      return fail(Code::kConflict,
+                  "sandbox " + id + " is " + std::string(shown_state(*sb, name(sb->state))));
     uid = p.uid.value_or(sb->image.uid);
     gid = p.uid ? *p.uid : sb->image.gid;
     env = {
@@ -1703,10 +1708,8 @@ void SandboxManager::start_process(const std::string& id, ExecParams p,
     std::lock_guard lk(sb->mu);
     if (sb->state != State::kRunning || sb->stop_reason != EndReason::kNone ||
         sb->release_requested)
-      return cb(fail(
-          Code::kConflict,
-          "sandbox " + id + " is " +
-              std::string(sb->stop_reason != EndReason::kNone ? "stopping" : name(sb->state))));
+      return cb(fail(Code::kConflict,
+                     "sandbox " + id + " is " + std::string(shown_state(*sb, name(sb->state)))));
     bg->info.pid = sb->next_proc++;
   }
   bg->info.argv = p.argv;
@@ -1963,10 +1966,8 @@ Result<SandboxRef> SandboxManager::ref(const std::string& id) {
   if (!sb) return std::unexpected(not_live_error(id));
   std::lock_guard lk(sb->mu);
   if (sb->state != State::kRunning || sb->stop_reason != EndReason::kNone || sb->release_requested)
-    return fail(
-        Code::kConflict,
-        "sandbox " + id + " is " +
-            std::string(sb->stop_reason != EndReason::kNone ? "stopping" : name(sb->state)));
+    return fail(Code::kConflict,
+                "sandbox " + id + " is " + std::string(shown_state(*sb, name(sb->state))));
   sb->last_active_ms = now_ms();
   return SandboxRef{sb->agent, sb->disk_bytes};
 }
