@@ -532,6 +532,19 @@ Result<bool> is_frozen(SysApi& sys, const CgroupManager& m, const std::string& i
   return st->starts_with("FROZEN");
 }
 
+Result<bool> freeze_requested(SysApi& sys, const CgroupManager& m, const std::string& id) {
+  std::string d = freezer_dir(m, id);
+  if (d.empty()) return fail(Code::kInvalidArgument, "no cgroup freezer on this host");
+  if (m.layout().version == CgroupVersion::kV2) {
+    auto f = sys.read_file(d + "/cgroup.freeze");
+    if (!f) return std::unexpected(f.error());
+    return f->starts_with("1");
+  }
+  auto st = sys.read_file(d + "/freezer.state");
+  if (!st) return std::unexpected(st.error());
+  return !st->starts_with("THAWED");
+}
+
 Result<void> set_frozen(SysApi& sys, const CgroupManager& m, const std::string& id, bool frozen) {
   constexpr int kPolls = 5000;  // x 1 ms
   std::string d = freezer_dir(m, id);

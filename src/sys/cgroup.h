@@ -172,4 +172,9 @@ std::string freezer_dir(const CgroupManager& m, const std::string& id);
 Result<void> set_frozen(SysApi& sys, const CgroupManager& m, const std::string& id, bool frozen);
 // Whether `id` is frozen now (a v1 FREEZING counts as not frozen).
 Result<bool> is_frozen(SysApi& sys, const CgroupManager& m, const std::string& id);
+// Whether a freeze of `id` was asked for and not undone, done or still under way (v1
+// FROZEN or FREEZING, v2 cgroup.freeze 1). A daemon killed during set_frozen leaves
+// the latter: on v1 a task that went to sleep unfreezable just after the freeze began
+// (a vfork parent) keeps the cgroup FREEZING until FROZEN or THAWED is written again.
+Result<bool> freeze_requested(SysApi& sys, const CgroupManager& m, const std::string& id);
 }  // namespace tp::sys

@@ -200,6 +200,9 @@ class ContainerInstance final : public SandboxInstance {
     };
     if (v1) wait_exit(5);
     for (int i = 0; v1 && i < 220 && !proc_.exited(); ++i) {  // ~2 s, then reap() blocks
+      // Its own cgroup too, once: frozen behind this instance's back (it then does not
+      // know), its PID 1 would never die and the wait below never end.
+      if (i == 0) (void)sys::set_frozen(sys::real_sys(), *sh_->cgroups, id_, false);
       sh_->cgroups->thaw_subtree(id_);
       wait_exit(i < 20 ? 1 : 10);
     }
@@ -778,9 +781,12 @@ Result<std::unique_ptr<SandboxInstance>> ContainerBackend::adopt_impl(const Sand
     if (::stat(d.c_str(), &cs) != 0 || !S_ISDIR(cs.st_mode))
       return fail(Code::kNotFound, "cgroup " + d + " of sandbox " + spec.id + " is missing");
   }
-  // Paused when the previous daemon left it: its agent must run to be reached
-  // again (the node pauses it again if its job's lease still says so).
-  if (auto frozen = sys::is_frozen(sys::real_sys(), *sh_->cgroups, spec.id); frozen && *frozen) {
+  // Paused when the previous daemon left it, or being frozen when it died (a pause or
+  // a paced teardown under way): its agent must run to be reached again, and its
+  // processes to die if it is to be destroyed (the node pauses it again if its job's
+  // lease still says so).
+  if (auto asked = sys::freeze_requested(sys::real_sys(), *sh_->cgroups, spec.id);
+      asked && *asked) {
     TP_TRY(sys::set_frozen(sys::real_sys(), *sh_->cgroups, spec.id, false));
     TP_SB_INFO(spec.id, "thawed to be adopted");
   }

@@ -1075,6 +1075,32 @@ TEST_F(ContainerBackendTest, ReleasedSandboxIsAdoptedByANewBackend) {
   EXPECT_EQ(again.error().code, Code::kNotFound);
 }
 
+// A sandbox its daemon left frozen (paused, or frozen for a paced teardown) is thawed
+// by the adopt, so that its agent can answer the next daemon. (A v1 freeze the daemon
+// died in the middle of, left FREEZING, is thawed the same way: sys::freeze_requested.)
+TEST_F(ContainerBackendTest, AReleasedFrozenSandboxIsThawedByItsAdoption) {
+  SandboxSpec s = spec();
+  auto r = backend_->create(s);
+  ASSERT_TRUE(r) << r.error().message();
+  ASSERT_TRUE(wait_ready((*r)->agent_fd()));
+  if (sys::freezer_dir(*cg_, s.id).empty()) GTEST_SKIP() << "no freezer";
+  ASSERT_TRUE((*r)->freeze());
+  pid_t pid = (*r)->pid();
+  (*r)->release();
+  r->reset();
+  backend_.reset();
+  auto b = make_container_backend(opts_);
+  ASSERT_TRUE(b) << b.error().message();
+  backend_ = std::move(*b);
+  auto a = backend_->adopt(s);
+  ASSERT_TRUE(a) << a.error().message();
+  auto asked = sys::freeze_requested(sys::real_sys(), *cg_, s.id);
+  ASSERT_TRUE(asked) << asked.error().message();
+  EXPECT_FALSE(*asked);
+  ASSERT_TRUE((*a)->destroy());
+  expect_gone(s.id, pid);
+}
+
 // Sandboxes made before the run dir's layout changed (<id>/agent.sock and <id>/state,
 // in the data dir) are adopted and cleaned up all the same, also by a backend whose
 // run dir is elsewhere.
@@ -1178,6 +1204,29 @@ TEST_F(ContainerBackendTest, FreezeStopsEveryProcessAndThawResumes) {
   ASSERT_TRUE(sb.destroy());
   expect_gone(id, pid);
   EXPECT_FALSE(sb.freeze());
+}
+
+// A sandbox frozen behind its instance's back (as an adopted one can be: its previous
+// daemon died while freezing it) is still destroyed: destroy thaws it for its PID 1 to
+// die, instead of waiting for that forever.
+TEST_F(ContainerBackendTest, DestroyEndsASandboxFrozenBehindItsBack) {
+  auto r = backend_->create(spec());
+  ASSERT_TRUE(r) << r.error().message();
+  auto& sb = **r;
+  ASSERT_TRUE(wait_ready(sb.agent_fd()));
+  if (sys::freezer_dir(*cg_, sb.id()).empty()) GTEST_SKIP() << "no freezer";
+  ASSERT_TRUE(sys::set_frozen(sys::real_sys(), *cg_, sb.id(), true));
+  std::string id = sb.id();
+  pid_t pid = sb.pid();
+  auto done = std::async(std::launch::async, [&] { return sb.destroy(); });
+  // A deadlock guard, not a timing threshold: on failure, thaw so that the test ends.
+  if (done.wait_for(std::chrono::seconds(60)) != std::future_status::ready) {
+    (void)sys::set_frozen(sys::real_sys(), *cg_, id, false);
+    ADD_FAILURE() << "destroy of a frozen sandbox did not end";
+  }
+  auto d = done.get();
+  ASSERT_TRUE(d) << d.error().message();
+  expect_gone(id, pid);
 }
 
 // With the real tp-agent: a command keeps running across release() and a

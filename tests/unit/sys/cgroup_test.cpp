@@ -3,6 +3,8 @@
 
 #include <gtest/gtest.h>
 
+#include <tuple>
+
 #include "fake_sys_api.h"
 
 namespace tp::sys {
@@ -362,6 +364,26 @@ TEST_F(CgroupV1Test, KillAllThawsCommandCgroups) {
   EXPECT_EQ(f_.written(fz + "/freezer.state"), "<unwritten>");  // only the agent's cgroups
 }
 
+// A freeze under way counts as asked for: a daemon killed while the kernel still said
+// FREEZING leaves the sandbox so, and the next one must thaw it to reach its agent.
+TEST_F(CgroupV1Test, AFreezeUnderWayCountsAsAskedForButNotAsFrozen) {
+  ASSERT_TRUE(m_.create("sb1", {}));
+  const std::string st = "/sys/fs/cgroup/freezer/tidepool/sb1/freezer.state";
+  for (const auto& [state, asked, frozen] :
+       {std::tuple{"THAWED\n", false, false}, std::tuple{"FREEZING\n", true, false},
+        std::tuple{"FROZEN\n", true, true}}) {
+    f_.files[st] = state;
+    auto r = freeze_requested(f_, m_, "sb1");
+    ASSERT_TRUE(r) << r.error().message();
+    EXPECT_EQ(*r, asked) << state;
+    auto z = is_frozen(f_, m_, "sb1");
+    ASSERT_TRUE(z) << z.error().message();
+    EXPECT_EQ(*z, frozen) << state;
+  }
+  f_.files.erase(st);
+  EXPECT_FALSE(freeze_requested(f_, m_, "sb1"));  // unreadable: an error, not "thawed"
+}
+
 class CgroupV2Test : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -420,6 +442,19 @@ TEST_F(CgroupV2Test, StatsParseV2Files) {
   auto k = m_.oom_kills("sb1");
   ASSERT_TRUE(k);
   EXPECT_EQ(*k, 1u);
+}
+
+TEST_F(CgroupV2Test, AFreezeUnderWayCountsAsAskedForButNotAsFrozen) {
+  ASSERT_TRUE(m_.create("sb1", {}));
+  const std::string d = "/cg/tidepool/sb1";
+  f_.files[d + "/cgroup.freeze"] = "1\n";
+  f_.files[d + "/cgroup.events"] = "populated 1\nfrozen 0\n";
+  EXPECT_EQ(freeze_requested(f_, m_, "sb1").value_or(false), true);
+  EXPECT_EQ(is_frozen(f_, m_, "sb1").value_or(true), false);
+  f_.files[d + "/cgroup.events"] = "populated 1\nfrozen 1\n";
+  EXPECT_EQ(is_frozen(f_, m_, "sb1").value_or(false), true);
+  f_.files[d + "/cgroup.freeze"] = "0\n";
+  EXPECT_EQ(freeze_requested(f_, m_, "sb1").value_or(true), false);
 }
 
 TEST_F(CgroupV2Test, KillAllUsesCgroupKill) {
