@@ -519,30 +519,28 @@ std::string freezer_dir(const CgroupManager& m, const std::string& id) {
   return {};
 }
 
-Result<bool> is_frozen(SysApi& sys, const CgroupManager& m, const std::string& id) {
+namespace {
+// What the freezer of `id` says: whether its tasks are frozen now (`asked` false), or
+// whether a freeze was asked for and not undone, done or under way (`asked` true).
+Result<bool> freezer_reads(SysApi& sys, const CgroupManager& m, const std::string& id, bool asked) {
   std::string d = freezer_dir(m, id);
   if (d.empty()) return fail(Code::kInvalidArgument, "no cgroup freezer on this host");
-  if (m.layout().version == CgroupVersion::kV2) {
-    auto ev = sys.read_file(d + "/cgroup.events");
-    if (!ev) return std::unexpected(ev.error());
-    return keyed_value(*ev, "frozen") == 1;
-  }
-  auto st = sys.read_file(d + "/freezer.state");
-  if (!st) return std::unexpected(st.error());
-  return st->starts_with("FROZEN");
+  const bool v2 = m.layout().version == CgroupVersion::kV2;
+  auto f = sys.read_file(d + (!v2     ? "/freezer.state"
+                              : asked ? "/cgroup.freeze"
+                                      : "/cgroup.events"));
+  if (!f) return std::unexpected(f.error());
+  if (v2) return asked ? f->starts_with("1") : keyed_value(*f, "frozen") == 1;
+  return asked ? !f->starts_with("THAWED") : f->starts_with("FROZEN");
+}
+}  // namespace
+
+Result<bool> is_frozen(SysApi& sys, const CgroupManager& m, const std::string& id) {
+  return freezer_reads(sys, m, id, false);
 }
 
 Result<bool> freeze_requested(SysApi& sys, const CgroupManager& m, const std::string& id) {
-  std::string d = freezer_dir(m, id);
-  if (d.empty()) return fail(Code::kInvalidArgument, "no cgroup freezer on this host");
-  if (m.layout().version == CgroupVersion::kV2) {
-    auto f = sys.read_file(d + "/cgroup.freeze");
-    if (!f) return std::unexpected(f.error());
-    return f->starts_with("1");
-  }
-  auto st = sys.read_file(d + "/freezer.state");
-  if (!st) return std::unexpected(st.error());
-  return !st->starts_with("THAWED");
+  return freezer_reads(sys, m, id, true);
 }
 
 Result<void> set_frozen(SysApi& sys, const CgroupManager& m, const std::string& id, bool frozen) {
