@@ -428,30 +428,29 @@ Result<void> CgroupManager::kill_all(const std::string& id) {
     }
   } else {
     std::string fz = controller_dir("freezer", id);
-    bool frozen = false;
+    bool asked = false;   // a freeze was asked for: thawed again at the end
+    bool frozen = false;  // ... and it took (or at least began)
     if (!fz.empty() && sys_.exists(fz)) {
       // Frozen tasks cannot fork, so one pass of kill catches all; they die once thawed.
-      if (sys_.write_file(fz + "/freezer.state", "FROZEN")) {
-        for (int i = 0; i < kPolls; ++i) {
-          auto st = sys_.read_file(fz + "/freezer.state");
-          if (!st || st->starts_with("FROZEN")) break;
-          sys_.pause_us(1000);
-        }
-        frozen = true;
-      }
+      // set_frozen asks again when the kernel leaves the freeze FREEZING (a task that
+      // slept at the wrong moment); one that never settles still stopped most tasks,
+      // and the wait below kills again what a fork let through.
+      auto r = set_frozen(sys_, *this, id, true);
+      asked = true;
+      frozen = r || r.error().code == Code::kUnavailable;
     }
     for (int pass = 0; pass < 3; ++pass) {
       auto p = procs(id);
       if (!p) {
         if (p.error().sys_errno == ENOENT) break;
-        if (frozen) (void)sys_.write_file(fz + "/freezer.state", "THAWED");
+        if (asked) (void)sys_.write_file(fz + "/freezer.state", "THAWED");
         return std::unexpected(p.error());
       }
       if (p->empty()) break;
       for (pid_t pid : *p) (void)sys_.kill(pid, 9);
       if (frozen) break;
     }
-    if (frozen) (void)sys_.write_file(fz + "/freezer.state", "THAWED");
+    if (asked) (void)sys_.write_file(fz + "/freezer.state", "THAWED");
     thaw_subtree(id);
   }
   for (int i = 0; i < kPolls; ++i) {

@@ -299,6 +299,29 @@ TEST_F(CgroupV1Test, KillAllFreezesKillsThawsAndWaits) {
   EXPECT_TRUE(m_.list().empty());
 }
 
+// v1 can leave a freeze FREEZING (a task that went to sleep just as it began) until
+// FROZEN is written again. kill_all asked only once and then waited its whole 5 s
+// before killing unfrozen tasks.
+TEST_F(CgroupV1Test, KillAllAsksAgainForAFreezeLeftUnderWay) {
+  ASSERT_TRUE(m_.create("sb1", {}));
+  for (const auto& d : m_.dirs("sb1")) f_.files[d + "/cgroup.procs"] = "11\n";
+  const std::string fz = "/sys/fs/cgroup/freezer/tidepool/sb1/freezer.state";
+  int asked = 0;
+  std::string state_at_kill;
+  f_.on_write = [&](const std::string& p, const std::string& d) {
+    if (p == fz && d == "FROZEN" && ++asked == 1) f_.files[fz] = "FREEZING\n";
+  };
+  f_.on_kill = [&](pid_t) {
+    state_at_kill = f_.files[fz];
+    for (const auto& d : m_.dirs("sb1")) f_.files[d + "/cgroup.procs"] = "";
+  };
+  ASSERT_TRUE(m_.kill_all("sb1"));
+  EXPECT_EQ(asked, 2);
+  EXPECT_EQ(state_at_kill, "FROZEN");
+  EXPECT_LT(f_.pauses, 1000);  // polls of 1 ms: well before the 5 s limit
+  EXPECT_EQ(f_.written(fz), "THAWED");
+}
+
 TEST_F(CgroupV1Test, KillAllReportsProcessesThatDoNotDie) {
   ASSERT_TRUE(m_.create("sb1", {}));
   for (const auto& d : m_.dirs("sb1")) f_.files[d + "/cgroup.procs"] = "11\n";

@@ -25,6 +25,10 @@ class FakeSysApi : public SysApi {
   int listings = 0;                       // list_dirs calls
   // Called on kill(); lets a test emulate processes leaving a cgroup.
   std::function<void(pid_t)> on_kill;
+  // Called after a write is stored; lets a test emulate a kernel that answers with
+  // another state than the one written (a freeze left FREEZING).
+  std::function<void(const std::string& path, const std::string& data)> on_write;
+  int pauses = 0;  // pause_us calls
 
   static std::string parent(const std::string& p) { return p.substr(0, p.find_last_of('/')); }
 
@@ -36,6 +40,7 @@ class FakeSysApi : public SysApi {
     writes.emplace_back(path, data);
     // cgroup.procs and cgroup.subtree_control keep what was written (good enough for assertions).
     files[path] = data;
+    if (on_write) on_write(path, data);
     return {};
   }
   Result<std::string> read_file(const std::string& path) override {
@@ -78,7 +83,7 @@ class FakeSysApi : public SysApi {
     if (on_kill) on_kill(pid);
     return {};
   }
-  void pause_us(unsigned) override {}
+  void pause_us(unsigned) override { ++pauses; }
 
   std::string written(const std::string& path) const {
     for (auto it = writes.rbegin(); it != writes.rend(); ++it)
