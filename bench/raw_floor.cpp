@@ -133,7 +133,8 @@ class Floor {
     work_ = mnt_ + "/work";
     root_ = mnt_ + "/root";
     proc_ = root_ + "/proc";
-    ovl_ = "lowerdir=" + dir_ + "/l1:" + dir_ + "/l0,upperdir=" + upper_ + ",workdir=" + work_;
+    ovl_ = "lowerdir=" + dir_ + "/l1:" + dir_ + "/l0,upperdir=" + upper_ + ",workdir=" + work_ +
+           ",userxattr";
     auto r = cg_.init();
     if (!r) {
       std::fprintf(stderr, "cgroup init: %s\n", r.error().message().c_str());
