@@ -236,7 +236,12 @@ void WarmPools::create(CreateParams p, CreateCb cb) {
     if (pool) {
       if (!p.template_name.empty()) p = apply_template(pool->tpl, p);
       p.template_name = name;
-      pool->requests_since++;
+      // A request that sets its own image, limits or tier (over its template's) gets
+      // what it asked for, made cold: the pool holds the template's shape only.
+      if (same_shape(pool->tpl, p))
+        pool->requests_since++;
+      else
+        pool = nullptr;
     }
   }
   if (pool) return serve(pool, std::move(p), std::move(cb));
@@ -276,12 +281,28 @@ void WarmPools::serve(PoolPtr pool, CreateParams p, CreateCb cb) {
   }
   double t0 = now();
   svc_.claim(id, p,
-             [this, pool, p, cb, t0,
+             [this, pool, id, p, cb, t0,
               alive = std::weak_ptr<bool>(alive_)](Result<SandboxRecord> r) mutable {
                if (!alive.lock()) return cb(std::move(r), true);
                if (r) {
                  acquire_seconds_.observe(now() - t0);
                  return cb(std::move(r), true);
+               }
+               // Refused by its job (a quota, a lapsed lease): it is still the pool's, and
+               // so would the next one be. Put it back and answer the refusal.
+               if (svc_.claimable(id)) {
+                 bool kept = false;
+                 {
+                   std::lock_guard lk(mu_);
+                   pool->hits--;
+                   auto it = pools_.find(p.template_name);
+                   if (it != pools_.end() && it->second == pool) {
+                     pool->ready.push_front(id);
+                     kept = true;
+                   }
+                 }
+                 if (!kept) drain({id});  // its template was replaced or deleted meanwhile
+                 return cb(std::move(r), false);
                }
                // It ended while pooled (its agent died, say): try the next one.
                {

@@ -4,9 +4,12 @@
 // The create path: a request that names a template gets the template's fields
 // for every field it did not set itself (CreateParams::given); a request that
 // names none but whose shape (image, tier, limits, priority) equals a pooled
-// template's is served from that pool too. A ready sandbox of the pool is
-// claimed (Service::claim: it becomes the client's, with the request's labels,
-// env, TTL, job and step); with none ready the create goes cold.
+// template's is served from that pool too; one that names a template but sets a
+// field of the shape to another value than the template's is made cold. A ready
+// sandbox of the pool is claimed (Service::claim: it becomes the client's, with
+// the request's labels, env, TTL, job and step); with none ready the create goes
+// cold. A claim its job refuses (a quota, a lapsed lease) leaves the sandbox in
+// the pool and answers the refusal.
 //
 // A pooled sandbox is never reused: once handed out it leaves the pool for
 // good. Pools hold fresh sandboxes only.

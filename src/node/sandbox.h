@@ -93,6 +93,9 @@ class Sandbox : public std::enable_shared_from_this<Sandbox> {
   // later requests wait for the same end.
   EndReason stop_reason = EndReason::kNone;
   bool release_requested = false;  // the daemon exits and leaves it running
+  // Its agent's connection closed while it was still being created (after the agent
+  // reported ready): the create fails instead of answering a sandbox nobody can reach.
+  bool agent_lost = false;
   // Final and its end handled: the final record stored (or kept as unrecorded)
   // and stop_waiters answered. Between a final state and this, new waiters queue
   // (so that nobody hears of an end before it is stored).

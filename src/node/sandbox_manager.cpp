@@ -131,6 +131,11 @@ bool is_pooled(Sandbox& sb) {
   return sb.rec.pooled;
 }
 
+// A warm-pool sandbox that can still be handed out. Locked by the caller (sb.mu).
+bool claimable_locked(const Sandbox& sb) {
+  return sb.rec.pooled && sb.state == State::kRunning && sb.stop_reason == EndReason::kNone;
+}
+
 Error ended_while_creating(const std::string& id, EndReason why) {
   if (why == EndReason::kDeleted)
     return Error{Code::kConflict, 0, "sandbox " + id + " was deleted while creating"};
@@ -332,7 +337,10 @@ Result<bool> SandboxManager::adopt_one(SandboxRecord r) {
         sb->last_active_ms = now_ms();
         snap = sb->rec;
       }
-      if (snap.state != r.state) {  // e.g. left "creating" by a crash: it runs now
+      // Paused when the daemon went: the adoption thawed it to reach its agent, and
+      // it is frozen again below, once its commands are sorted out.
+      const bool repause = r.state == name(State::kPaused);
+      if (snap.state != r.state && !repause) {  // e.g. left "creating" by a crash: it runs now
         auto v = store_.update(snap);
         if (v) {
           std::lock_guard lk(sb->mu);
@@ -380,6 +388,7 @@ Result<bool> SandboxManager::adopt_one(SandboxRecord r) {
           step_lost(0);
         }
       }
+      if (repause) repause_adopted(sb);
       TP_SB_INFO(r.id, "adopted from a previous run");
       return true;
     }
@@ -405,6 +414,26 @@ Result<bool> SandboxManager::adopt_one(SandboxRecord r) {
     return std::unexpected(Error{v.error().code, v.error().sys_errno,
                                  "cannot record " + r.id + " as stopped: " + v.error().message()});
   return false;
+}
+
+// An adopted sandbox that was paused is paused again (a client's pause, or its job's
+// lapsed lease, outlives a restart). If it cannot be frozen it runs, and is stored so.
+void SandboxManager::repause_adopted(const std::shared_ptr<Sandbox>& sb) {
+  std::lock_guard fz(sb->freeze_mu);
+  auto f = sb->inst->freeze();
+  SandboxRecord snap;
+  {
+    std::lock_guard lk(sb->mu);
+    if (f) sb->apply(Event::kPause);
+    snap = sb->rec;
+  }
+  if (!f) TP_SB_WARN(sb->id(), "was paused, and cannot be paused again: {}", f.error().message());
+  // Stored "paused" before the restart: only a failed freeze changes the record.
+  if (f) return;
+  if (auto v = store_.update(snap); v) {
+    std::lock_guard lk(sb->mu);
+    sb->rec.version = *v;
+  }
 }
 
 Result<ResolvedImage> SandboxManager::adopted_image(const SandboxRecord& r) {
@@ -784,9 +813,10 @@ void SandboxManager::agent_ready(std::shared_ptr<Sandbox> sb, RecordCb cb, Sandb
       answer(std::unexpected(ended_while_creating(sb->id(), sb->stop_reason)));
       return done();  // the stop op follows
     }
-    if (!ready) {
-      failed = Error{Code::kInternal, 0, "sandbox failed to start: " + ready.error().message()};
-      TP_SB_ERROR(sb->id(), "agent not ready: {}", ready.error().message());
+    if (!ready || sb->agent_lost) {
+      std::string why = ready ? "its agent's connection closed" : ready.error().message();
+      failed = Error{Code::kInternal, 0, "sandbox failed to start: " + why};
+      TP_SB_ERROR(sb->id(), "agent not ready: {}", why);
     } else {
       sb->apply(Event::kCreated);
       sb->last_active_ms = now_ms();
@@ -826,8 +856,14 @@ void SandboxManager::watch_agent(const std::shared_ptr<Sandbox>& sb) {
     if (!s) return;
     {
       std::lock_guard lk(s->mu);
-      if (s->state != State::kRunning || s->stop_reason != EndReason::kNone || s->release_requested)
+      if (s->stop_reason != EndReason::kNone || s->release_requested) return;
+      // Between the agent's ready and agent_ready(): that fails the create.
+      if (s->state == State::kCreating) {
+        s->agent_lost = true;
         return;
+      }
+      // A paused sandbox's agent can die too (cgroup v2 delivers SIGKILL to frozen tasks).
+      if (s->state != State::kRunning && s->state != State::kPaused) return;
     }
     TP_SB_WARN(s->id(), "agent connection lost ({}): sandbox failed", e.message());
     request_stop(s, EndReason::kFailed, nullptr);
@@ -1382,7 +1418,7 @@ void SandboxManager::claim(const std::string& id, CreateParams p, RecordCb cb) {
       if (auto a = admission_(p, job_use_locked(p.job)); !a) return reject(a.error());
     }
     std::lock_guard lk2(sb->mu);
-    if (!sb->rec.pooled || sb->state != State::kRunning || sb->stop_reason != EndReason::kNone)
+    if (!claimable_locked(*sb))
       return reject(Error{Code::kNotFound, 0, "pooled sandbox " + id + " is not available"});
     // The client's from now on: nobody else can claim it, its job counts it.
     sb->rec.pooled = false;
@@ -1433,10 +1469,16 @@ std::vector<SandboxRecord> SandboxManager::pooled() {
   std::lock_guard lk(mu_);
   for (auto& [id, sb] : live_) {
     std::lock_guard lk2(sb->mu);
-    if (sb->rec.pooled && sb->state == State::kRunning && sb->stop_reason == EndReason::kNone)
-      out.push_back(sb->rec);
+    if (claimable_locked(*sb)) out.push_back(sb->rec);
   }
   return out;
+}
+
+bool SandboxManager::claimable(const std::string& id) {
+  auto sb = find_live(id);
+  if (!sb) return false;
+  std::lock_guard lk(sb->mu);
+  return claimable_locked(*sb);
 }
 
 void SandboxManager::set_admission(Admission a) {

@@ -205,6 +205,7 @@ class SandboxManager : public Service {
              std::function<void(Result<control::SandboxRecord>)> cb) override;
   void set_admission(Admission a) override;
   std::vector<control::SandboxRecord> pooled() override;
+  bool claimable(const std::string& id) override;
   std::map<std::string, uint64_t> count_by_state() override;
   JobUse job_use(const std::string& job) override;
   void after(std::chrono::milliseconds delay, std::function<void()> fn) override;
@@ -268,6 +269,7 @@ class SandboxManager : public Service {
   void attach_proc(const std::shared_ptr<Sandbox>& sb, std::shared_ptr<BgProc> bg);
   // Adopts one record a previous run left live: true if kept, false if stored stopped.
   Result<bool> adopt_one(control::SandboxRecord r);
+  void repause_adopted(const std::shared_ptr<Sandbox>& sb);
   // The image of a sandbox being adopted: its recorded layers, pinned (see the header).
   Result<ResolvedImage> adopted_image(const control::SandboxRecord& r);
   // Writes a snapshot of its record: an insert if it was never stored (version 0),

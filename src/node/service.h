@@ -195,6 +195,9 @@ class Service {
   virtual void set_admission(Admission a) = 0;
   // The running warm-pool sandboxes not handed out (after a restart: the ones re-adopted).
   virtual std::vector<control::SandboxRecord> pooled() = 0;
+  // Whether `id` is one of those: still claimable (a claim refused by the job's
+  // admission leaves it so).
+  virtual bool claimable(const std::string& id) = 0;
 
   virtual std::map<std::string, uint64_t> count_by_state() = 0;
   // What a job's live sandboxes hold now (the ones still being created, and the

@@ -783,8 +783,8 @@ Result<std::unique_ptr<SandboxInstance>> ContainerBackend::adopt_impl(const Sand
   }
   // Paused when the previous daemon left it, or being frozen when it died (a pause or
   // a paced teardown under way): its agent must run to be reached again, and its
-  // processes to die if it is to be destroyed (the node pauses it again if its job's
-  // lease still says so).
+  // processes to die if it is to be destroyed (the node freezes it again when its
+  // record says paused).
   if (auto asked = sys::freeze_requested(sys::real_sys(), *sh_->cgroups, spec.id);
       asked && *asked) {
     TP_TRY(sys::set_frozen(sys::real_sys(), *sh_->cgroups, spec.id, false));

@@ -2,6 +2,7 @@
 // at a gate, its instances, and an AgentClient that answers from memory.
 #pragma once
 
+#include <atomic>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/post.hpp>
 #include <condition_variable>
@@ -212,7 +213,12 @@ class FakeAgent : public AgentClient {
   FakeAgent(boost::asio::io_context& io, bool ready = true) : io_(io), ready_(ready) {}
   void start(std::function<void(Result<void>)> on_ready) override {
     bool ok = ready_;
-    boost::asio::post(io_, [on_ready, ok] {
+    // Only then is `this` used (the fixture keeps every agent it made).
+    bool dies = ok && die_at_ready;
+    boost::asio::post(io_, [this, on_ready, ok, dies] {
+      // The session ends just as the agent reports ready: its close is on its way
+      // (posted) when the ready is handled.
+      if (dies) die();
       if (ok)
         on_ready(Result<void>{});
       else
@@ -340,6 +346,7 @@ class FakeAgent : public AgentClient {
 
   std::vector<ResumedCommand> resumed_;
   bool fail_before_start = false;  // execs get no kStarted (their finish() is their only answer)
+  std::atomic<bool> die_at_ready{false};  // dies as it reports ready (start())
 
  private:
   void end(Error e) {

@@ -165,6 +165,29 @@ TEST_F(LifecycleTest, ARequestOfATemplatesShapeIsServedByItsPoolAndAnEmptyPoolGo
   EXPECT_NE(d.error().message().find("nope"), std::string::npos);
 }
 
+// A request that names a template and sets its own shape gets that shape, made cold;
+// the template's pool keeps its sandbox.
+TEST_F(LifecycleTest, ARequestThatSetsItsOwnShapeOverItsTemplateIsMadeCold) {
+  make_pools();
+  ASSERT_TRUE(pools_->put_template(tpl("py", 1, 1)));
+  ASSERT_TRUE(fill("py", 1));
+  CreateParams p;
+  p.template_name = "py";
+  p.memory_mb = 1024;
+  p.given = {"memory_mb"};
+  auto [r, from_pool] = pool_create(p);
+  ASSERT_TRUE(r) << r.error().message();
+  EXPECT_FALSE(from_pool);
+  EXPECT_EQ(r->memory_mb, 1024u);
+  EXPECT_EQ(r->template_name, "py");
+  EXPECT_EQ(pool("py").ready, 1u);
+  // Setting a field to the template's own value is the template's shape: pooled.
+  p.memory_mb = 256;
+  auto [same, pooled] = pool_create(p);
+  ASSERT_TRUE(same);
+  EXPECT_TRUE(pooled);
+}
+
 TEST_F(LifecycleTest, RefillsWaitWhileAClientsColdWorkIsInFlight) {
   make_pools();
   ASSERT_TRUE(pools_->put_template(tpl("t", 3, 3)));
@@ -371,6 +394,41 @@ TEST_F(LifecycleTest, QuotaRefusalsNameTheQuotaItsUseAndItsLimit) {
   auto none = job_create("job-000000000000");
   ASSERT_FALSE(none);
   EXPECT_EQ(none.error().code, Code::kNotFound);
+}
+
+// A job at its quota asks for a pooled template: refused, and the pool keeps every
+// sandbox (it used to lose each one it tried, and those stayed alive, hidden).
+TEST_F(LifecycleTest, AClaimRefusedByItsJobLeavesThePoolWhole) {
+  make_pools();
+  make_jobs();
+  JobRecord spec;
+  spec.quota.sandboxes = 1;
+  auto j = jobs_->create(spec);
+  ASSERT_TRUE(j) << j.error().message();
+  ASSERT_TRUE(pools_->put_template(tpl("py", 2, 2)));
+  ASSERT_TRUE(fill("py", 2));
+  CreateParams p;
+  p.template_name = "py";
+  p.job = j->id;
+  auto [a, pa] = pool_create(p);
+  ASSERT_TRUE(a) << a.error().message();
+  EXPECT_TRUE(pa);
+  ASSERT_TRUE(fill("py", 2));
+  auto [b, pb] = pool_create(p);
+  ASSERT_FALSE(b);
+  EXPECT_EQ(b.error().code, Code::kResourceExhausted);
+  EXPECT_FALSE(pb);
+  EXPECT_EQ(pool("py").ready, 2u);
+  EXPECT_EQ(mgr_->pooled().size(), 2u);
+  EXPECT_EQ(pool("py").hits, 1u);
+  // Both are still handed out, to a request the job's quota does not hold back.
+  CreateParams free;
+  free.template_name = "py";
+  for (int i = 0; i < 2; ++i) {
+    auto [c, pc] = pool_create(free);
+    ASSERT_TRUE(c) << c.error().message();
+    EXPECT_TRUE(pc);
+  }
 }
 
 TEST_F(LifecycleTest, EndingAStepReclaimsOnlyItsSandboxesAndEndingTheJobAllOfThem) {

@@ -67,6 +67,7 @@ class ManagerTest : public ::testing::Test {
     o.agent_from_fd = [this](asio::io_context& io, int,
                              std::string id) -> std::shared_ptr<AgentClient> {
       auto a = std::make_shared<FakeAgent>(io, agent_ready_);
+      a->die_at_ready = agent_dies_at_ready_;
       std::lock_guard lk(mu_);
       agents_[id] = a;
       return a;
@@ -178,6 +179,7 @@ class ManagerTest : public ::testing::Test {
   runtime::Registry registry_;
   FakeBackend* backend_ = nullptr;
   bool agent_ready_ = true;
+  bool agent_dies_at_ready_ = false;  // FakeAgent::die_at_ready of every agent made
   std::mutex mu_;
   std::map<std::string, std::shared_ptr<FakeAgent>> agents_;
   std::unique_ptr<SandboxManager> mgr_;

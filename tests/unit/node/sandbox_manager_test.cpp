@@ -224,6 +224,38 @@ TEST_F(ManagerTest, AgentDeathStopsTheSandbox) {
   EXPECT_EQ(backend_->live_count(), 0u);
 }
 
+// Its agent dies while it is paused: it fails as a running one would, instead of
+// being answered as paused (and running again later) with nobody to serve it.
+TEST_F(ManagerTest, AgentDeathWhilePausedStopsTheSandbox) {
+  make();
+  auto r = create_sync();
+  ASSERT_TRUE(r);
+  auto paused = record_future([&](auto cb) { mgr_->pause(r->id, cb); });
+  ASSERT_TRUE(get_or_fail(paused));
+  agent(r->id)->die();
+  for (int i = 0; i < 6000 && mgr_->live_count() > 0; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  EXPECT_EQ(stopped_reason(r->id), "failed");
+  EXPECT_EQ(backend_->live_count(), 0u);
+  EXPECT_FALSE(backend_->is_frozen(r->id));
+}
+
+// Its agent reports ready and its connection closes before the create is done with
+// it: the create fails, or (when the ready was handled first) the sandbox fails at
+// once. Never a sandbox answered and stored running with nobody to serve it.
+TEST_F(ManagerTest, AgentDeathJustAfterItsReadyFailsTheSandbox) {
+  agent_dies_at_ready_ = true;
+  make();
+  for (int i = 0; i < 20; ++i) {
+    auto [id, created] = create_async();
+    (void)get_or_fail(created);
+    for (int j = 0; j < 6000 && mgr_->live_count() > 0; ++j)
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    EXPECT_EQ(stopped_reason(id), "failed") << "round " << i;
+  }
+  EXPECT_EQ(backend_->live_count(), 0u);
+}
+
 TEST_F(ManagerTest, StoreFailureKeepsTheFinalRecordUntilItCanBeStored) {
   make();
   auto r = create_sync();
@@ -597,6 +629,31 @@ TEST_F(ManagerTest, ADeleteWithoutWaitIsAnsweredOnceItsStopIsStoredAndEndsLikeAn
   auto none = get_or_fail(f3);
   ASSERT_FALSE(none);
   EXPECT_EQ(none.error().code, Code::kNotFound);
+}
+
+// Paused when the daemon went (a client's pause, a lapsed lease): paused after the
+// restart too, not running again because the adoption had to thaw it.
+TEST_F(ManagerTest, ARestartKeepsAPausedSandboxPaused) {
+  auto r = running_record("n0-paused", 0);
+  r.state = "paused";
+  ASSERT_TRUE(store_.insert(r));
+  ASSERT_TRUE(store_.insert(running_record("n0-running", 0)));
+  backend_->adoptable = {"n0-paused", "n0-running"};
+  ManagerOptions o;
+  o.agent_connect = [&](asio::io_context& io, const std::string&,
+                        std::string) -> Result<std::shared_ptr<AgentClient>> {
+    return std::make_shared<FakeAgent>(io);
+  };
+  make_recovered(o);
+  EXPECT_EQ(stored("n0-paused").state, "paused");
+  EXPECT_EQ(mgr_->get("n0-paused")->state, "paused");
+  EXPECT_TRUE(backend_->is_frozen("n0-paused"));
+  EXPECT_EQ(stored("n0-running").state, "running");
+  EXPECT_FALSE(backend_->is_frozen("n0-running"));
+  // And a request resumes it as before the restart.
+  auto resumed = record_future([&](auto cb) { mgr_->resume("n0-paused", cb); });
+  EXPECT_EQ(get_or_fail(resumed)->state, "running");
+  EXPECT_FALSE(backend_->is_frozen("n0-paused"));
 }
 
 TEST_F(ManagerTest, ARestartFinishesADeleteThatWasAnsweredBeforeItsTeardown) {
