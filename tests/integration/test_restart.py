@@ -19,7 +19,7 @@ import uuid
 import pytest
 
 import tidepool
-from pools_lib import call, ok, pool
+from pools_lib import call, freezer_state, ok, pool, sh
 from tp_testlib import api_call, free_port, health_ok, leaks_of, processes_of, wait_until
 
 
@@ -122,6 +122,30 @@ def test_delete_without_wait_answers_202_and_ends_like_any_delete_across_a_kill9
     # An ended sandbox: its final record, 200, either way.
     st, _, body = api_call(daemon, "DELETE", f"/v1/sandboxes/{sbs[0].id}?wait=false")
     assert st == 200 and json.loads(body)["state"] == "stopped", body
+
+
+def test_a_paused_sandbox_is_still_paused_after_a_kill9_restart(daemon):
+    """The new daemon thaws a frozen sandbox to reach its agent, then freezes it again: a
+    client's pause outlives the restart, and the first request after it resumes the
+    sandbox as before."""
+    sb = ok(daemon, "POST", "/v1/sandboxes", {"ttl_seconds": 600})
+    sid = sb["id"]
+    try:
+        assert sh(daemon, sid, "echo kept > /tmp/file")[0] == 0
+        assert ok(daemon, "POST", f"/v1/sandboxes/{sid}/pause")["state"] == "paused"
+        assert freezer_state(sid) in ("FROZEN", "1")
+
+        daemon.restart(kill9=True)
+
+        assert ok(daemon, "GET", f"/v1/sandboxes/{sid}")["state"] == "paused"
+        assert freezer_state(sid) in ("FROZEN", "1")
+        assert sh(daemon, sid, "cat /tmp/file")[:2] == (0, "kept\n")
+        assert ok(daemon, "GET", f"/v1/sandboxes/{sid}")["state"] == "running"
+        assert freezer_state(sid) in ("THAWED", "0")
+    finally:
+        call(daemon, "DELETE", f"/v1/sandboxes/{sid}")
+    wait_until(lambda: not leaks_of(sid, daemon.pid, daemon.data_dir), timeout=15, interval=0.2,
+               what=f"{sid} to be cleaned up")
 
 
 def test_graceful_restart(client, daemon):
