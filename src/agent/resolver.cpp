@@ -94,11 +94,18 @@ Result<sys::UniqueFd> Resolver::open_openat2(std::string_view path, int flags, m
   how.flags = static_cast<uint64_t>(flags | O_CLOEXEC);
   if (flags & (O_CREAT | O_TMPFILE)) how.mode = mode;
   how.resolve = RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS;
-  for (;;) {
+  for (int again = 0;;) {
     long r = sys_openat2(root_.get(), p.c_str(), &how);
     if (r >= 0) return sys::UniqueFd(static_cast<int>(r));
-    // EAGAIN: a concurrent rename raced the in-root check; the kernel asks to retry.
-    if (errno == EINTR || errno == EAGAIN) continue;
+    if (errno == EINTR) continue;
+    // EAGAIN: a rename anywhere on the host raced a ".." of this lookup (the in-root
+    // check) and the kernel asks to retry. A command that keeps renaming, with a path
+    // of many "..", could make that endless, and the agent would serve nothing else:
+    // after a few tries the walk resolves it, component by component.
+    if (errno == EAGAIN) {
+      if (++again < kOpenat2Retries) continue;
+      return open_walk(path, flags, mode);
+    }
     return path_error("openat2", path, errno);
   }
 }

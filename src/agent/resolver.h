@@ -58,6 +58,9 @@ class Resolver {
   Result<Parent> parent(std::string_view path) const;
 
   int root_fd() const { return root_.get(); }
+  // openat2 tries that a concurrent rename may spoil (EAGAIN) before open() falls
+  // back to the walk.
+  static constexpr int kOpenat2Retries = 16;
   bool uses_openat2() const { return use_openat2_; }
 
  private:

@@ -1,10 +1,19 @@
 // Pure helpers of tp-agent: options, environment, PATH search, path splitting,
 // and the resolver and file service in-process (both resolver modes).
 #include <fcntl.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstddef>
 #include <fstream>
+#include <iterator>
 
 #include "agent/command.h"
 #include "agent/file_ops.h"
@@ -191,6 +200,48 @@ TEST_P(ResolverModes, FileServiceMkdirParentsThroughSymlinks) {
   auto over = fs.mkdir_parents("/etc/passwd/z", 0755);
   ASSERT_FALSE(over.has_value());
   EXPECT_EQ(over.error().code, Code::kConflict);
+}
+
+// openat2 answers EAGAIN while renames anywhere on the host race a lookup's "..", and
+// a command that keeps renaming can make that last. The agent used to retry for ever
+// (a command could freeze its own agent); it falls back to the walk. Here every
+// openat2 answers EAGAIN (a seccomp filter in a child process, which a spin would
+// leave running: the parent kills it then).
+TEST_P(ResolverModes, AnOpenat2ThatKeepsAnsweringEagainFallsBackToTheWalk) {
+  auto r = resolver();
+  int fds[2];
+  ASSERT_EQ(::pipe(fds), 0);
+  pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    ::close(fds[0]);
+    sock_filter filter[] = {
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, nr)),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_openat2, 0, 1),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | EAGAIN),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+    };
+    sock_fprog prog{static_cast<unsigned short>(std::size(filter)), filter};
+    if (::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 ||
+        ::prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog) != 0)
+      ::_exit(2);
+    std::string got = read_via(r, "/rel/passwd");
+    (void)!::write(fds[1], got.data(), got.size());
+    ::_exit(0);
+  }
+  ::close(fds[1]);
+  pollfd pfd{fds[0], POLLIN, 0};
+  // A deadlock guard, not a timing threshold: the read takes microseconds.
+  int ready = ::poll(&pfd, 1, 30000);
+  char buf[64] = {};
+  ssize_t n = ready > 0 ? ::read(fds[0], buf, sizeof(buf)) : -1;
+  if (ready <= 0) ::kill(child, SIGKILL);
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  ::close(fds[0]);
+  ASSERT_GT(ready, 0) << "the resolver kept retrying openat2";
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  EXPECT_EQ(std::string(buf, n > 0 ? static_cast<size_t>(n) : 0), "inside");
 }
 
 TEST(AgentFileOps, EntryFieldsAndHelpers) {
