@@ -657,13 +657,22 @@ void SandboxManager::create(CreateParams p, RecordCb cb) {
   sb->backend = backend;
   sb->disk_bytes = p.disk_mb << 20;
   {
-    std::lock_guard lk(mu_);
-    if (stopping_) return reject(Error{Code::kUnavailable, 0, "daemon is shutting down"});
-    // Quotas: checked and the sandbox counted in one step, so that concurrent
-    // creates of one job cannot both pass.
-    if (!p.job.empty()) {
-      if (!admission_) return reject(Error{Code::kNotFound, 0, "job '" + p.job + "' not found"});
-      if (auto a = admission_(p, job_use_locked(p.job)); !a) return reject(a.error());
+    std::unique_lock lk(mu_);
+    std::optional<Error> refused;
+    if (stopping_) {
+      refused = Error{Code::kUnavailable, 0, "daemon is shutting down"};
+    } else if (!p.job.empty()) {
+      // Quotas: checked and the sandbox counted in one step, so that concurrent
+      // creates of one job cannot both pass.
+      if (!admission_)
+        refused = Error{Code::kNotFound, 0, "job '" + p.job + "' not found"};
+      else if (auto a = admission_(p, job_use_locked(p.job)); !a)
+        refused = a.error();
+    }
+    if (refused) {
+      lk.unlock();
+      if (opts_.drop_id) opts_.drop_id(sb->id(), true);
+      return reject(*refused);
     }
     add_live_locked(sb);  // visible as "creating"
   }
@@ -737,6 +746,7 @@ void SandboxManager::create_op(std::shared_ptr<Sandbox> sb, RecordCb cb, Sandbox
       std::lock_guard lk(mu_);
       erase_live_locked(sb);
     }
+    if (opts_.drop_id) opts_.drop_id(sb->id(), false);  // listed as creating meanwhile
     Error e = *no_range;
     for (auto& w : waiters) asio::post(io_, [w, e] { w(std::unexpected(e)); });
     answer(std::unexpected(e));

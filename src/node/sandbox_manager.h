@@ -128,6 +128,10 @@ struct ManagerOptions {
   // Makes a new sandbox's id (the trajectory log hands out ids whose logs it made
   // ahead, StepLog::new_sandbox_id); unset = ids::new_sandbox_id(node_name). Any thread.
   std::function<std::string()> new_id;
+  // An id from new_id that no sandbox got: its create was refused before anything of
+  // it existed (`unseen`: before it was listed anywhere, so it may be handed out
+  // again). Any thread.
+  std::function<void(const std::string& id, bool unseen)> drop_id;
   // Called when a background process ends, after its waiters were answered. Any thread.
   ProcessExitHook on_process_exit;
   // Called by recover() for a command of a keyed call (ExecParams::step_tag) that a

@@ -1769,6 +1769,17 @@ std::optional<std::string> StepLog::take_spare() {
   return id;
 }
 
+void StepLog::return_spare(const std::string& id, bool reuse) {
+  {
+    std::lock_guard lk(spare_mu_);
+    if (!spares_taken_.erase(id)) return;
+    // Handed out next, as the newest spare is as good as the oldest.
+    if (reuse && !spare_stop_) return spares_.push_front(id);
+  }
+  std::error_code ec;
+  fs::remove_all(spare_dir() + "/" + id, ec);
+}
+
 size_t StepLog::spares_ready() {
   std::lock_guard lk(spare_mu_);
   return spares_.size();

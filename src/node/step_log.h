@@ -261,6 +261,9 @@ class StepLog {
   // The id of a sandbox whose log is made already (see "Spare logs"), for a new
   // sandbox; nullopt when none is ready (the caller makes an id of its own).
   std::optional<std::string> take_spare();
+  // A spare's id that no sandbox got (its create was refused first): ready again when
+  // `reuse` (nobody saw the id), else its log is removed. Ids not taken are ignored.
+  void return_spare(const std::string& id, bool reuse);
   // Spares ready now (tests, metrics).
   size_t spares_ready();
 

@@ -145,6 +145,9 @@ void TrajectoryEvents::attach(ManagerOptions& opts) {
       if (auto id = log->take_spare()) return *id;
     return ids::new_sandbox_id(node);
   };
+  opts.drop_id = [st = st_](const std::string& id, bool unseen) {
+    if (StepLog* log = st->log.load()) log->return_spare(id, unseen);
+  };
   opts.on_created = [st = st_](const control::SandboxRecord& r) {
     StepLog* log = st->log.load();
     if (!log || !st->events) return;

@@ -3,7 +3,8 @@
 // layer digests, limits, env, labels), "process_exit" (a background process ended:
 // pid, command, exit status) and "ended" (end reason and time). It installs the
 // manager's hooks (ManagerOptions::on_created, on_process_exit, on_ended) and
-// hands out new sandboxes' ids from the log's spares (ManagerOptions::new_id).
+// hands out new sandboxes' ids from the log's spares (ManagerOptions::new_id; an id
+// whose create was refused goes back, ManagerOptions::drop_id).
 //
 // A keyed call whose command a restarted daemon found still unanswered (the daemon
 // died while it ran) is recorded as answered 503 naming what happened to it (stopped;

@@ -226,6 +226,41 @@ TEST_F(ManagerTest, AgentDeathStopsTheSandbox) {
 
 // Its agent dies while it is paused: it fails as a running one would, instead of
 // being answered as paused (and running again later) with nobody to serve it.
+// Ids made for creates refused before their sandbox existed go back (the trajectory
+// log's spares: they stayed taken until the daemon stopped).
+TEST_F(ManagerTest, AnIdOfARefusedCreateIsDropped) {
+  std::mutex m;
+  std::vector<std::pair<std::string, bool>> dropped;
+  int made = 0;
+  ManagerOptions o;
+  o.new_id = [&] {
+    std::lock_guard lk(m);
+    return "n0-" + std::to_string(++made);
+  };
+  o.drop_id = [&](const std::string& id, bool unseen) {
+    std::lock_guard lk(m);
+    dropped.emplace_back(id, unseen);
+  };
+  make(o);
+  mgr_->set_admission([](const CreateParams&, const JobUse&) -> Result<void> {
+    return fail(Code::kResourceExhausted, "sandboxes quota: full");
+  });
+  CreateParams p;
+  p.job = "job-1";
+  auto refused = create_sync(p);
+  ASSERT_FALSE(refused);
+  EXPECT_EQ(refused.error().code, Code::kResourceExhausted);
+  auto ok = create_sync();
+  ASSERT_TRUE(ok);
+  mgr_->shutdown();
+  auto late = create_sync();
+  ASSERT_FALSE(late);
+  EXPECT_EQ(late.error().code, Code::kUnavailable);
+  std::lock_guard lk(m);
+  EXPECT_EQ(dropped, (std::vector<std::pair<std::string, bool>>{{"n0-1", true}, {"n0-3", true}}));
+  EXPECT_EQ(ok->id, "n0-2");
+}
+
 TEST_F(ManagerTest, AgentDeathWhilePausedStopsTheSandbox) {
   make();
   auto r = create_sync();

@@ -117,6 +117,40 @@ TEST_F(StepLogSpareTest, HandedOutSparesAreRefilledAndNeverHandedOutTwice) {
   for (const auto& id : seen) EXPECT_TRUE(entries("sandboxes").count(id)) << id;
 }
 
+// A create refused before its sandbox existed (a quota, shutdown) gives its spare back:
+// ready again when nobody saw the id, else removed. They stayed taken, their
+// directories under steps/spare, until the daemon stopped.
+TEST_F(StepLogSpareTest, ASpareNoSandboxGotGoesBackOrAway) {
+  auto l = open(4);
+  ASSERT_TRUE(wait_ready(*l, 4));
+  auto a = l->take_spare();
+  ASSERT_TRUE(a);
+  l->return_spare(*a, true);
+  EXPECT_EQ(l->spares_ready(), 4u);
+  EXPECT_EQ(l->take_spare(), a);  // handed out again, and only once
+  auto b = l->take_spare();
+  ASSERT_TRUE(b);
+  l->return_spare(*b, false);
+  EXPECT_FALSE(entries("steps/spare").count(*b));
+  l->return_spare(*b, true);  // not taken (any more): ignored
+  l->return_spare("n0-neverseen", true);
+  for (int i = 0; i < 8; ++i) {
+    auto id = l->take_spare();
+    if (!id) {
+      ASSERT_TRUE(wait_ready(*l, 1));
+      id = l->take_spare();
+    }
+    ASSERT_TRUE(id);
+    EXPECT_NE(*id, *b);
+    EXPECT_NE(*id, "n0-neverseen");
+    l->return_spare(*id, true);
+    EXPECT_EQ(l->take_spare(), id);
+    ASSERT_TRUE(l->append_sync(*id, call("key-" + *id), "x"));
+  }
+  ASSERT_TRUE(l->append_sync(*a, call("key-a"), "x"));
+  EXPECT_TRUE(entries("sandboxes").count(*a));
+}
+
 TEST_F(StepLogSpareTest, WithoutSparesTakeSpareGivesNothing) {
   auto l = open(0);
   EXPECT_FALSE(l->take_spare());
