@@ -690,12 +690,20 @@ Result<void> StepLog::load(uint32_t log, std::vector<std::pair<uint32_t, StepRec
         ok = record_crc(payload) == crc;
       }
       Result<StepRecord> rec = ok ? decode(payload) : fail(Code::kInternal, "bad record");
+      if (!rec && ok) {
+        // Whole (its checksum holds) but not readable by this build (a kind a newer one
+        // wrote, say): left in place and skipped, never cut away with what follows it.
+        spdlog::warn("step log {}: record at offset {} skipped: {}", path, end,
+                     rec.error().message());
+        end += kRecordHeader + len;
+        continue;
+      }
       if (!rec) {
         // The last record, or one followed only by zeros (a preallocated tail, or blocks
         // allocated but never written), is a torn tail; anything else is damage.
         auto zeros = in.zeros_to_end(sane ? end + kRecordHeader + len : end);
         if (!zeros) return std::unexpected(zeros.error());
-        if (ok || *zeros)
+        if (*zeros)
           torn = true;
         else
           damaged = true;
@@ -746,8 +754,10 @@ Result<void> StepLog::load(uint32_t log, std::vector<std::pair<uint32_t, StepRec
       return r;
     }
     if (damaged) {
+      // A second name, then the new file over the first: a crash between the two
+      // leaves the damaged log in place (read, and set aside, again), never no log.
       std::string aside = fmt::format("{}.damaged-{}", path, system_now_us() / 1000000);
-      if (::rename(path.c_str(), aside.c_str()) != 0)
+      if (::link(path.c_str(), aside.c_str()) != 0)
         spdlog::error("keep {}: {}", aside, strerror(errno));
       else
         spdlog::error("step log {}: kept as {}; {} good records carried over", path, aside,

@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -269,6 +270,44 @@ TEST_F(StepLogTest, CorruptMiddleRecordStopsReadingAndKeepsTheFileAside) {
   l.reset();
   l = open();
   EXPECT_EQ(answer_of(*l, "d"), "four");
+}
+
+// A whole record (its checksum holds) that this build cannot decode, say of a kind a
+// newer build wrote: skipped and left in place, the records after it kept. It used to
+// count as a torn tail, and the file was cut there with every record after it.
+TEST_F(StepLogTest, AWholeRecordThisBuildCannotReadIsSkippedNotCutAway) {
+  size_t second_at = 0;
+  {
+    auto l = open();
+    ASSERT_TRUE(l->append_sync(kSb, rec("a"), "one"));
+    second_at = l->info(kSb).bytes;
+    ASSERT_TRUE(l->append_sync(kSb, rec("b"), "two"));
+    ASSERT_TRUE(l->append_sync(kSb, rec("c"), "three"));
+  }
+  auto bytes = read_file(log_path());
+  uint32_t len = 0;
+  std::memcpy(&len, bytes.data() + second_at + 4, 4);
+  bytes[second_at + step_format::kRecordHeader] = 77;  // its kind: none this build knows
+  uint32_t crc = step_format::record_crc(
+      std::string_view(bytes).substr(second_at + step_format::kRecordHeader, len));
+  std::memcpy(bytes.data() + second_at + 8, &crc, 4);
+  write_file(log_path(), bytes);
+  {
+    auto l = open();
+    EXPECT_EQ(answer_of(*l, "a"), "one");
+    EXPECT_FALSE(l->find("b"));
+    EXPECT_EQ(answer_of(*l, "c"), "three");
+    EXPECT_GE(fs::file_size(log_path()), second_at + step_format::kRecordHeader + len);
+    ASSERT_TRUE(l->append_sync(kSb, rec("d"), "four"));
+  }
+  auto l = open();
+  EXPECT_EQ(answer_of(*l, "c"), "three");
+  EXPECT_EQ(answer_of(*l, "d"), "four");
+  EXPECT_EQ(
+      read_file(log_path()).substr(second_at, step_format::kRecordHeader + len),
+      bytes.substr(second_at, step_format::kRecordHeader + len));  // still there, for a newer build
+  for (auto& e : fs::directory_iterator(dir_ + "/sandboxes/" + kSb))
+    EXPECT_FALSE(e.path().filename().string().starts_with("steps.log.damaged-"));
 }
 
 TEST_F(StepLogTest, ReadDetectsAChecksumErrorAfterOpen) {
