@@ -119,6 +119,7 @@ class AgentClientImpl final : public AgentClient {
       Pending p;
       p.is_exec = true;
       p.exec = std::move(h);
+      p.out_limit = req.output_limit;
       self->pending_.emplace(id, std::move(p));
       for (auto& f : *frames) self->send(std::move(f));
     });
@@ -360,6 +361,10 @@ class AgentClientImpl final : public AgentClient {
     bool is_exec = false;
     ExecHandlers exec;
     Reply reply;
+    // An exec's output limit per stream (unknown for a resumed command) and what
+    // arrived of stdout and stderr.
+    uint64_t out_limit = UINT64_MAX;
+    uint64_t out[2] = {0, 0};
   };
   struct WriteState {
     std::string path, data;
@@ -553,11 +558,17 @@ class AgentClientImpl final : public AgentClient {
             if (!self->closed_) self->fail_all(e);
             return;
           }
-          while (!self->closed_) {
+          while (!self->closed_ && !self->violation_) {
             auto m = self->reader_.next();
             if (!m || !self->deliver(std::move(*m))) break;
           }
           if (self->closed_) return;
+          if (self->violation_) {
+            self->fail_all(Error{
+                Code::kUnavailable, 0,
+                "protocol error from agent of " + self->sandbox_id_ + ": " + *self->violation_});
+            return;
+          }
           // After the handlers returned: the agent may drop these answers and
           // read more of the commands' output (its back-pressure reaches the node).
           // Posted, so that what the handlers queued on this io_context (an answer
@@ -665,11 +676,23 @@ class AgentClientImpl final : public AgentClient {
         case MsgType::kStarted:
           if (p.exec.on_started) p.exec.on_started(static_cast<uint32_t>(m.u64(Tag::kPid)));
           return;
-        case MsgType::kOutput:
-          if (p.exec.on_output)
-            p.exec.on_output(static_cast<int>(m.u64(Tag::kStream, 1)),
-                             m.get(Tag::kData).value_or(""));
+        case MsgType::kOutput: {
+          const int stream = static_cast<int>(m.u64(Tag::kStream, 1));
+          const std::string_view data = m.get(Tag::kData).value_or("");
+          // The agent forwards at most the command's limit per stream. More is an agent
+          // the node cannot trust (one a microVM's guest took over, say): the session
+          // ends (after this frame, outside the handlers) instead of the daemon holding
+          // whatever it sends.
+          uint64_t& got = p.out[stream == 2 ? 1 : 0];
+          got += data.size();
+          if (got > p.out_limit) {
+            violation_ =
+                "more output than the command's limit of " + std::to_string(p.out_limit) + " bytes";
+            return;
+          }
+          if (p.exec.on_output) p.exec.on_output(stream, data);
           return;
+        }
         case MsgType::kExit:
         case MsgType::kError: {
           auto done = std::move(p.exec.on_done);
@@ -757,6 +780,9 @@ class AgentClientImpl final : public AgentClient {
   std::set<uint32_t> attachable_;
   // Touched from any thread.
   std::atomic<bool> closing_{false};  // close() was called
+  // Set (on strand_) by a frame the agent had no right to send; the reader ends the
+  // session after the frame's handler returns.
+  std::optional<std::string> violation_;
   // Held while a frame is handled (deliver(), attach()'s backlog): close() from
   // another thread takes it to wait for that handler.
   std::mutex handler_mu_;

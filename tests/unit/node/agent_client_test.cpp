@@ -623,6 +623,38 @@ std::string command_answers(uint32_t id, const std::vector<std::string>& outputs
   return b;
 }
 
+// An agent that sends more output than the command's limit (the real one forwards at
+// most that much per stream) is not to be trusted: the session ends, and the handlers
+// never see the excess (the daemon held whatever such an agent sent).
+TEST_F(AgentClientFakeTest, OutputPastTheCommandsLimitEndsTheSession) {
+  std::optional<Result<node::ExecResult>> done;
+  size_t seen = 0;
+  FakeAgent fake([&](FakeAgent& f) {
+    f.ready();
+    auto exec = f.recv();
+    ASSERT_TRUE(exec);
+    // 10 bytes allowed: 8 then 8 on stdout (the second frame is past it).
+    f.send_raw(command_answers(exec->id, {"12345678", "abcdefgh"}));
+    while (f.recv()) {
+    }
+  });
+  connect(fake);
+  auto req = sh("x");
+  req.output_limit = 10;
+  node::ExecHandlers h;
+  h.on_output = [&](int, std::string_view d) { seen += d.size(); };
+  h.on_done = [&](Result<node::ExecResult> r) { done.emplace(std::move(r)); };
+  client_->exec(req, std::move(h));
+  ASSERT_TRUE(run_until([&] { return done.has_value(); }));
+  stop();
+  EXPECT_TRUE(closed_);
+  EXPECT_EQ(seen, 8u);
+  ASSERT_FALSE(done->has_value()) << "the exit after the excess was handled";
+  EXPECT_EQ(done->error().code, Code::kUnavailable);
+  EXPECT_NE(closed_error_.context.find("more output than the command's limit"), std::string::npos)
+      << closed_error_.context;
+}
+
 // close() from a handler: the answers read with that one are neither handled nor
 // acknowledged, so the agent keeps them for its next session. (They were handled by
 // the closed client and acknowledged, and so lost to the next session, when the
