@@ -5,7 +5,8 @@
 // links (/proc/self/root, /proc/<pid>/fd/N) it contains: `..` stops at the
 // root, absolute symlinks restart at the root, magic links are refused
 // (ELOOP -> invalid_argument). It uses openat2(RESOLVE_IN_ROOT |
-// RESOLVE_NO_MAGICLINKS) when the kernel has it, else a component-wise walk
+// RESOLVE_NO_MAGICLINKS) when the kernel has it, else (and for a path whose openat2
+// concurrent renames keep spoiling: kOpenat2Retries) a component-wise walk
 // over directory fds that opens every component with O_NOFOLLOW and expands
 // symlinks itself (same semantics; a component swapped for a symlink between
 // the walk and the final open fails with ELOOP rather than being followed).
