@@ -615,13 +615,15 @@ class AgentClientImpl final : public AgentClient {
     maybe_ack();
   }
 
-  // Hands one frame to on_message() unless close() was called: false then, and
-  // neither it nor anything after it is handled (or acknowledged) in this session.
+  // Hands one frame to on_message() unless close() was called or the agent broke the
+  // protocol: false then, and nothing after it is handled (or acknowledged) in this
+  // session.
   bool deliver(Message m) {
     std::lock_guard lk(handler_mu_);
-    if (closing_.load()) return false;
+    // Nothing after a frame the agent had no right to send (violation_) is handled.
+    if (closing_.load() || violation_) return false;
     on_message(std::move(m));
-    return true;
+    return !violation_;
   }
 
   void on_message(Message m) {
