@@ -995,9 +995,14 @@ bool SandboxManager::defer_teardown(const std::shared_ptr<Sandbox>& sb) {
     return !sb->rec.job.empty() || !sb->stop_waiters.empty();
   };
   if (at_once() || busy() <= 0 || !sb->inst) return false;
-  if (auto f = sb->inst->freeze_for_destroy(); !f) {
-    TP_SB_DEBUG(sb->id(), "torn down at once: {}", f.error().message());
-    return false;
+  {
+    // Serialised with a request's resume (resume_now): that one, once it holds the lock,
+    // sees the stop and leaves the sandbox frozen.
+    std::lock_guard fz(sb->freeze_mu);
+    if (auto f = sb->inst->freeze_for_destroy(); !f) {
+      TP_SB_DEBUG(sb->id(), "torn down at once: {}", f.error().message());
+      return false;
+    }
   }
   if (sb->agent) sb->agent->close();
   std::lock_guard lk(mu_);
@@ -1379,7 +1384,10 @@ Result<SandboxRecord> SandboxManager::pause_now(const std::shared_ptr<Sandbox>& 
   SandboxRecord snap;
   {
     std::lock_guard lk(sb->mu);
-    sb->apply(Event::kPause);
+    // A stop came in while it froze: the stop wins (its teardown thaws what it must),
+    // and the pause is refused rather than answered with a state it does not have.
+    if (!sb->apply(Event::kPause))
+      return fail(Code::kConflict, "sandbox " + sb->id() + " is " + std::string(name(sb->state)));
     snap = sb->rec;
   }
   metrics_.pauses++;

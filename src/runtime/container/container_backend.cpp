@@ -290,7 +290,9 @@ class ContainerInstance final : public SandboxInstance {
   std::atomic<bool> destroyed_{false};
   std::string address_;  // the agent's listening socket; "" = none
   bool adopted_ = false;
-  bool frozen_ = false;
+  // Written by freeze and thaw (a pause, a request's resume, a deferred teardown) and
+  // read by destroy(), which may run on another thread.
+  std::atomic<bool> frozen_{false};
 };
 
 // Idmapped layers. Image files are stored once, owned by ContainerOptions::uid_base

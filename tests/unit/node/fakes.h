@@ -151,11 +151,14 @@ class FakeBackend : public runtime::Backend {
   std::map<std::string, uint32_t> uid_bases;    // SandboxSpec::uid_base of each create/adopt
   std::set<std::string> failing_destroys;       // destroy() fails and the instance lives on
   std::set<std::string> frozen;                 // freeze()d and not thawed
-  std::set<std::string> frozen_for_destroy;     // ever freeze_for_destroy()d
-  bool freeze_fails = false;                    // freeze_for_destroy() fails
-  std::map<std::string, uint64_t> oom_kills;    // a sandbox's OOM-kill count
-  std::set<std::string> oom_unreadable;         // its oom_kills() fails
-  int oom_reads = 0;                            // oom_kills() calls, any sandbox
+  // Called by freeze() once frozen (without the backend's lock): lets a test act while
+  // a pause is under way.
+  std::function<void(const std::string& id)> on_freeze;
+  std::set<std::string> frozen_for_destroy;   // ever freeze_for_destroy()d
+  bool freeze_fails = false;                  // freeze_for_destroy() fails
+  std::map<std::string, uint64_t> oom_kills;  // a sandbox's OOM-kill count
+  std::set<std::string> oom_unreadable;       // its oom_kills() fails
+  int oom_reads = 0;                          // oom_kills() calls, any sandbox
   void wait_oom_reads(int n) {
     std::unique_lock lk(mu);
     cv.wait(lk, [&] { return oom_reads >= n; });
@@ -181,9 +184,14 @@ inline Result<void> FakeInstance::destroy() {
   return {};
 }
 inline Result<void> FakeInstance::freeze() {
-  std::lock_guard lk(b_->mu);
-  if (destroyed_) return fail(Code::kConflict, "destroyed");
-  b_->frozen.insert(id_);
+  std::function<void(const std::string&)> hook;
+  {
+    std::lock_guard lk(b_->mu);
+    if (destroyed_) return fail(Code::kConflict, "destroyed");
+    b_->frozen.insert(id_);
+    hook = b_->on_freeze;
+  }
+  if (hook) hook(id_);
   return {};
 }
 inline Result<void> FakeInstance::freeze_for_destroy() {

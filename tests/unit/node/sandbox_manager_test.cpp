@@ -1221,6 +1221,31 @@ TEST_F(ManagerTest, PauseFreezesAndTheNextRequestResumes) {
   EXPECT_FALSE(backend_->is_frozen(id));
 }
 
+// A delete that comes in while a pause freezes the sandbox: the pause is refused (it
+// used to answer 200 with the state "stopping" or "running" on a frozen sandbox), and
+// the delete ends it, thawed.
+TEST_F(ManagerTest, APauseOvertakenByADeleteIsRefused) {
+  make();
+  auto r = create_sync();
+  ASSERT_TRUE(r);
+  std::optional<std::future<Result<SandboxRecord>>> del;
+  backend_->on_freeze = [&](const std::string& id) {
+    backend_->on_freeze = nullptr;
+    del.emplace(destroy_nowait_async(id));
+  };
+  auto paused = record_future([&](auto cb) { mgr_->pause(r->id, cb); });
+  auto p = get_or_fail(paused);
+  ASSERT_FALSE(p) << "answered " << p->state;
+  EXPECT_EQ(p.error().code, Code::kConflict);
+  ASSERT_TRUE(del);
+  ASSERT_TRUE(get_or_fail(*del));
+  for (int i = 0; i < 6000 && mgr_->live_count() > 0; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  EXPECT_EQ(stopped_reason(r->id), "deleted");
+  EXPECT_FALSE(backend_->is_live(r->id));
+  EXPECT_FALSE(backend_->is_frozen(r->id));
+}
+
 TEST_F(ManagerTest, PooledSandboxesAreHiddenAndHandedOutOnce) {
   make();
   CreateParams pp;
